@@ -1,0 +1,3 @@
+from lighthouse.cli import main
+
+main()

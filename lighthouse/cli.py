@@ -1,0 +1,126 @@
+"""``lighthouse`` command: ``serve`` the config, and ``config ...`` to read and change it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from lighthouse.daemon import announce, configure_logging, wait_for_termination
+from lighthouse.values import ConfigError
+from protos.rpc import DEFAULT_DASHBOARD_PORT, DEFAULT_LIGHTHOUSE_PORT
+
+logger = logging.getLogger("lighthouse")
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/lighthouse-config`` (``~/.local/state/lighthouse-config``)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "lighthouse-config"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Lighthouse: the central service holding a training job's live config.
+
+    Workers never talk to it directly: each replica group's manager fetches the
+    config from here and relays it to the group's ranks.
+    """
+
+
+@main.command()
+@click.option(
+    "--bind",
+    default=f"[::]:{DEFAULT_LIGHTHOUSE_PORT}",
+    show_default=True,
+    help="gRPC address managers connect to (port 0 picks a free port).",
+)
+@click.option(
+    "--http-bind",
+    default=f"[::]:{DEFAULT_DASHBOARD_PORT}",
+    show_default=True,
+    help="Dashboard and admin API address; 'off' serves none.",
+)
+@click.option(
+    "--config",
+    "--lighthouse-config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="JSON object file with the initial config; watched for edits while running.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where every version is stored durably [default: $XDG_STATE_HOME/lighthouse-config].",
+)
+@click.option(
+    "--admin-token",
+    envvar="LIGHTHOUSE_ADMIN_TOKEN",
+    default=None,
+    help="Bearer token required for changes (env LIGHTHOUSE_ADMIN_TOKEN). Unset: anyone can edit.",
+)
+@click.option("--strict", is_flag=True, help="Exit with code 2 when the config file is missing or invalid.")
+@click.option(
+    "--history-limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Keep at most N versions (oldest pruned, never the live one). Default: keep all.",
+)
+@click.option("--log-level", default="info", show_default=True, help="debug, info, warning or error.")
+def serve(
+    bind: str,
+    http_bind: str,
+    config_path: Path | None,
+    state_dir: Path | None,
+    admin_token: str | None,
+    strict: bool,
+    history_limit: int | None,
+    log_level: str,
+) -> None:
+    """Serve the config. Prints the gRPC address (line 1) and dashboard URL (line 2)."""
+    configure_logging(log_level)
+    from lighthouse.server import LighthouseServer
+
+    state_dir = state_dir or default_state_dir()
+    try:
+        server = LighthouseServer(
+            bind,
+            config_path,
+            state_dir=state_dir,
+            http_bind=None if http_bind.lower() == "off" else http_bind,
+            admin_token=admin_token,
+            strict=strict,
+            history_limit=history_limit,
+        )
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except (OSError, ValueError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    if admin_token is None and http_bind.lower() != "off":
+        logger.warning(
+            "no --admin-token set: anyone who can reach %s can change the config", server.dashboard_url()
+        )
+    url = server.dashboard_url()
+    announce(server.address(), *([url] if url else []))
+    logger.info("state in %s", state_dir)
+    name = wait_for_termination()
+    logger.info("%s received, shutting down", name)
+    server.shutdown()
+
+
+def _register_admin_commands() -> None:
+    try:
+        from lighthouse.admin_cli import config
+    except ImportError:  # pragma: no cover - admin CLI not built yet
+        return
+    main.add_command(config)
+
+
+_register_admin_commands()

@@ -1,0 +1,112 @@
+"""Loading the ``--config`` JSON file, and watching it for edits while the lighthouse runs.
+
+Torchft's config-sharing proposal fixes the lenient behaviour: no file gives an
+empty config; an unreadable or invalid file gives an empty config and a warning
+naming the file and the error. ``strict`` turns those into errors instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lighthouse.values import ConfigError, parse_config
+
+logger = logging.getLogger(__name__)
+
+MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FileContent:
+    """What one read of the file gave: a config, or the error that prevented one."""
+
+    config: dict[str, Any] | None
+    digest: str | None  # sha256 of the bytes; None when the file could not be read
+    error: str | None
+
+
+def read_config_file(path: Path) -> FileContent:
+    """Read and parse ``path``; never raises for a bad file, the error is in the result."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return FileContent(None, None, f"{path}: no such file")
+    except OSError as exc:
+        return FileContent(None, None, f"{path}: cannot read: {exc.strerror or exc}")
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) > MAX_FILE_BYTES:
+        return FileContent(None, digest, f"{path}: larger than {MAX_FILE_BYTES} bytes")
+    try:
+        return FileContent(parse_config(data, what=str(path)), digest, None)
+    except ConfigError as exc:
+        return FileContent(None, digest, str(exc))
+
+
+def load_initial(path: Path | None, strict: bool) -> FileContent:
+    """The file's config at startup, applying the lenient or strict rule; raises ConfigError when strict."""
+    if path is None:
+        return FileContent({}, None, None)
+    content = read_config_file(path)
+    if content.error is None:
+        return content
+    if strict:
+        raise ConfigError(content.error)
+    if content.digest is None and not path.exists():
+        logger.warning("config file %s does not exist; serving an empty config", path)
+    else:
+        logger.warning("config file ignored, serving the stored or an empty config: %s", content.error)
+    return content
+
+
+class FileWatcher:
+    """Polls the file's mtime and size (and hash when they move) and reports each new content once."""
+
+    def __init__(self, path: Path, on_change: Callable[[FileContent], None], interval: float = 1.0) -> None:
+        self.path = path
+        self.interval = interval
+        self._on_change = on_change
+        self._stop = threading.Event()
+        self._last_stat: tuple[float, int] | None = self._stat()
+        self._last_digest: str | None = read_config_file(path).digest
+        self._thread = threading.Thread(target=self._run, name="config-file-watcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _stat(self) -> tuple[float, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_mtime, st.st_size)
+
+    def poll(self) -> None:
+        """One check (the thread calls it every ``interval``; tests may call it directly)."""
+        stat = self._stat()
+        if stat == self._last_stat or stat is None:
+            return
+        self._last_stat = stat
+        content = read_config_file(self.path)
+        if content.digest == self._last_digest:
+            return
+        self._last_digest = content.digest
+        try:
+            self._on_change(content)
+        except Exception:
+            logger.exception("applying the edited config file %s failed", self.path)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll()

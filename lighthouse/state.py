@@ -1,0 +1,243 @@
+"""The lighthouse's live state: the store, the managers it hears from, and the reply it serves.
+
+gRPC and HTTP both act through this one object, so a change made on the
+dashboard is what the next manager fetch sees, with no second code path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lighthouse.config_file import FileContent, load_initial
+from lighthouse.store import Change, ConfigStore, Segment
+from lighthouse.values import ConfigError, encode_config, validate_object
+from protos import lighthouse_config_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+@dataclass
+class ManagerRecord:
+    """The latest status a manager reported, and when."""
+
+    replica_id: str
+    address: str = ""
+    version: int = 0
+    requests: int = 0
+    cache_hits: int = 0
+    step: int = -1
+    last_seen: float = field(default_factory=time.monotonic)
+    fetches: int = 0
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        return {
+            "replica_id": self.replica_id,
+            "address": self.address,
+            "version": self.version,
+            "last_seen_s": round(now - self.last_seen, 3),
+            "requests": self.requests,
+            "cache_hits": self.cache_hits,
+            "step": self.step,
+            "fetches": self.fetches,
+        }
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The GetConfig replies for one (version, current segment), serialized once."""
+
+    version: int
+    config: dict[str, str]
+    segments: tuple[Segment, ...]
+    full_reply: bytes
+    not_modified_reply: bytes
+
+
+class LighthouseState:
+    def __init__(
+        self,
+        store: ConfigStore,
+        config_path: Path | None = None,
+        strict: bool = False,
+    ) -> None:
+        self.store = store
+        self.instance_id = uuid.uuid4().hex
+        self.config_path = config_path.resolve() if config_path is not None else None
+        self.file_error: str | None = None
+        self.started_at = time.time()
+        self.get_config_calls = 0
+        self.heartbeat_calls = 0
+        self._lock = threading.Lock()
+        self._managers: dict[str, ManagerRecord] = {}
+        self._snapshot = self._build_snapshot()
+        if config_path is not None:
+            self.apply_file(load_initial(config_path, strict), startup=True)
+
+    # ------------------------------------------------------------ serving
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    def _build_snapshot(self) -> Snapshot:
+        store = self.store
+        version = store.head
+        segments = tuple(store.segments(version))
+        live = encode_config(store.resolve(version, store.current_step))
+        reply = pb.LighthouseConfigResponse(
+            config_data=live, version=version, instance_id=self.instance_id, state_id=store.state_id
+        )
+        if len(segments) > 1:
+            for seg in segments:
+                reply.segments.add(from_step=seg.from_step, config_data=encode_config(seg.config))
+        not_modified = pb.LighthouseConfigResponse(
+            version=version, not_modified=True, instance_id=self.instance_id, state_id=store.state_id
+        )
+        return Snapshot(version, live, segments, reply.SerializeToString(), not_modified.SerializeToString())
+
+    def refresh(self) -> None:
+        """Rebuild the served reply after a change (or when the job's step crossed a scheduled step)."""
+        self._snapshot = self._build_snapshot()
+
+    def get_config_reply(self, request: pb.LighthouseConfigRequest, peer: str) -> bytes:
+        self.get_config_calls += 1
+        if request.HasField("status"):
+            self.observe(request.status, peer, fetch=True)
+        snap = self._snapshot
+        if request.known_version == snap.version and request.known_state_id == self.store.state_id:
+            return snap.not_modified_reply
+        return snap.full_reply
+
+    def observe(self, status: pb.ManagerStatus, peer: str, fetch: bool = False) -> None:
+        """Record a manager's status (from a heartbeat or riding on a fetch)."""
+        replica_id = status.replica_id or peer
+        with self._lock:
+            record = self._managers.get(replica_id)
+            if record is None:
+                record = self._managers[replica_id] = ManagerRecord(replica_id)
+                logger.info("manager %s (%s) joined", replica_id, status.address or peer)
+            record.address = status.address or peer
+            record.version = status.version
+            record.requests = status.requests
+            record.cache_hits = status.cache_hits
+            record.step = max(record.step, status.step)
+            record.last_seen = time.monotonic()
+            record.fetches += int(fetch)
+        if status.switches:
+            self.store.record_switches(replica_id, [(s.version, s.step) for s in status.switches])
+        if status.step >= 0 and self.store.advance_step(status.step) and len(self._snapshot.segments) > 1:
+            self._maybe_refresh_for_step()
+
+    def _maybe_refresh_for_step(self) -> None:
+        step = self.store.current_step
+        live = next(s for s in reversed(self._snapshot.segments) if s.from_step <= step)
+        if encode_config(live.config) != self._snapshot.config:
+            self.refresh()
+
+    def managers(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        with self._lock:
+            return [m.to_json(now) for m in sorted(self._managers.values(), key=lambda m: m.replica_id)]
+
+    # ------------------------------------------------------------ changes
+    def change(
+        self,
+        op: str,
+        body: Any,
+        *,
+        source: str,
+        author: str = "-",
+        comment: str = "",
+        effective_step: int | None = None,
+        if_match: int | None = None,
+    ) -> Change:
+        """Validate and durably commit a put/patch; the reply served to managers follows at once."""
+        config = validate_object(body, allow_null=op == "patch")
+        if op == "put":
+            size = len(str(encode_config(config)))
+            if size > MAX_CONFIG_BYTES:
+                raise ConfigError(f"config is {size} bytes encoded (max {MAX_CONFIG_BYTES})")
+        row = self.store.commit(
+            op,
+            config,
+            source=source,
+            author=author,
+            comment=comment,
+            effective_step=effective_step,
+            if_match=if_match,
+        )
+        if op == "patch" and len(str(encode_config(row.config))) > MAX_CONFIG_BYTES:
+            logger.warning("config version %d is over %d bytes encoded", row.version, MAX_CONFIG_BYTES)
+        self.refresh()
+        logger.info("config version %d (%s by %s, %s)", row.version, op, author, source)
+        return row
+
+    def rollback(self, version: int, *, author: str = "-", comment: str = "") -> Change:
+        """A new version with the content of ``version``; pending scheduled changes made after it are cancelled."""
+        target = self.store.get(version)
+        for item in self.store.scheduled():
+            if item["status"] == "pending" and item["version"] > version:
+                self.cancel(item["version"], author=author, comment=f"cancelled by rollback to {version}")
+        return self.change(
+            "put",
+            target.config,
+            source="rollback",
+            author=author,
+            comment=comment or f"rollback to {version}",
+        )
+
+    def cancel(self, version: int, *, author: str = "-", comment: str = "") -> Change:
+        row = self.store.commit(
+            "cancel",
+            {"version": version},
+            source="api",
+            author=author,
+            comment=comment or f"cancel {version}",
+        )
+        self.refresh()
+        return row
+
+    def apply_file(self, content: FileContent, startup: bool = False) -> Change | None:
+        """A new version from the config file when its content is new; a bad file only sets file_error."""
+        path = self.config_path
+        assert path is not None
+        if content.error is not None:
+            self.file_error = content.error
+            if not startup:
+                logger.error("config file edit ignored, live config unchanged: %s", content.error)
+            return None
+        self.file_error = None
+        assert content.config is not None and content.digest is not None
+        if self.store.file_hash(str(path)) == content.digest:
+            return None  # unchanged since last loaded: the stored (maybe edited) version stays live
+        row = self.change("put", content.config, source="file", author="-", comment=str(path))
+        self.store.set_file_hash(str(path), content.digest)
+        return row
+
+    # -------------------------------------------------------------- views
+    def view(self) -> dict[str, Any]:
+        """GET /api/config: the live config with its original JSON types."""
+        latest = self.store.latest()
+        return {
+            "version": self.store.head,
+            "config": self.store.live(),
+            "updated_at": latest.created_at if latest else None,
+            "source": latest.source if latest else None,
+            "author": latest.author if latest else None,
+            "comment": latest.comment if latest else None,
+            "current_step": self.store.current_step,
+            "scheduled": [s for s in self.store.scheduled() if s["status"] == "pending"],
+            "file": {
+                "path": str(self.config_path) if self.config_path else None,
+                "error": self.file_error,
+            },
+            "instance_id": self.instance_id,
+            "state_id": self.store.state_id,
+        }

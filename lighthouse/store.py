@@ -1,0 +1,438 @@
+"""Versioned config store: every change is a committed row in an embedded SQLite database.
+
+A version is an operation, not only a snapshot, because changes can be
+scheduled at a training step. The config a group gets for step N from the state
+at version H is a pure function ``resolve(H, N)`` of the stored rows:
+
+* every change <= H is an operation: ``put`` (replace all), ``patch`` (merge,
+  null deletes) or ``cancel`` (withdraw a scheduled change);
+* a change made now applies to every step, a change scheduled at step S only
+  to steps >= S;
+* operations apply in order of ``(order_step, version)``: ``order_step`` is the
+  step the job had reached when the change was made (the highest step any
+  manager reported), or S for a scheduled change if S is later. So a scheduled
+  change lands on top of whatever is live at S, an unrelated edit made before S
+  does not undo it, and an edit made after S overrides it.
+
+Because ``resolve`` depends only on committed rows, every manager resolves the
+same step to the same content, and the history can replay any (version, step).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lighthouse.values import ConfigError
+
+FOREVER = 2**62  # a step later than any real step
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS versions (
+    version INTEGER PRIMARY KEY,
+    op TEXT NOT NULL CHECK (op IN ('put', 'patch', 'cancel')),
+    change TEXT NOT NULL,
+    config TEXT NOT NULL,
+    effective_step INTEGER,
+    order_step INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    source TEXT NOT NULL,
+    author TEXT NOT NULL,
+    comment TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS switches (
+    replica_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    recorded_at REAL NOT NULL,
+    PRIMARY KEY (replica_id, step, version)
+);
+"""
+
+
+class VersionConflict(Exception):
+    """``If-Match`` named a version that is no longer the head."""
+
+    def __init__(self, expected: int, head: int) -> None:
+        super().__init__(f"version conflict: you edited version {expected}, the live version is {head}")
+        self.head = head
+
+
+class NotFound(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class Change:
+    """One committed version."""
+
+    version: int
+    op: str
+    change: dict[str, Any]
+    config: dict[str, Any]  # resolve(version, FOREVER): the config once everything known applies
+    effective_step: int | None
+    order_step: int
+    created_at: float
+    source: str
+    author: str
+    comment: str
+
+    @property
+    def scheduled(self) -> bool:
+        return self.effective_step is not None
+
+    def to_json(self, cancelled: bool = False) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "config": self.config,
+            "created_at": self.created_at,
+            "source": self.source,
+            "author": self.author,
+            "comment": self.comment,
+            "op": self.op,
+            "change": self.change,
+            "effective_step": self.effective_step,
+            "cancelled": cancelled,
+        }
+
+
+@dataclass(frozen=True)
+class Segment:
+    """``config`` holds for steps from ``from_step`` up to the next segment's."""
+
+    from_step: int
+    config: dict[str, Any]
+
+
+def _apply(config: dict[str, Any], row: Change) -> dict[str, Any]:
+    if row.op == "put":
+        return dict(row.change)
+    merged = dict(config)
+    for key, value in row.change.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
+
+
+class ConfigStore:
+    """Thread-safe store; ``path=None`` keeps everything in memory (lost on exit)."""
+
+    def __init__(self, path: Path | None = None, history_limit: int | None = None) -> None:
+        if history_limit is not None and history_limit < 1:
+            raise ValueError("history_limit must be at least 1")
+        self.path = path
+        self.history_limit = history_limit
+        self._lock = threading.RLock()
+        self._closed = False
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(
+            str(path) if path is not None else ":memory:", check_same_thread=False, isolation_level=None
+        )
+        # WAL + FULL: a commit is on disk before we acknowledge it; readers never block the writer.
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+        self._rows: list[Change] = [
+            self._row(r) for r in self._db.execute("SELECT * FROM versions ORDER BY version")
+        ]
+        meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        if "state_id" not in meta:
+            meta["state_id"] = uuid.uuid4().hex
+            self._set_meta("state_id", meta["state_id"])
+        self.state_id: str = meta["state_id"]
+        self._base: dict[str, Any] = json.loads(meta.get("base", "{}"))
+        self._next_version = (
+            max(int(meta.get("last_version", "0")), self._rows[-1].version if self._rows else 0) + 1
+        )
+        self._current_step = int(meta.get("current_step", "-1"))
+        self._cancelled = {r.change["version"] for r in self._rows if r.op == "cancel"}
+
+    # ------------------------------------------------------------------ reads
+    @property
+    def head(self) -> int:
+        """The latest version (0 when nothing was ever stored)."""
+        with self._lock:
+            return self._rows[-1].version if self._rows else 0
+
+    @property
+    def current_step(self) -> int:
+        """The highest step any manager reported (-1 before the job reported one)."""
+        return self._current_step
+
+    def latest(self) -> Change | None:
+        with self._lock:
+            return self._rows[-1] if self._rows else None
+
+    def get(self, version: int) -> Change:
+        with self._lock:
+            for row in reversed(self._rows):
+                if row.version == version:
+                    return row
+        raise NotFound(f"version {version} is not in the history (never existed or pruned)")
+
+    def history(self, limit: int = 100) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._rows[::-1][:limit]
+            return [r.to_json(cancelled=r.version in self._cancelled) for r in rows]
+
+    def resolve(self, version: int, step: int) -> dict[str, Any]:
+        """The config the state at ``version`` gives for ``step``."""
+        with self._lock:
+            if version != 0 and self._rows and version < self._rows[0].version:
+                raise NotFound(f"version {version} was pruned from the history")
+            return self._resolve(self._rows, version, step)
+
+    def live(self) -> dict[str, Any]:
+        """The config at the job's current step."""
+        with self._lock:
+            return self._resolve(self._rows, self.head, self._current_step)
+
+    def segments(self, version: int | None = None) -> list[Segment]:
+        """The config per step range for ``version`` (head by default); one segment if nothing is scheduled."""
+        with self._lock:
+            head = self.head if version is None else version
+            cancelled = self._cancelled_at(self._rows, head)
+            points = sorted(
+                {
+                    r.effective_step
+                    for r in self._rows
+                    if r.version <= head and r.effective_step is not None and r.version not in cancelled
+                }
+            )
+            segments = [Segment(0, self._resolve(self._rows, head, 0))]
+            for point in points:
+                if point <= 0:
+                    continue
+                config = self._resolve(self._rows, head, point)
+                if config != segments[-1].config:
+                    segments.append(Segment(point, config))
+            return segments
+
+    def scheduled(self) -> list[dict[str, Any]]:
+        """Every scheduled change with its status: pending, in_effect or cancelled."""
+        with self._lock:
+            out = []
+            for row in self._rows:
+                if row.effective_step is None:
+                    continue
+                if row.version in self._cancelled:
+                    status = "cancelled"
+                elif row.effective_step > self._current_step:
+                    status = "pending"
+                else:
+                    status = "in_effect"
+                item = row.to_json(cancelled=status == "cancelled")
+                item["status"] = status
+                item["late_groups"] = self._late_groups(row) if status != "cancelled" else []
+                out.append(item)
+            return out
+
+    # ----------------------------------------------------------------- writes
+    def commit(
+        self,
+        op: str,
+        change: dict[str, Any],
+        *,
+        source: str,
+        author: str = "-",
+        comment: str = "",
+        effective_step: int | None = None,
+        if_match: int | None = None,
+    ) -> Change:
+        """Store one change durably and return it; raises VersionConflict, ConfigError or NotFound."""
+        if op not in ("put", "patch", "cancel"):
+            raise ValueError(f"unknown op {op!r}")
+        if effective_step is not None and effective_step < 0:
+            raise ConfigError("effective_step must be a step >= 0")
+        with self._lock:
+            if if_match is not None and if_match != self.head:
+                raise VersionConflict(if_match, self.head)
+            if op == "cancel":
+                self._check_cancellable(int(change["version"]))
+            order_step = self._current_step
+            if effective_step is not None:
+                order_step = max(order_step, effective_step)
+            version = self._next_version
+            draft = Change(
+                version, op, change, {}, effective_step, order_step, time.time(), source, author, comment
+            )
+            rows = [*self._rows, draft]
+            config = self._resolve(rows, version, FOREVER)
+            row = Change(**{**draft.__dict__, "config": config})
+            self._write(row)
+            self._rows.append(row)
+            self._next_version = version + 1
+            if op == "cancel":
+                self._cancelled.add(int(change["version"]))
+            self._prune()
+            return row
+
+    def advance_step(self, step: int) -> bool:
+        """Note that some group reached ``step``; True when that moved the job's current step."""
+        if step <= self._current_step:
+            return False
+        with self._lock:
+            if step <= self._current_step:
+                return False
+            self._current_step = step
+            return True
+
+    def record_switches(self, replica_id: str, switches: Iterable[tuple[int, int]]) -> None:
+        """Remember that ``replica_id`` started serving ``version`` at ``step`` (for replay and lateness)."""
+        rows = [(replica_id, v, s, time.time()) for v, s in switches]
+        if not rows:
+            return
+        with self._lock:
+            self._db.executemany("INSERT OR IGNORE INTO switches VALUES (?, ?, ?, ?)", rows)
+
+    def served_at(self, step: int) -> dict[str, int]:
+        """For each group, the version it served at ``step`` (from its reported switches)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT replica_id, version FROM switches s WHERE step = ("
+                " SELECT MAX(step) FROM switches t WHERE t.replica_id = s.replica_id AND t.step <= ?)"
+                " ORDER BY replica_id, version",
+                (step,),
+            ).fetchall()
+        return {replica: version for replica, version in rows}
+
+    def file_hash(self, path: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (f"file:{path}",)).fetchone()
+        return row[0] if row else None
+
+    def set_file_hash(self, path: str, digest: str) -> None:
+        with self._lock:
+            self._set_meta(f"file:{path}", digest)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._set_meta("current_step", str(self._current_step))
+            self._db.close()
+
+    # -------------------------------------------------------------- internals
+    @staticmethod
+    def _row(r: tuple[Any, ...]) -> Change:
+        return Change(r[0], r[1], json.loads(r[2]), json.loads(r[3]), r[4], r[5], r[6], r[7], r[8], r[9])
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def _write(self, row: Change) -> None:
+        dumps = json.dumps
+        with self._db:  # one transaction: the row and the step it was ordered at
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    row.version,
+                    row.op,
+                    dumps(row.change, ensure_ascii=False),
+                    dumps(row.config, ensure_ascii=False),
+                    row.effective_step,
+                    row.order_step,
+                    row.created_at,
+                    row.source,
+                    row.author,
+                    row.comment,
+                ),
+            )
+            self._set_meta("current_step", str(self._current_step))
+            self._set_meta("last_version", str(row.version))
+
+    @staticmethod
+    def _cancelled_at(rows: list[Change], version: int) -> set[int]:
+        return {int(r.change["version"]) for r in rows if r.op == "cancel" and r.version <= version}
+
+    def _resolve(self, rows: list[Change], version: int, step: int) -> dict[str, Any]:
+        cancelled = self._cancelled_at(rows, version)
+        ops = [
+            r
+            for r in rows
+            if r.version <= version
+            and r.op != "cancel"
+            and r.version not in cancelled
+            and (r.effective_step is None or r.effective_step <= step)
+        ]
+        ops.sort(key=lambda r: (r.order_step, r.version))
+        start = max((i for i, r in enumerate(ops) if r.op == "put"), default=None)
+        config = dict(self._base) if start is None else {}
+        for row in ops[start or 0 :]:
+            config = _apply(config, row)
+        return config
+
+    def _check_cancellable(self, target: int) -> None:
+        row = self.get(target)
+        if row.effective_step is None:
+            raise ConfigError(f"version {target} is not a scheduled change")
+        if target in self._cancelled:
+            raise ConfigError(f"version {target} is already cancelled")
+        if row.effective_step <= self._current_step:
+            raise ConfigError(
+                f"version {target} took effect at step {row.effective_step} "
+                f"(the job is at step {self._current_step}); make a new change instead"
+            )
+
+    def _late_groups(self, row: Change) -> list[dict[str, Any]]:
+        """Groups that served steps >= S without this change, and the step they switched at."""
+        assert row.effective_step is not None
+        records = self._db.execute(
+            "SELECT replica_id, version, step FROM switches ORDER BY replica_id, step, version"
+        ).fetchall()
+        by_group: dict[str, list[tuple[int, int]]] = {}
+        for replica, version, step in records:
+            by_group.setdefault(replica, []).append((step, version))
+        late = []
+        for replica, steps in by_group.items():
+            first = next(((s, v) for s, v in steps if v >= row.version), None)
+            if first is None or first[0] <= row.effective_step:
+                continue
+            if any(s < first[0] for s, v in steps if v < row.version):
+                late.append(
+                    {
+                        "replica_id": replica,
+                        "switched_at_step": first[0],
+                        "late_by_steps": first[0] - row.effective_step,
+                    }
+                )
+        return late
+
+    def _prune(self) -> None:
+        """Drop the oldest immediate versions beyond history_limit, folding them into a base snapshot."""
+        if self.history_limit is None or len(self._rows) <= self.history_limit:
+            return
+        ordered = sorted(self._rows, key=lambda r: (r.order_step, r.version))
+        excess = len(self._rows) - self.history_limit
+        prefix: list[Change] = []
+        for row in ordered:
+            if len(prefix) == excess or row.scheduled or row.op == "cancel" or row.version == self.head:
+                break
+            if any(r.version < row.version and r not in prefix for r in self._rows if r.scheduled):
+                break  # a scheduled change older than this row must keep its place in the order
+            prefix.append(row)
+        if not prefix:
+            return
+        base = dict(self._base)
+        for row in prefix:
+            base = _apply(base, row)
+        gone = {r.version for r in prefix}
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany("DELETE FROM versions WHERE version = ?", [(v,) for v in gone])
+            self._set_meta("base", json.dumps(base, ensure_ascii=False))
+        self._base = base
+        self._rows = [r for r in self._rows if r.version not in gone]

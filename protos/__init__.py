@@ -1,0 +1,1 @@
+"""Wire contract of lighthouse-config: the .proto files, their generated code, and rpc helpers."""

@@ -1,0 +1,72 @@
+"""Generate the Python code for every ``protos/*.proto`` (one script, one truth).
+
+Run ``python protos/generate.py`` after editing a .proto file; ``--check``
+exits 1 when the committed generated code differs from a fresh generation
+(the test suite runs it, so stale code cannot land).
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import sys
+import tempfile
+from pathlib import Path
+
+from grpc_tools import protoc
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTO_DIR = ROOT / "protos"
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+
+
+def generate(out_dir: Path) -> list[Path]:
+    """Compile every .proto into ``out_dir/protos`` and return the files written."""
+    protos = sorted(PROTO_DIR.glob("*.proto"))
+    (out_dir / "protos").mkdir(parents=True, exist_ok=True)
+    for proto in protos:
+        # Include path = repo root, so generated imports read `from protos import ...`.
+        args = [
+            "grpc_tools.protoc",
+            f"-I{ROOT}",
+            f"--python_out={out_dir}",
+            f"--pyi_out={out_dir}",
+            f"--grpc_python_out={out_dir}",
+            str(proto.relative_to(ROOT)),
+        ]
+        if protoc.main(args) != 0:
+            raise SystemExit(f"protoc failed on {proto}")
+    return sorted(p for p in (out_dir / "protos").iterdir() if p.name.endswith(GENERATED_SUFFIXES))
+
+
+def stale_files() -> list[str]:
+    """Names of generated files that are missing, extra or different from a fresh run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = {p.name: p for p in generate(Path(tmp))}
+        committed = {p.name: p for p in PROTO_DIR.iterdir() if p.name.endswith(GENERATED_SUFFIXES)}
+        names = sorted(set(fresh) | set(committed))
+        return [
+            n
+            for n in names
+            if n not in fresh or n not in committed or not filecmp.cmp(fresh[n], committed[n], shallow=False)
+        ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--check", action="store_true", help="only compare, write nothing")
+    args = parser.parse_args()
+    if args.check:
+        stale = stale_files()
+        if stale:
+            print("generated code is out of date: " + ", ".join(stale), file=sys.stderr)
+            print("run: python protos/generate.py", file=sys.stderr)
+            return 1
+        return 0
+    for path in generate(ROOT):
+        print(path.relative_to(ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

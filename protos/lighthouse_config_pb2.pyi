@@ -1,0 +1,126 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ManagerStatus(_message.Message):
+    __slots__ = ("replica_id", "address", "version", "requests", "cache_hits", "step", "switches")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    address: str
+    version: int
+    requests: int
+    cache_hits: int
+    step: int
+    switches: _containers.RepeatedCompositeFieldContainer[StepSwitch]
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[int] = ..., requests: _Optional[int] = ..., cache_hits: _Optional[int] = ..., step: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[StepSwitch, _Mapping]]] = ...) -> None: ...
+
+class StepSwitch(_message.Message):
+    __slots__ = ("version", "step")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    step: int
+    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+
+class LighthouseConfigRequest(_message.Message):
+    __slots__ = ("replica_id", "known_version", "known_state_id", "status")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_STATE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    known_version: int
+    known_state_id: str
+    status: ManagerStatus
+    def __init__(self, replica_id: _Optional[str] = ..., known_version: _Optional[int] = ..., known_state_id: _Optional[str] = ..., status: _Optional[_Union[ManagerStatus, _Mapping]] = ...) -> None: ...
+
+class ConfigSegment(_message.Message):
+    __slots__ = ("from_step", "config_data")
+    class ConfigDataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_DATA_FIELD_NUMBER: _ClassVar[int]
+    from_step: int
+    config_data: _containers.ScalarMap[str, str]
+    def __init__(self, from_step: _Optional[int] = ..., config_data: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class LighthouseConfigResponse(_message.Message):
+    __slots__ = ("config_data", "version", "not_modified", "instance_id", "state_id", "segments")
+    class ConfigDataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CONFIG_DATA_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NOT_MODIFIED_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    config_data: _containers.ScalarMap[str, str]
+    version: int
+    not_modified: bool
+    instance_id: str
+    state_id: str
+    segments: _containers.RepeatedCompositeFieldContainer[ConfigSegment]
+    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., not_modified: _Optional[bool] = ..., instance_id: _Optional[str] = ..., state_id: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[ConfigSegment, _Mapping]]] = ...) -> None: ...
+
+class LighthouseHeartbeatRequest(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: ManagerStatus
+    def __init__(self, status: _Optional[_Union[ManagerStatus, _Mapping]] = ...) -> None: ...
+
+class LighthouseHeartbeatResponse(_message.Message):
+    __slots__ = ("version", "instance_id")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    instance_id: str
+    def __init__(self, version: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
+
+class ManagerConfigRequest(_message.Message):
+    __slots__ = ("group_rank", "step", "known_version")
+    GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    group_rank: int
+    step: int
+    known_version: int
+    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., known_version: _Optional[int] = ...) -> None: ...
+
+class ManagerConfigResponse(_message.Message):
+    __slots__ = ("config_data", "version", "source", "pinned")
+    class ConfigDataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CONFIG_DATA_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    config_data: _containers.ScalarMap[str, str]
+    version: int
+    source: str
+    pinned: bool
+    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., pinned: _Optional[bool] = ...) -> None: ...
