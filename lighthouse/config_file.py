@@ -68,7 +68,7 @@ def load_initial(path: Path | None, strict: bool) -> FileContent:
 class FileWatcher:
     """Polls the file's mtime and size (and hash when they move) and reports each new content once."""
 
-    def __init__(self, path: Path, on_change: Callable[[FileContent], None], interval: float = 1.0) -> None:
+    def __init__(self, path: Path, on_change: Callable[[FileContent], object], interval: float = 1.0) -> None:
         self.path = path
         self.interval = interval
         self._on_change = on_change

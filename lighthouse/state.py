@@ -180,7 +180,7 @@ class LighthouseState:
         return row
 
     def rollback(self, version: int, *, author: str = "-", comment: str = "") -> Change:
-        """A new version with the content of ``version``; pending scheduled changes made after it are cancelled."""
+        """A new version with ``version``'s content; cancels pending scheduled changes made after it."""
         target = self.store.get(version)
         for item in self.store.scheduled():
             if item["status"] == "pending" and item["version"] > version:

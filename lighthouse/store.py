@@ -200,7 +200,7 @@ class ConfigStore:
             return self._resolve(self._rows, self.head, self._current_step)
 
     def segments(self, version: int | None = None) -> list[Segment]:
-        """The config per step range for ``version`` (head by default); one segment if nothing is scheduled."""
+        """The config per step range at ``version`` (default head); one segment when nothing is scheduled."""
         with self._lock:
             head = self.head if version is None else version
             cancelled = self._cancelled_at(self._rows, head)

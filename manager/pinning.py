@@ -1,0 +1,67 @@
+"""Per-step pinning: every rank of a group asking for step N gets the group's first answer for N.
+
+Without it, a cache refresh between two ranks' calls for the same step would
+give them different configs and silently diverge their replicas. Memory is
+bounded by a window of recent steps; older steps are answered unpinned.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from manager.snapshot import Snapshot
+
+
+class StepPins:
+    def __init__(self, window: int = 1024) -> None:
+        if window < 1:
+            raise ValueError("the step window must be at least 1")
+        self.window = window
+        self._pins: dict[int, bytes] = {}
+        self._order: deque[int] = deque()
+        self._lock = threading.Lock()
+        self.max_step = -1
+        self._max_version = -1  # version pinned at max_step
+        self._switches: list[tuple[int, int]] = []
+
+    def get(self, step: int) -> bytes | None:
+        """The pinned reply for ``step`` (lock-free: a dict read)."""
+        return self._pins.get(step)
+
+    def outside_window(self, step: int) -> bool:
+        return step < self.max_step - self.window
+
+    def pin(self, step: int, snapshot: Snapshot, reply: bytes) -> bytes:
+        """Pin ``reply`` for ``step`` unless another rank won the race; return the pinned reply."""
+        with self._lock:
+            pinned = self._pins.get(step)
+            if pinned is not None:
+                return pinned
+            self._pins[step] = reply
+            self._order.append(step)
+            if step > self.max_step:
+                if snapshot.version != self._max_version:
+                    self._switches.append((snapshot.version, step))
+                    del self._switches[:-1000]  # bounded while the lighthouse is away
+                self.max_step = step
+                self._max_version = snapshot.version
+                self._evict(step - self.window)
+            return reply
+
+    def _evict(self, below: int) -> None:
+        order, pins = self._order, self._pins
+        while order and (order[0] < below or len(order) > 2 * self.window):
+            pins.pop(order.popleft(), None)
+
+    def __len__(self) -> int:
+        return len(self._pins)
+
+    def take_switches(self) -> list[tuple[int, int]]:
+        """(version, first step) pairs not yet reported to the lighthouse."""
+        with self._lock:
+            return list(self._switches)
+
+    def ack_switches(self, count: int) -> None:
+        with self._lock:
+            del self._switches[:count]

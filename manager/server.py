@@ -1,0 +1,215 @@
+"""``ManagerServer``: one gRPC relay per replica group between its workers and the lighthouse.
+
+The lighthouse's load stays proportional to the number of groups: workers'
+calls are answered from the cache (see ``upstream``), pinned per step (see
+``pinning``), and a background loop refreshes the cache just before it expires,
+carrying the manager's heartbeat on the same call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+
+from lighthouse.client import LighthouseClient
+from manager.pinning import StepPins
+from manager.snapshot import Snapshot
+from manager.upstream import FetchFailed, UpstreamCache
+from protos import lighthouse_config_pb2 as pb
+from protos.rpc import dialable_address, start_server
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL = 1.0
+
+
+class ManagerServer:
+    """Starts serving on construction; ``address()`` is what the group's workers dial.
+
+    Like torchft's ManagerServer it can live inside the group's rank 0 process,
+    or run alone through the ``manager serve`` CLI.
+    """
+
+    def __init__(
+        self,
+        lighthouse_addr: str,
+        bind: str = "[::]:0",
+        replica_id: str | None = None,
+        *,
+        cache_ttl: float = 1.0,
+        lighthouse_timeout: float = 1.0,
+        backoff: float = 1.0,
+        serve_stale: bool = False,
+        step_window: int = 1024,
+        max_workers: int = 32,
+    ) -> None:
+        if cache_ttl <= 0 or lighthouse_timeout <= 0 or backoff <= 0:
+            raise ValueError("cache_ttl, lighthouse_timeout and backoff must be positive")
+        self.lighthouse_timeout = lighthouse_timeout
+        self.requests = 0
+        self.cache_hits = 0
+        self._pins = StepPins(step_window)
+        self._lighthouse = LighthouseClient(lighthouse_addr)
+        self._instance_id = ""
+        self._last_contact = float("-inf")
+        self._cache = UpstreamCache(
+            self._fetch,
+            ttl=cache_ttl,
+            backoff=backoff,
+            wait_timeout=lighthouse_timeout + 0.5,
+            serve_stale=serve_stale,
+        )
+        handler = grpc.method_handlers_generic_handler(
+            "lighthouse_config.ManagerService",
+            {
+                "GetConfig": grpc.unary_unary_rpc_method_handler(
+                    self._get_config, request_deserializer=pb.ManagerConfigRequest.FromString
+                )
+            },
+        )
+        self._server: grpc.Server | None
+        self._server, port = start_server(bind, [handler], max_workers=max_workers)
+        self._address = dialable_address(bind, port)
+        self.replica_id = replica_id or self._address
+        self._stopped = threading.Event()
+        self._loop = threading.Thread(target=self._refresh_loop, name="manager-refresh", daemon=True)
+        self._loop.start()
+        logger.info(
+            "manager %s serving on %s, lighthouse %s", self.replica_id, self._address, lighthouse_addr
+        )
+
+    def address(self) -> str:
+        return self._address
+
+    # --------------------------------------------------------- worker calls
+    def _get_config(self, request: pb.ManagerConfigRequest, context: grpc.ServicerContext) -> bytes:
+        self.requests += 1
+        if not request.HasField("step"):
+            answer = self._cache.get()
+            if not answer.fetched:
+                self.cache_hits += 1
+                return answer.snapshot.reply(-1, False)
+            return answer.snapshot.fresh_reply(-1, False)
+        step = request.step
+        pinned = self._pins.get(step)
+        if pinned is not None:
+            self.cache_hits += 1
+            return pinned
+        answer = self._cache.get()
+        snapshot = answer.snapshot
+        segment = snapshot.segment(step)
+        if self._pins.outside_window(step):
+            return snapshot.reply(segment, False)
+        self.cache_hits += int(not answer.fetched)
+        return self._pins.pin(step, snapshot, snapshot.reply(segment, True))
+
+    # ------------------------------------------------------------ upstream
+    def _status(self) -> pb.ManagerStatus:
+        switches = self._pins.take_switches()
+        return pb.ManagerStatus(
+            replica_id=self.replica_id,
+            address=self._address,
+            version=self.serving_version(),
+            requests=self.requests,
+            cache_hits=self.cache_hits,
+            step=self._pins.max_step,
+            switches=[pb.StepSwitch(version=v, step=s) for v, s in switches],
+        )
+
+    def serving_version(self) -> int:
+        """The lighthouse version workers get now (0 while serving the fallback)."""
+        good = self._cache.good
+        if good is None or (self._cache.failing and not self._cache.serve_stale):
+            return 0
+        return good.version
+
+    def _fetch(self, held: Snapshot | None) -> Snapshot:
+        status = self._status()
+        try:
+            reply = self._lighthouse.fetch(
+                timeout=self.lighthouse_timeout,
+                known_version=held.version if held else 0,
+                known_state_id=held.state_id if held else "",
+                status=status,
+            )
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            raise FetchFailed(code.name if code else str(exc)) from None
+        self._pins.ack_switches(len(status.switches))
+        self._last_contact = time.monotonic()
+        if reply.instance_id != self._instance_id:
+            if self._instance_id:
+                logger.info("lighthouse restarted (instance %s)", reply.instance_id[:8])
+            self._instance_id = reply.instance_id
+        if reply.not_modified and held is not None:
+            return held
+        fresh = Snapshot.from_reply(reply)
+        if held is not None and held.state_id == fresh.state_id and fresh.version < held.version:
+            logger.warning(
+                "lighthouse answered version %d, older than the served %d; keeping %d",
+                fresh.version,
+                held.version,
+                held.version,
+            )
+            return held
+        if held is not None and held.state_id != fresh.state_id:
+            logger.warning(
+                "lighthouse state was reset (new state %s): moving from version %d to %d",
+                fresh.state_id[:8],
+                held.version,
+                fresh.version,
+            )
+        elif held is None or fresh.version != held.version:
+            logger.info("serving config version %d", fresh.version)
+        return fresh
+
+    def _refresh_loop(self) -> None:
+        """Refresh just before the cache expires; send a bare heartbeat if the TTL is longer than that."""
+        while not self._stopped.is_set():
+            self._cache.refresh()
+            while not self._stopped.is_set():
+                wait = self._cache.next_refresh_in()
+                heartbeat_in = self._last_contact + HEARTBEAT_INTERVAL - time.monotonic()
+                if wait <= heartbeat_in:
+                    self._stopped.wait(wait)
+                    break
+                self._stopped.wait(max(0.0, heartbeat_in))
+                self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        status = self._status()
+        try:
+            self._lighthouse.heartbeat(status, timeout=self.lighthouse_timeout)
+        except grpc.RpcError:
+            self._last_contact = time.monotonic()  # retried in a heartbeat interval; the fetch logs outages
+            return
+        self._pins.ack_switches(len(status.switches))
+        self._last_contact = time.monotonic()
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "requests": self.requests,
+            "cache_hits": self.cache_hits,
+            "upstream_fetches": self._cache.fetches,
+            "upstream_failures": self._cache.failures,
+            "pinned_steps": len(self._pins),
+            "version": self.serving_version(),
+        }
+
+    def shutdown(self, grace: float | None = 0.5) -> None:
+        """Stop serving; safe to call twice."""
+        self._stopped.set()
+        if self._server is not None:
+            self._server.stop(grace).wait()
+            self._server = None
+        self._loop.join(timeout=self.lighthouse_timeout + 1)
+        self._lighthouse.close()
+
+    def __enter__(self) -> ManagerServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -1,0 +1,154 @@
+"""When a manager asks the lighthouse, and what it answers when the lighthouse does not.
+
+Pure policy with an injected clock and fetch function, so the rules can be
+tested without time passing:
+
+* a snapshot is served while it is younger than ``ttl`` (age counted from the
+  start of the fetch that produced it);
+* at most one fetch is in flight; callers that find the cache expired wait for
+  that fetch (bounded) instead of starting their own;
+* a failed fetch opens a backoff window: until a fetch succeeds again, callers
+  get the fallback (empty, or the last good snapshot with ``serve_stale``) at
+  once and never wait on the lighthouse, so a dead lighthouse costs a training
+  loop one deadline, not one per step. Retries come from ``refresh()`` (the
+  manager's background loop), at most one per backoff window.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from manager.snapshot import Snapshot
+
+logger = logging.getLogger(__name__)
+
+
+class FetchFailed(Exception):
+    """The lighthouse did not answer in time, or refused."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    snapshot: Snapshot
+    fetched: bool  # this call waited for a fresh upstream fetch
+
+
+# A fetch takes the snapshot held now (or None) and returns the new one; raises FetchFailed.
+Fetch = Callable[[Snapshot | None], Snapshot]
+
+
+class UpstreamCache:
+    def __init__(
+        self,
+        fetch: Fetch,
+        *,
+        ttl: float,
+        backoff: float,
+        wait_timeout: float,
+        serve_stale: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fetch = fetch
+        self.ttl = ttl
+        self.backoff = backoff
+        self.wait_timeout = wait_timeout
+        self.serve_stale = serve_stale
+        self._clock = clock
+        self._good: Snapshot | None = None
+        self._fresh_until = float("-inf")
+        self._failing = False
+        self._retry_at = float("-inf")
+        self._in_flight = False
+        self._cond = threading.Condition(threading.Lock())
+        self.fetches = 0
+        self.failures = 0
+
+    @property
+    def good(self) -> Snapshot | None:
+        """The last snapshot the lighthouse gave."""
+        return self._good
+
+    @property
+    def failing(self) -> bool:
+        return self._failing
+
+    def get(self) -> Answer:
+        """The snapshot a worker call should be answered from (the hot path: one clock read when fresh)."""
+        good = self._good
+        if good is not None and self._clock() < self._fresh_until:
+            return Answer(good, False)
+        if self._failing:
+            return Answer(self._fallback(), False)
+        return self._fetch_once(wait=True)
+
+    def refresh(self) -> Answer:
+        """Fetch now unless a fetch is in flight or the backoff window is open (background loop)."""
+        if self._failing and self._clock() < self._retry_at:
+            return Answer(self._fallback(), False)
+        return self._fetch_once(wait=False)
+
+    def next_refresh_in(self) -> float:
+        """Seconds until the background loop should refresh: just before expiry, or at the retry time."""
+        now = self._clock()
+        if self._failing:
+            return max(0.0, self._retry_at - now)
+        lead = min(0.05 * self.ttl, 0.05)
+        return max(0.0, self._fresh_until - lead - now)
+
+    def _fallback(self) -> Snapshot:
+        if self.serve_stale and self._good is not None:
+            return self._good.as_stale()
+        return Snapshot.fallback()
+
+    def _fetch_once(self, wait: bool) -> Answer:
+        with self._cond:
+            if self._in_flight:
+                if not wait:
+                    return Answer(self._good or self._fallback(), False)
+                deadline = self._clock() + self.wait_timeout
+                while self._in_flight:
+                    remaining = deadline - self._clock()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                if self._good is not None and self._clock() < self._fresh_until:
+                    return Answer(self._good, True)
+                return Answer(self._fallback(), False)
+            self._in_flight = True
+        started = self._clock()
+        try:
+            snapshot = self._fetch(self._good)
+        except FetchFailed as exc:
+            with self._cond:
+                self.failures += 1
+                if not self._failing:
+                    logger.warning(
+                        "lighthouse unavailable (%s); serving %s, retrying every %.1fs",
+                        exc,
+                        "the last good config" if self.serve_stale and self._good else "an empty config",
+                        self.backoff,
+                    )
+                self._failing = True
+                self._retry_at = self._clock() + self.backoff
+                self._in_flight = False
+                self._cond.notify_all()
+            return Answer(self._fallback(), False)
+        except BaseException:
+            with self._cond:
+                self._in_flight = False
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self.fetches += 1
+            if self._failing:
+                logger.info("lighthouse reachable again; serving version %d", snapshot.version)
+            self._failing = False
+            self._good = snapshot
+            self._fresh_until = started + self.ttl
+            self._in_flight = False
+            self._cond.notify_all()
+        return Answer(snapshot, True)

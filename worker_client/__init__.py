@@ -1,0 +1,6 @@
+"""The worker side: ``ManagerClient.get_config(step=...)`` at the start of every training step."""
+
+from worker_client.client import ConfigUnavailable, ManagerClient
+from worker_client.config import Config
+
+__all__ = ["Config", "ConfigUnavailable", "ManagerClient"]

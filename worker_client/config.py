@@ -1,0 +1,97 @@
+"""``Config``: the ``dict[str, str]`` a worker gets, with where it came from and typed getters."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+
+
+class Config(dict[str, str]):
+    """The config for one call: values as the lighthouse encoded them (JSON text for non-strings).
+
+    ``version``: the lighthouse version (0 for the fallback); ``source``:
+    "lighthouse", "cache", "stale" or "fallback"; ``pinned``: whether this is
+    the group's snapshot for the step asked for.
+    """
+
+    __slots__ = ("pinned", "source", "step", "version")
+
+    def __init__(
+        self,
+        data: dict[str, str] | None = None,
+        *,
+        version: int = 0,
+        source: str = "fallback",
+        step: int | None = None,
+        pinned: bool = False,
+    ) -> None:
+        super().__init__(data or {})
+        self.version = version
+        self.source = source
+        self.step = step
+        self.pinned = pinned
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.source == "fallback"
+
+    def __repr__(self) -> str:
+        return f"Config({dict.__repr__(self)}, version={self.version}, source={self.source!r})"
+
+    def _parse(self, key: str, default: T, kind: str, parse: Any) -> Any:
+        raw = self.get(key)
+        if raw is None:
+            return default
+        try:
+            return parse(raw)
+        except (ValueError, TypeError):
+            raise ValueError(f"config key {key!r}: {raw[:80]!r} is not {kind}") from None
+
+    def get_str(self, key: str, default: T = None) -> str | T:  # type: ignore[assignment]
+        return self.get(key, default)
+
+    def get_int(self, key: str, default: T = None) -> int | T:  # type: ignore[assignment]
+        result: int | T = self._parse(key, default, "an integer", _to_int)
+        return result
+
+    def get_float(self, key: str, default: T = None) -> float | T:  # type: ignore[assignment]
+        result: float | T = self._parse(key, default, "a number", float)
+        return result
+
+    def get_bool(self, key: str, default: T = None) -> bool | T:  # type: ignore[assignment]
+        result: bool | T = self._parse(key, default, "a boolean (true/false)", _to_bool)
+        return result
+
+    def get_json(self, key: str, default: Any = None) -> Any:
+        """The value as a Python object; a plain string value (not JSON text) is returned as it is."""
+        raw = self.get(key)
+        if raw is None:
+            return default
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+
+
+def _to_int(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        number = float(raw)
+        if not number.is_integer():
+            raise
+        return int(number)
+
+
+def _to_bool(raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(raw)
