@@ -1,0 +1,243 @@
+"""Real processes for the tests: lighthouse, managers and workers started through their CLIs.
+
+Every process is started on port 0 and its address read from the first line it
+prints; ``ProcessPool.stop_all`` (the ``procs`` fixture) always stops them.
+Nothing here sleeps to wait: reads and polls have deadlines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER_SCRIPT = Path(__file__).resolve().parent / "worker_proc.py"
+START_TIMEOUT = 20.0
+
+T = TypeVar("T")
+
+
+def poll(check: Callable[[], T], timeout: float, interval: float = 0.02, what: str = "condition") -> T:
+    """Call ``check`` until it returns something truthy; raise AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Proc:
+    """A child process whose stdout lines are collected by a reader thread."""
+
+    args: list[str]
+    popen: subprocess.Popen[str]
+    name: str
+    stdout_lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
+    seen: list[str] = field(default_factory=list)
+    stderr_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self.stdout_lines.put(line.rstrip("\n"))
+        self.stdout_lines.put(None)
+
+    def readline(self, timeout: float = START_TIMEOUT) -> str:
+        """The next stdout line; AssertionError (with stderr) if none comes in time or the process ends."""
+        try:
+            line = self.stdout_lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"{self.name}: no output within {timeout}s\n{self.stderr()}") from None
+        if line is None:
+            self.stdout_lines.put(None)
+            raise AssertionError(f"{self.name} exited ({self.popen.poll()}) early\n{self.stderr()}")
+        self.seen.append(line)
+        return line
+
+    def lines(self) -> list[str]:
+        """Every stdout line so far (non-blocking)."""
+        while True:
+            try:
+                line = self.stdout_lines.get_nowait()
+            except queue.Empty:
+                return self.seen
+            if line is None:
+                self.stdout_lines.put(None)
+                return self.seen
+            self.seen.append(line)
+
+    def stderr(self) -> str:
+        if self.stderr_path is None or not self.stderr_path.exists():
+            return ""
+        return self.stderr_path.read_text(errors="replace")[-4000:]
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout=timeout)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM (after SIGCONT, in case a test paused it), then SIGKILL if it will not go."""
+        if self.popen.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            try:
+                return self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+        return self.popen.wait(timeout=timeout)
+
+
+@dataclass
+class LighthouseProc(Proc):
+    address: str = ""
+    url: str = ""
+
+
+@dataclass
+class ManagerProc(Proc):
+    address: str = ""
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("TORCHFT_LIGHTHOUSE", None)
+    env.pop("LIGHTHOUSE_ADMIN_TOKEN", None)
+    for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        env.pop(proxy, None)
+    return env
+
+
+class ProcessPool:
+    """Starts the system's processes and stops every one of them at the end."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.procs: list[Proc] = []
+        self._count = 0
+
+    def spawn(self, args: Sequence[str], name: str, cls: type[Proc] = Proc, **kw: Any) -> Any:
+        self._count += 1
+        stderr_path = self.tmp_path / f"{name}-{self._count}.stderr"
+        with stderr_path.open("w") as stderr:
+            popen = subprocess.Popen(
+                list(args),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                env=_env(),
+                cwd=str(ROOT),
+            )
+        proc = cls(list(args), popen, name, stderr_path=stderr_path, **kw)
+        self.procs.append(proc)
+        return proc
+
+    def lighthouse(
+        self,
+        config: dict[str, Any] | str | None = None,
+        *,
+        state_dir: Path | None = None,
+        config_path: Path | None = None,
+        bind: str = "127.0.0.1:0",
+        http_bind: str = "127.0.0.1:0",
+        extra: Sequence[str] = (),
+    ) -> LighthouseProc:
+        """Start ``lighthouse serve``; ``config`` (dict or raw text) is written to a file first."""
+        if config is not None:
+            config_path = config_path or self.tmp_path / "config.json"
+            config_path.write_text(config if isinstance(config, str) else json.dumps(config))
+        args = [sys.executable, "-m", "lighthouse", "serve", "--bind", bind, "--http-bind", http_bind]
+        args += ["--state-dir", str(state_dir or self.tmp_path / "state")]
+        if config_path is not None:
+            args += ["--config", str(config_path)]
+        args += list(extra)
+        proc: LighthouseProc = self.spawn(args, "lighthouse", LighthouseProc)
+        proc.address = proc.readline()
+        if http_bind != "off":
+            proc.url = proc.readline()
+        return proc
+
+    def manager(
+        self,
+        lighthouse_addr: str,
+        replica_id: str,
+        *,
+        cache_ttl: float = 0.2,
+        lighthouse_timeout: float = 1.0,
+        backoff: float = 1.0,
+        bind: str = "127.0.0.1:0",
+        extra: Sequence[str] = (),
+    ) -> ManagerProc:
+        args = [sys.executable, "-m", "manager", "serve", "--lighthouse", lighthouse_addr, "--bind", bind]
+        args += ["--replica-id", replica_id, "--cache-ttl", str(cache_ttl)]
+        args += ["--lighthouse-timeout", str(lighthouse_timeout), "--backoff", str(backoff), *extra]
+        proc: ManagerProc = self.spawn(args, f"manager-{replica_id}", ManagerProc)
+        proc.address = proc.readline()
+        return proc
+
+    def worker(
+        self,
+        manager_addr: str,
+        *,
+        group: str,
+        rank: int,
+        steps: int,
+        step_interval: float = 0.0,
+        timeout: float = 5.0,
+        first_step: int = 0,
+        prefetch: bool = False,
+        no_step: bool = False,
+    ) -> Proc:
+        """A worker process calling get_config once per step; prints one JSON line per step, then 'done'."""
+        args = [sys.executable, str(WORKER_SCRIPT), "--addr", manager_addr, "--group", group]
+        args += ["--rank", str(rank), "--steps", str(steps), "--interval", str(step_interval)]
+        args += ["--timeout", str(timeout), "--first-step", str(first_step)]
+        args += ["--prefetch"] if prefetch else []
+        args += ["--no-step"] if no_step else []
+        proc: Proc = self.spawn(args, f"worker-{group}-{rank}")
+        poll(lambda: proc.lines() and proc.seen[0] == "ready", START_TIMEOUT, what=f"{proc.name} ready")
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            try:
+                proc.stop()
+            except Exception:  # keep stopping the others
+                proc.popen.kill()
+
+
+def worker_records(proc: Proc, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """Wait for a worker to finish and return its per-step records."""
+    poll(lambda: proc.lines() and proc.seen[-1] == "done", timeout, interval=0.05, what=f"{proc.name} done")
+    return [json.loads(line) for line in proc.seen if line.startswith("{")]
+
+
+def iter_records(procs: Sequence[Proc], timeout: float = 60.0) -> Iterator[dict[str, Any]]:
+    for proc in procs:
+        yield from worker_records(proc, timeout)

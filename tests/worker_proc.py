@@ -1,0 +1,55 @@
+"""A test worker: calls ``ManagerClient.get_config`` once per step and prints one JSON record per step.
+
+Prints ``ready`` once the client exists, then ``{"group", "rank", "step",
+"version", "source", "pinned", "config", "elapsed", "t"}`` per step, then ``done``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from worker_client import ManagerClient
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--addr", required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--first-step", type=int, default=0)
+    parser.add_argument("--interval", type=float, default=0.0)
+    parser.add_argument("--timeout", type=float, default=5.0)
+    parser.add_argument("--prefetch", action="store_true")
+    parser.add_argument("--no-step", action="store_true", help="call get_config() without a step")
+    args = parser.parse_args()
+    client = ManagerClient(args.addr, timeout=args.timeout, group_rank=args.rank, prefetch=args.prefetch)
+    print("ready", flush=True)
+    for step in range(args.first_step, args.first_step + args.steps):
+        started = time.monotonic()
+        cfg = client.get_config(step=None if args.no_step else step)
+        elapsed = time.monotonic() - started
+        record = {
+            "group": args.group,
+            "rank": args.rank,
+            "step": step,
+            "version": cfg.version,
+            "source": cfg.source,
+            "pinned": cfg.pinned,
+            "config": dict(cfg),
+            "elapsed": elapsed,
+            "t": time.time(),
+        }
+        sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")
+        sys.stdout.flush()
+        if args.interval:
+            time.sleep(args.interval)
+    client.close()
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
