@@ -62,6 +62,10 @@ class StepPins:
         with self._lock:
             return list(self._switches)
 
-    def ack_switches(self, count: int) -> None:
+    def ack_switches(self, sent: list[tuple[int, int]]) -> None:
+        """Forget switches the lighthouse received (a fetch and a heartbeat may both have sent them)."""
+        if not sent:
+            return
+        done = set(sent)
         with self._lock:
-            del self._switches[:count]
+            self._switches = [s for s in self._switches if s not in done]

@@ -138,7 +138,7 @@ class ManagerServer:
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
             raise FetchFailed(code.name if code else str(exc)) from None
-        self._pins.ack_switches(len(status.switches))
+        self._pins.ack_switches([(w.version, w.step) for w in status.switches])
         self._last_contact = time.monotonic()
         if reply.instance_id != self._instance_id:
             if self._instance_id:
@@ -167,17 +167,20 @@ class ManagerServer:
         return fresh
 
     def _refresh_loop(self) -> None:
-        """Refresh just before the cache expires; send a bare heartbeat if the TTL is longer than that."""
+        """Refresh just before the cache expires; send a bare heartbeat when the TTL is longer than that."""
+        cache = self._cache
         while not self._stopped.is_set():
-            self._cache.refresh()
-            while not self._stopped.is_set():
-                wait = self._cache.next_refresh_in()
-                heartbeat_in = self._last_contact + HEARTBEAT_INTERVAL - time.monotonic()
-                if wait <= heartbeat_in:
-                    self._stopped.wait(wait)
-                    break
-                self._stopped.wait(max(0.0, heartbeat_in))
+            refresh_in = cache.next_refresh_in()
+            heartbeat_in = self._last_contact + HEARTBEAT_INTERVAL - time.monotonic()
+            if refresh_in <= 0:
+                if cache.in_flight:  # a worker's call is fetching: let it finish
+                    self._stopped.wait(0.005)
+                else:
+                    cache.refresh()
+            elif heartbeat_in <= 0 and not cache.failing:
                 self._heartbeat()
+            else:
+                self._stopped.wait(refresh_in if cache.failing else min(refresh_in, heartbeat_in))
 
     def _heartbeat(self) -> None:
         status = self._status()
@@ -186,7 +189,7 @@ class ManagerServer:
         except grpc.RpcError:
             self._last_contact = time.monotonic()  # retried in a heartbeat interval; the fetch logs outages
             return
-        self._pins.ack_switches(len(status.switches))
+        self._pins.ack_switches([(w.version, w.step) for w in status.switches])
         self._last_contact = time.monotonic()
 
     def stats(self) -> dict[str, int]:

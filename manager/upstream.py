@@ -76,6 +76,10 @@ class UpstreamCache:
     def failing(self) -> bool:
         return self._failing
 
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight
+
     def get(self) -> Answer:
         """The snapshot a worker call should be answered from (the hot path: one clock read when fresh)."""
         good = self._good
