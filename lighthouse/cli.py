@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from lighthouse.admin_cli import config
 from lighthouse.daemon import announce, configure_logging, wait_for_termination
 from lighthouse.values import ConfigError
 from protos.rpc import DEFAULT_DASHBOARD_PORT, DEFAULT_LIGHTHOUSE_PORT
@@ -115,12 +116,4 @@ def serve(
     server.shutdown()
 
 
-def _register_admin_commands() -> None:
-    try:
-        from lighthouse.admin_cli import config
-    except ImportError:  # pragma: no cover - admin CLI not built yet
-        return
-    main.add_command(config)
-
-
-_register_admin_commands()
+main.add_command(config)

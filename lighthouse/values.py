@@ -42,6 +42,8 @@ def parse_json(text: str | bytes, what: str = "body") -> Any:
         raise ConfigError(
             f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
+    except ConfigError as exc:  # raised by the hooks: NaN/Infinity, duplicate keys
+        raise ConfigError(f"{what} is not valid JSON: {exc}") from None
     except RecursionError:
         raise ConfigError(f"{what} is nested too deeply") from None
 

@@ -17,7 +17,16 @@ def _children_of(pid: int) -> list[int]:
 
 def test_demo_runs_all_parts_and_stops_cleanly() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "examples/demo.py", "--duration", "6", "--dashboard", "127.0.0.1:0", "--step-time", "0.2"],
+        [
+            sys.executable,
+            "examples/demo.py",
+            "--duration",
+            "6",
+            "--dashboard",
+            "127.0.0.1:0",
+            "--step-time",
+            "0.2",
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,0 +1,155 @@
+"""A small client for the lighthouse admin API (stdlib urllib: nothing to install on a login node)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from protos.rpc import DEFAULT_DASHBOARD_PORT
+
+DEFAULT_URL = f"http://localhost:{DEFAULT_DASHBOARD_PORT}"
+
+
+class AdminError(Exception):
+    """The API refused a request (``status`` is the HTTP status) or could not be reached (``status`` 0)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def normalize_url(url: str) -> str:
+    """``host:port`` or ``http://host:port[/]`` -> ``http://host:port``."""
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    return url
+
+
+class AdminClient:
+    """One method per admin endpoint; every method returns the decoded JSON answer."""
+
+    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, timeout: float = 10.0) -> None:
+        self.url = normalize_url(url)
+        self.token = token
+        self.timeout = timeout
+        # Admin traffic stays inside the cluster: an http_proxy meant for the internet must not capture it.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    # ------------------------------------------------------------ reads
+    def show(self) -> dict[str, Any]:
+        return self._call("GET", "/api/config")
+
+    def history(self, limit: int = 100) -> dict[str, Any]:
+        return self._call("GET", "/api/config/history", query={"limit": limit})
+
+    def scheduled(self) -> dict[str, Any]:
+        return self._call("GET", "/api/config/scheduled")
+
+    def at_step(self, step: int) -> dict[str, Any]:
+        return self._call("GET", f"/api/config/at-step/{int(step)}")
+
+    def managers(self) -> dict[str, Any]:
+        return self._call("GET", "/api/managers")
+
+    def health(self) -> dict[str, Any]:
+        return self._call("GET", "/healthz")
+
+    # ------------------------------------------------------------ changes
+    def put(
+        self,
+        config: dict[str, Any],
+        if_match: int | None = None,
+        effective_step: int | None = None,
+        comment: str | None = None,
+    ) -> dict[str, Any]:
+        """Replace the whole config (at ``effective_step`` if given)."""
+        return self._change("PUT", config, if_match, effective_step, comment)
+
+    def patch(
+        self,
+        changes: dict[str, Any],
+        if_match: int | None = None,
+        effective_step: int | None = None,
+        comment: str | None = None,
+    ) -> dict[str, Any]:
+        """Merge ``changes`` into the config; a ``None`` value deletes the key."""
+        return self._change("PATCH", changes, if_match, effective_step, comment)
+
+    def rollback(self, version: int, comment: str | None = None) -> dict[str, Any]:
+        return self._call(
+            "POST", "/api/config/rollback", body={"version": version}, query={"comment": comment}
+        )
+
+    def cancel(self, version: int) -> dict[str, Any]:
+        return self._call("DELETE", f"/api/config/scheduled/{int(version)}")
+
+    # ------------------------------------------------------------ plumbing
+    def _change(
+        self,
+        method: str,
+        body: dict[str, Any],
+        if_match: int | None,
+        effective_step: int | None,
+        comment: str | None,
+    ) -> dict[str, Any]:
+        headers = {"If-Match": str(if_match)} if if_match is not None else {}
+        query = {"effective_step": effective_step, "comment": comment}
+        return self._call(method, "/api/config", body=body, query=query, headers=headers)
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        params = {k: str(v) for k, v in (query or {}).items() if v is not None and v != ""}
+        url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        sent = {"Accept": "application/json", **(headers or {})}
+        data = None
+        if body is not None:
+            data = json.dumps(body, ensure_ascii=False).encode()
+            sent["Content-Type"] = "application/json"
+        if self.token:
+            sent["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(url, data=data, method=method, headers=sent)
+        try:
+            with self._opener.open(request, timeout=self.timeout) as response:
+                return _decode(response.read(), response.status)
+        except urllib.error.HTTPError as exc:
+            raise AdminError(exc.code, _error_text(exc)) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, socket.timeout | TimeoutError):
+                reason = f"no answer within {self.timeout:g} s"
+            raise AdminError(0, f"cannot reach the lighthouse at {self.url}: {reason}") from None
+
+
+def _decode(raw: bytes, status: int) -> dict[str, Any]:
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        raise AdminError(
+            status, "the server's answer is not JSON (is the URL a lighthouse dashboard?)"
+        ) from None
+    if not isinstance(answer, dict):
+        raise AdminError(status, "the server's answer is not a JSON object")
+    return answer
+
+
+def _error_text(exc: urllib.error.HTTPError) -> str:
+    try:
+        answer = json.loads(exc.read(64 * 1024))
+    except (ValueError, OSError):
+        answer = None
+    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
+        return str(answer["error"])
+    return f"HTTP {exc.code} {exc.reason}"

@@ -1,0 +1,238 @@
+// Shared by the dashboard and the editor: API calls with the admin token, a lossless JSON
+// parser, and a DOM builder that only ever sets text (never HTML), so config values cannot run.
+"use strict";
+
+const LH = (() => {
+  const TOKEN_KEY = "lighthouse-admin-token";
+
+  // A number whose JSON text a JS number cannot reproduce (1.0, 1e-05, 2**64): kept as written,
+  // so an edit in the browser never changes the value workers receive for keys it did not touch.
+  class RawNumber {
+    constructor(raw) { this.raw = raw; }
+    toString() { return this.raw; }
+  }
+
+  function parseJson(text) {
+    let i = 0;
+    const n = text.length;
+    const fail = (msg, at = i) => {
+      const before = text.slice(0, at);
+      const line = before.split("\n").length;
+      const col = at - before.lastIndexOf("\n");
+      throw new SyntaxError(`${msg} at line ${line} column ${col}`);
+    };
+    const ws = () => { while (i < n && " \t\n\r".includes(text[i])) i++; };
+    const numberRe = /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/y;
+
+    function value(depth) {
+      if (depth > 200) fail("nested too deeply");
+      ws();
+      if (i >= n) fail("unexpected end of input");
+      const c = text[i];
+      if (c === "{") return object(depth);
+      if (c === "[") return array(depth);
+      if (c === '"') return string();
+      if (c === "-" || (c >= "0" && c <= "9")) return number();
+      for (const [word, v] of [["true", true], ["false", false], ["null", null]]) {
+        if (text.startsWith(word, i)) { i += word.length; return v; }
+      }
+      fail(`unexpected character ${JSON.stringify(c)}`);
+    }
+    function object(depth) {
+      i++;
+      const obj = Object.create(null);
+      ws();
+      if (text[i] === "}") { i++; return obj; }
+      for (;;) {
+        ws();
+        if (text[i] !== '"') fail("expected a \"key\"");
+        const at = i;
+        const key = string();
+        if (Object.hasOwn(obj, key)) fail(`duplicate key ${JSON.stringify(key)}`, at);
+        ws();
+        if (text[i] !== ":") fail("expected ':'");
+        i++;
+        obj[key] = value(depth + 1);
+        ws();
+        if (text[i] === ",") { i++; continue; }
+        if (text[i] === "}") { i++; return obj; }
+        fail("expected ',' or '}'");
+      }
+    }
+    function array(depth) {
+      i++;
+      const out = [];
+      ws();
+      if (text[i] === "]") { i++; return out; }
+      for (;;) {
+        out.push(value(depth + 1));
+        ws();
+        if (text[i] === ",") { i++; continue; }
+        if (text[i] === "]") { i++; return out; }
+        fail("expected ',' or ']'");
+      }
+    }
+    function string() {
+      const start = i++;
+      while (i < n) {
+        const c = text[i];
+        if (c === '"') {
+          i++;
+          try { return JSON.parse(text.slice(start, i)); } catch { fail("invalid escape in string", start); }
+        }
+        if (c === "\\") { i += 2; continue; }
+        if (c < " ") fail("control character in string");
+        i++;
+      }
+      fail("unterminated string", start);
+    }
+    function number() {
+      numberRe.lastIndex = i;
+      const m = numberRe.exec(text);
+      if (!m) fail("invalid number");
+      i = numberRe.lastIndex;
+      const num = Number(m[0]);
+      return String(num) === m[0] ? num : new RawNumber(m[0]);
+    }
+
+    const result = value(0);
+    ws();
+    if (i < n) fail("unexpected text after the JSON value");
+    return result;
+  }
+
+  function stringify(v, indent = "", level = 0) {
+    if (v === null) return "null";
+    if (v instanceof RawNumber) return v.raw;
+    if (typeof v !== "object") return JSON.stringify(v);
+    const pad = indent ? "\n" + indent.repeat(level + 1) : "";
+    const end = indent ? "\n" + indent.repeat(level) : "";
+    if (Array.isArray(v)) {
+      if (!v.length) return "[]";
+      return "[" + v.map((x) => pad + stringify(x, indent, level + 1)).join(",") + end + "]";
+    }
+    const keys = Object.keys(v);
+    if (!keys.length) return "{}";
+    const sep = indent ? ": " : ":";
+    return "{" + keys.map((k) => pad + JSON.stringify(k) + sep + stringify(v[k], indent, level + 1)).join(",") + end + "}";
+  }
+
+  // el("td", {class: "x", dataset: {v: 1}}, "text", childNode): text children become text nodes.
+  function el(tag, attrs = {}, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs)) {
+      if (value === undefined || value === null || value === false) continue;
+      if (name === "dataset") Object.assign(node.dataset, value);
+      else if (name === "onclick") node.addEventListener("click", value);
+      else node.setAttribute(name, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === undefined || child === null || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  // ---- admin token: asked for once when the API answers 401, kept for this tab only
+  let tokenWaiter = null;
+
+  function askToken(reason) {
+    if (tokenWaiter) return tokenWaiter.promise;
+    const bar = document.getElementById("token-bar");
+    const input = document.getElementById("token");
+    const message = document.getElementById("token-reason");
+    message.textContent = reason || "This lighthouse needs its admin token for changes.";
+    bar.hidden = false;
+    input.value = "";
+    input.focus();
+    let resolve;
+    const promise = new Promise((r) => { resolve = r; });
+    tokenWaiter = { promise, resolve };
+    return promise;
+  }
+
+  function initTokenBar() {
+    const bar = document.getElementById("token-bar");
+    if (!bar) return;
+    const finish = (token) => {
+      bar.hidden = true;
+      if (token) sessionStorage.setItem(TOKEN_KEY, token);
+      const waiter = tokenWaiter;
+      tokenWaiter = null;
+      if (waiter) waiter.resolve(token);
+    };
+    bar.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      finish(document.getElementById("token").value.trim() || null);
+    });
+    document.getElementById("token-cancel").addEventListener("click", () => finish(null));
+  }
+
+  // Returns {ok, status, data}; throws only when the lighthouse cannot be reached.
+  async function api(method, path, body, headers = {}) {
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    const sent = { ...headers };
+    if (token) sent.Authorization = "Bearer " + token;
+    const init = { method, headers: sent, cache: "no-store" };
+    if (body !== undefined) {
+      sent["Content-Type"] = "application/json";
+      init.body = typeof body === "string" ? body : JSON.stringify(body);
+    }
+    const res = await fetch(path, init);
+    const text = await res.text();
+    let data;
+    try {
+      data = parseJson(text);
+    } catch {
+      data = { error: `${res.status} ${res.statusText}` };
+    }
+    if (res.status === 401 && method !== "GET") {
+      sessionStorage.removeItem(TOKEN_KEY);
+      if (await askToken(data && data.error)) return api(method, path, body, headers);
+    }
+    return { ok: res.ok, status: res.status, data };
+  }
+
+  function fmtTime(epochSeconds) {
+    if (epochSeconds === null || epochSeconds === undefined) return "–";
+    const d = new Date(Number(epochSeconds) * 1000);
+    const pad = (x) => String(x).padStart(2, "0");
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  }
+
+  function fmtAgo(epochSeconds) {
+    const s = Math.max(0, Date.now() / 1000 - Number(epochSeconds));
+    if (s < 60) return `${Math.round(s)} s ago`;
+    if (s < 3600) return `${Math.round(s / 60)} min ago`;
+    if (s < 86400) return `${Math.round(s / 3600)} h ago`;
+    return `${Math.round(s / 86400)} d ago`;
+  }
+
+  // A button that asks "Confirm?" on the first click and acts on a second click within 4 s.
+  function confirmButton(label, confirmLabel, attrs, action) {
+    const button = el("button", { type: "button", ...attrs }, label);
+    let armed = null;
+    button.addEventListener("click", async () => {
+      if (!armed) {
+        button.textContent = confirmLabel;
+        button.classList.add("armed");
+        armed = setTimeout(() => { armed = null; button.textContent = label; button.classList.remove("armed"); }, 4000);
+        return;
+      }
+      clearTimeout(armed);
+      armed = null;
+      button.disabled = true;
+      try { await action(); } finally { button.disabled = false; button.textContent = label; button.classList.remove("armed"); }
+    });
+    return button;
+  }
+
+  function setStatus(node, kind, text) {
+    node.className = "status " + kind;
+    node.textContent = text;
+  }
+
+  document.addEventListener("DOMContentLoaded", initTokenBar);
+
+  return { RawNumber, parseJson, stringify, el, api, fmtTime, fmtAgo, confirmButton, setStatus };
+})();

@@ -1,0 +1,134 @@
+// The dashboard: live config, pending scheduled changes and the managers, refreshed every 1.5 s.
+"use strict";
+
+(() => {
+  const { el, api, stringify, fmtTime, fmtAgo, confirmButton, setStatus } = LH;
+  const REFRESH_MS = 1500;
+  const LATE_AFTER_S = 3;
+  const $ = (id) => document.getElementById(id);
+
+  function renderConfig(view) {
+    $("version").textContent = `v${view.version}`;
+    $("updated").textContent = view.updated_at ? `${fmtTime(view.updated_at)} (${fmtAgo(view.updated_at)})` : "never";
+    const by = view.author && view.author !== "-" ? `${view.author} via ${view.source}` : view.source;
+    $("changed-by").textContent = by || "–";
+    $("changed-comment").textContent = view.comment || "";
+    $("step").textContent = view.current_step >= 0 ? String(view.current_step) : "–";
+    const error = view.file && view.file.error;
+    $("file-error").hidden = !error;
+    $("file-error-text").textContent = error || "";
+    const keys = Object.keys(view.config);
+    $("config-count").textContent = `${keys.length} key${keys.length === 1 ? "" : "s"}`;
+    $("config").replaceChildren(
+      ...keys.map((k) => el("tr", {}, el("td", { class: "key" }, k), el("td", { class: "value" }, stringify(view.config[k])))),
+    );
+    $("config-empty").hidden = keys.length > 0;
+  }
+
+  function renderManagers(managers, current) {
+    $("manager-count").textContent = String(managers.length);
+    const upToDate = managers.filter((m) => m.version >= current).length;
+    $("manager-uptodate").textContent = managers.length ? `${upToDate} of ${managers.length} on v${current}` : "none yet";
+    $("managers-empty").hidden = managers.length > 0;
+    $("managers").replaceChildren(
+      ...managers.map((m) => {
+        const late = m.last_seen_s > LATE_AFTER_S;
+        const behind = m.version < current;
+        const ratio = m.requests > 0 ? `${((100 * m.cache_hits) / m.requests).toFixed(1)} %` : "–";
+        return el(
+          "tr",
+          { dataset: { replica: m.replica_id }, class: late ? "row-late" : null },
+          el("td", { class: "key" }, m.replica_id),
+          el("td", { class: "mono" }, m.address),
+          el("td", { class: "last-seen" }, `${m.last_seen_s.toFixed(1)} s`, late ? el("span", { class: "pill warn" }, "late") : null),
+          el(
+            "td",
+            { class: "served-version", dataset: { version: m.version } },
+            `v${m.version}`,
+            behind ? el("span", { class: "pill warn" }, "behind") : el("span", { class: "pill ok" }, "current"),
+          ),
+          el("td", { class: "num" }, m.step >= 0 ? m.step : "–"),
+          el("td", { class: "num" }, m.requests),
+          el("td", { class: "num" }, ratio),
+        );
+      }),
+    );
+  }
+
+  function changeSummary(item) {
+    const change = item.change || {};
+    if (item.op === "put") return `replace with ${Object.keys(change).length} keys`;
+    return Object.keys(change).map((k) => (change[k] === null ? `delete ${k}` : `${k} = ${stringify(change[k])}`)).join(", ");
+  }
+
+  let shownScheduled = null;
+  function renderScheduled(items) {
+    const pending = items.filter((s) => s.status === "pending");
+    const late = items.filter((s) => s.status === "in_effect" && s.late_groups.length);
+    const key = stringify([pending.map((s) => s.version), late.map((s) => s.late_groups)]);
+    if (key === shownScheduled) return; // keep rows (and a half-confirmed Cancel) as they are
+    shownScheduled = key;
+    $("scheduled-empty").hidden = pending.length > 0;
+    $("scheduled").replaceChildren(
+      ...pending.map((s) =>
+        el(
+          "tr",
+          { dataset: { version: s.version } },
+          el("td", {}, `v${s.version}`),
+          el("td", { class: "num" }, s.effective_step),
+          el("td", { class: "value" }, changeSummary(s)),
+          el("td", {}, s.author),
+          el("td", {}, s.comment),
+          el("td", {}, confirmButton("Cancel", "Confirm cancel", { class: "danger small", "data-testid": `cancel-${s.version}` }, () => cancel(s.version))),
+        ),
+      ),
+    );
+    $("late-section").hidden = late.length === 0;
+    $("late").replaceChildren(
+      ...late.flatMap((s) =>
+        s.late_groups.map((g) =>
+          el(
+            "tr",
+            {},
+            el("td", {}, `v${s.version}`),
+            el("td", { class: "num" }, s.effective_step),
+            el("td", { class: "key" }, g.replica_id),
+            el("td", { class: "num" }, g.switched_at_step),
+            el("td", { class: "num" }, `+${g.late_by_steps}`),
+          ),
+        ),
+      ),
+    );
+  }
+
+  async function cancel(version) {
+    const res = await api("DELETE", `/api/config/scheduled/${encodeURIComponent(version)}`);
+    if (res.ok) setStatus($("status"), "ok", `Cancelled the change scheduled as v${version} (new version v${res.data.version}).`);
+    else setStatus($("status"), "error", `Not cancelled: ${res.data.error}`);
+    refresh();
+  }
+
+  let timer = null;
+  async function refresh() {
+    clearTimeout(timer);
+    try {
+      const [view, managers, scheduled] = await Promise.all([
+        api("GET", "/api/config"),
+        api("GET", "/api/managers"),
+        api("GET", "/api/config/scheduled"),
+      ]);
+      renderConfig(view.data);
+      renderManagers(managers.data.managers, view.data.version);
+      renderScheduled(scheduled.data.scheduled);
+      $("conn").className = "conn ok";
+      $("conn").textContent = "live";
+    } catch (err) {
+      $("conn").className = "conn error";
+      $("conn").textContent = "lighthouse unreachable";
+    } finally {
+      timer = setTimeout(refresh, REFRESH_MS);
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", refresh);
+})();

@@ -1,0 +1,257 @@
+// The config editor: validate as you type, preview the diff, save with If-Match, history and rollback.
+"use strict";
+
+(() => {
+  const { el, api, parseJson, stringify, fmtTime, confirmButton, setStatus } = LH;
+  const MAX_KEY = 256;
+  const POLL_MS = 2000;
+  const $ = (id) => document.getElementById(id);
+
+  let loaded = null; // {version, config}: what the edit is based on
+  let edited = null; // the parsed editor content when valid, else null
+  let liveVersion = null;
+
+  function validate(text) {
+    let value;
+    try {
+      value = parseJson(text);
+    } catch (err) {
+      return { error: `Not valid JSON: ${err.message}` };
+    }
+    if (value === null || typeof value !== "object" || Array.isArray(value)) {
+      return { error: `The config must be a JSON object, got ${value === null ? "null" : Array.isArray(value) ? "an array" : typeof value}.` };
+    }
+    for (const [key, v] of Object.entries(value)) {
+      if (!key) return { error: "A key is empty." };
+      if (key.length > MAX_KEY) return { error: `Key "${key.slice(0, 32)}…" is ${key.length} characters (max ${MAX_KEY}).` };
+      if (v === null) return { error: `Key "${key}" is null: remove the key to delete it.` };
+    }
+    return { value };
+  }
+
+  function diff(before, after) {
+    const rows = [];
+    for (const key of Object.keys(after)) {
+      if (!Object.hasOwn(before, key)) rows.push({ kind: "added", key, after: after[key] });
+      else if (stringify(before[key]) !== stringify(after[key])) rows.push({ kind: "changed", key, before: before[key], after: after[key] });
+    }
+    for (const key of Object.keys(before)) {
+      if (!Object.hasOwn(after, key)) rows.push({ kind: "removed", key, before: before[key] });
+    }
+    return rows;
+  }
+
+  function stepValue() {
+    const text = $("at-step").value.trim();
+    if (!text) return { step: null };
+    if (!/^[0-9]{1,15}$/.test(text)) return { error: "Apply at step must be a whole number (or empty for now)." };
+    return { step: text };
+  }
+
+  function onInput() {
+    const result = validate($("editor").value);
+    const step = stepValue();
+    edited = result.value || null;
+    const validation = $("validation");
+    if (result.error || step.error) {
+      validation.className = "validation error";
+      validation.textContent = result.error || step.error;
+    } else {
+      validation.className = "validation ok";
+      validation.textContent = `Valid JSON object, ${Object.keys(edited).length} keys.`;
+    }
+    renderDiff(edited && loaded ? diff(loaded.config, edited) : null);
+  }
+
+  function renderDiff(rows) {
+    const list = $("diff");
+    const nothing = rows !== null && rows.length === 0;
+    $("save").disabled = rows === null || nothing || Boolean(stepValue().error);
+    if (rows === null) {
+      list.replaceChildren(el("p", { class: "muted" }, "Fix the JSON to see what would change."));
+      return;
+    }
+    if (nothing) {
+      list.replaceChildren(el("p", { class: "muted" }, `No changes to version ${loaded.version}.`));
+      return;
+    }
+    const sign = { added: "+", removed: "−", changed: "~" };
+    list.replaceChildren(
+      el(
+        "table",
+        { class: "diff-table" },
+        el(
+          "tbody",
+          {},
+          rows.map((r) =>
+            el(
+              "tr",
+              { class: `diff-${r.kind}`, dataset: { key: r.key, kind: r.kind } },
+              el("td", { class: "sign" }, sign[r.kind]),
+              el("td", { class: "key" }, r.key),
+              el(
+                "td",
+                { class: "value" },
+                r.kind === "added" ? stringify(r.after) : stringify(r.before),
+                r.kind === "changed" ? el("span", { class: "arrow" }, " → ") : null,
+                r.kind === "changed" ? el("span", { class: "new" }, stringify(r.after)) : null,
+              ),
+            ),
+          ),
+        ),
+      ),
+    );
+  }
+
+  async function load() {
+    const res = await api("GET", "/api/config");
+    loaded = { version: res.data.version, config: res.data.config };
+    liveVersion = loaded.version;
+    $("editor").value = stringify(loaded.config, "  ");
+    $("loaded-version").textContent = `v${loaded.version}`;
+    $("stale").hidden = true;
+    onInput();
+    await loadHistory();
+  }
+
+  async function save() {
+    const step = stepValue();
+    if (!edited || step.error) return;
+    const params = new URLSearchParams();
+    if (step.step !== null) params.set("effective_step", step.step);
+    const comment = $("comment").value.trim();
+    if (comment) params.set("comment", comment);
+    const query = params.toString();
+    const base = loaded.version;
+    $("save").disabled = true;
+    setStatus($("status"), "info", "Saving…");
+    // The editor's own text is sent, not a re-serialization: numbers stay exactly as typed.
+    const res = await api("PUT", "/api/config" + (query ? "?" + query : ""), $("editor").value, { "If-Match": String(base) });
+    if (res.ok) {
+      const when = step.step !== null ? ` It takes effect at step ${step.step}.` : "";
+      await load();
+      $("comment").value = "";
+      $("at-step").value = "";
+      setStatus($("status"), "ok", `Saved as version ${res.data.version}.${when}`);
+    } else if (res.status === 409) {
+      setStatus(
+        $("status"),
+        "error",
+        `Not saved: the config was changed by someone else since you loaded version ${base} (live is now version ${res.data.version}). Reload, then re-apply your edit.`,
+      );
+      showStale(res.data.version);
+      onInput();
+    } else {
+      setStatus($("status"), "error", `Not saved: ${res.data.error}`);
+      onInput();
+    }
+  }
+
+  function showStale(version) {
+    liveVersion = version;
+    $("stale-text").textContent = `Version ${version} is live now; you are editing version ${loaded.version}.`;
+    $("stale").hidden = false;
+  }
+
+  function describe(item) {
+    const change = item.change || {};
+    if (item.op === "cancel") return `cancel v${change.version}`;
+    if (item.op === "put") return `replace (${Object.keys(change).length} keys)`;
+    return Object.keys(change).map((k) => (change[k] === null ? `delete ${k}` : `${k} = ${stringify(change[k])}`)).join(", ");
+  }
+
+  async function rollback(version) {
+    const res = await api("POST", "/api/config/rollback", { version });
+    if (res.ok) {
+      await load();
+      setStatus($("status"), "ok", `Rolled back: version ${res.data.version} has the content of version ${version}.`);
+    } else {
+      setStatus($("status"), "error", `Rollback failed: ${res.data.error}`);
+    }
+  }
+
+  let shownHistory = null;
+  async function loadHistory() {
+    const res = await api("GET", "/api/config/history?limit=50");
+    const versions = res.data.versions;
+    const key = stringify(versions.map((v) => [v.version, v.cancelled]));
+    if (key === shownHistory) return;
+    shownHistory = key;
+    const head = versions.length ? versions[0].version : 0;
+    $("history").replaceChildren(
+      ...versions.map((v) =>
+        el(
+          "tr",
+          { dataset: { version: v.version } },
+          el("td", { class: "num" }, `v${v.version}`, v.version === head ? el("span", { class: "pill ok" }, "latest") : null),
+          el("td", { class: "mono" }, fmtTime(v.created_at)),
+          el(
+            "td",
+            { class: "value" },
+            el("details", {}, el("summary", {}, describe(v)), el("pre", { class: "config-json" }, stringify(v.config, "  "))),
+          ),
+          el(
+            "td",
+            {},
+            v.effective_step !== null ? `step ${v.effective_step}` : "now",
+            v.cancelled ? el("span", { class: "pill muted" }, "cancelled") : null,
+          ),
+          el("td", {}, v.source),
+          el("td", {}, v.author),
+          el("td", { class: "comment" }, v.comment),
+          el(
+            "td",
+            {},
+            v.version === head || v.op === "cancel"
+              ? null
+              : confirmButton("Rollback", "Confirm rollback", { class: "small", "data-testid": `rollback-${v.version}` }, () => rollback(v.version)),
+          ),
+        ),
+      ),
+    );
+  }
+
+  async function poll() {
+    try {
+      const res = await api("GET", "/healthz");
+      if (loaded && res.data.version !== liveVersion) {
+        const untouched = edited && diff(loaded.config, edited).length === 0;
+        if (untouched) await load(); // nothing of yours to lose: follow the live version
+        else if (res.data.version !== loaded.version) showStale(res.data.version);
+        await loadHistory();
+      }
+      $("conn").className = "conn ok";
+      $("conn").textContent = "live";
+    } catch {
+      $("conn").className = "conn error";
+      $("conn").textContent = "lighthouse unreachable";
+    } finally {
+      setTimeout(poll, POLL_MS);
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", async () => {
+    $("editor").addEventListener("input", onInput);
+    $("at-step").addEventListener("input", onInput);
+    $("save").addEventListener("click", save);
+    $("reload").addEventListener("click", async () => {
+      await load();
+      setStatus($("status"), "info", `Loaded version ${loaded.version}.`);
+    });
+    $("stale-reload").addEventListener("click", async () => {
+      await load();
+      setStatus($("status"), "info", `Loaded version ${loaded.version}; your unsaved edits were discarded.`);
+    });
+    $("format").addEventListener("click", () => {
+      if (edited) $("editor").value = stringify(edited, "  ");
+    });
+    try {
+      await load();
+      $("conn").className = "conn ok";
+      $("conn").textContent = "live";
+    } catch {
+      setStatus($("status"), "error", "Cannot reach the lighthouse.");
+    }
+    setTimeout(poll, POLL_MS);
+  });
+})();

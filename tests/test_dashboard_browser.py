@@ -1,0 +1,222 @@
+"""The dashboard pages in a real headless Chromium (Debian's, never a downloaded build)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
+
+from lighthouse import LighthouseClient
+from protos import lighthouse_config_pb2 as pb
+from tests.helpers_lighthouse import LighthouseProc, start_lighthouse, wait_until
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+HOSTILE = "</script><script>alert(1)</script>`${alert(2)}`\"'><img src=x onerror=alert(3)>"
+
+if not CHROMIUM.exists():  # pragma: no cover - .ci/run installs it
+    pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    dialogs: list[str] = []
+
+    def on_dialog(dialog: Dialog) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", on_dialog)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield page
+        assert dialogs == [], f"a dialog fired: {dialogs}"
+        assert errors == [], f"script errors: {errors}"
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def lh(tmp_path: Path) -> Iterator[LighthouseProc]:
+    with start_lighthouse(tmp_path, config={"lr": 0.001, "name": "run-1", "f": 1.0}) as proc:
+        yield proc
+
+
+def open_editor(page: Page, lh: LighthouseProc, version: int) -> None:
+    page.goto(lh.url + "config")
+    expect(page.locator("#loaded-version")).to_have_text(f"v{version}")
+
+
+def test_edit_in_the_editor_and_save(page: Page, lh: LighthouseProc) -> None:
+    open_editor(page, lh, 1)
+    text = page.input_value("#editor")
+    assert '"lr": 0.001' in text and '"f": 1.0' in text, text
+
+    page.fill("#editor", "[1, 2]")
+    expect(page.locator("#validation")).to_contain_text("must be a JSON object")
+    expect(page.locator("#save")).to_be_disabled()
+    page.fill("#editor", '{"": 1}')
+    expect(page.locator("#validation")).to_contain_text("empty")
+    page.fill("#editor", '{"lr": ')
+    expect(page.locator("#validation")).to_contain_text("Not valid JSON")
+
+    page.fill("#editor", text.replace("0.001", "0.02") + "\n")
+    changed = page.locator('#diff tr[data-key="lr"]')
+    expect(changed).to_have_attribute("data-kind", "changed")
+    expect(changed).to_contain_text("0.02")
+    expect(page.locator("#diff tr")).to_have_count(1)
+    page.fill("#comment", "lower lr")
+    page.click("#save")
+    expect(page.locator("#status")).to_contain_text("Saved as version 2")
+    view = lh.http("GET", "/api/config").json
+    assert view["version"] == 2
+    assert view["config"] == {"lr": 0.02, "name": "run-1", "f": 1.0}
+    assert b'"f":1.0' in lh.http("GET", "/api/config").body, "untouched numbers keep their JSON text"
+    expect(page.locator('#history tr[data-version="2"]')).to_contain_text("lower lr")
+
+
+def test_scheduled_save_from_the_editor(page: Page, lh: LighthouseProc) -> None:
+    open_editor(page, lh, 1)
+    page.fill("#editor", page.input_value("#editor").replace('"run-1"', '"run-2"'))
+    page.fill("#at-step", "soon")
+    expect(page.locator("#save")).to_be_disabled()
+    page.fill("#at-step", "700")
+    page.click("#save")
+    expect(page.locator("#status")).to_contain_text("takes effect at step 700")
+    assert lh.http("GET", "/api/config").json["config"]["name"] == "run-1"
+    assert lh.http("GET", "/api/config/at-step/700").json["config"]["name"] == "run-2"
+
+
+def test_conflicting_save_is_refused(page: Page, lh: LighthouseProc) -> None:
+    open_editor(page, lh, 1)
+    page.fill("#editor", page.input_value("#editor").replace("0.001", "0.3"))
+    assert lh.http("PATCH", "/api/config", {"lr": 0.5}).status == 200  # someone else, meanwhile
+    page.click("#save")
+    expect(page.locator("#status")).to_contain_text("changed by someone else since you loaded version 1")
+    expect(page.locator("#stale")).to_be_visible()
+    assert lh.http("GET", "/api/config").json["config"]["lr"] == 0.5
+    page.click("#stale-reload")
+    expect(page.locator("#loaded-version")).to_have_text("v2")
+
+
+def test_rollback_button(page: Page, lh: LighthouseProc) -> None:
+    assert lh.http("PATCH", "/api/config", {"lr": 0.9}).status == 200
+    open_editor(page, lh, 2)
+    button = page.get_by_test_id("rollback-1")
+    button.click()
+    expect(button).to_have_text("Confirm rollback")
+    button.click()
+    expect(page.locator("#status")).to_contain_text("version 3 has the content of version 1")
+    view = lh.http("GET", "/api/config").json
+    assert view["version"] == 3 and view["config"]["lr"] == 0.001
+
+
+def test_hostile_values_render_as_text(page: Page, lh: LighthouseProc) -> None:
+    assert lh.http("PATCH", "/api/config", {"evil": HOSTILE, HOSTILE[:200]: "key"}).status == 200
+    with LighthouseClient(lh.grpc_addr) as client:
+        client.heartbeat(pb.ManagerStatus(replica_id=HOSTILE, address=HOSTILE, version=2), timeout=5)
+
+    page.goto(lh.url)
+    expect(page.locator("#version")).to_have_text("v2")
+    config_text = page.locator("#config").inner_text()
+    assert json.dumps(HOSTILE) in config_text and HOSTILE[:200] in config_text
+    expect(page.locator("#managers tr")).to_have_count(1)
+    assert page.locator("#managers tr").get_attribute("data-replica") == HOSTILE
+    assert HOSTILE in page.locator("#managers").inner_text()
+    open_editor(page, lh, 2)
+    assert json.dumps(HOSTILE) in page.input_value("#editor")
+    page.fill("#editor", page.input_value("#editor").replace("0.001", "0.01"))  # show a diff too
+    page.locator('#history tr[data-version="2"] summary').click()
+    assert json.dumps(HOSTILE) in page.locator("#history").inner_text()
+    expect(page.locator('#diff tr[data-key="lr"]')).to_have_count(1)
+    for selector in ("img", "script:not([src])", "[onerror]"):
+        assert page.locator(selector).count() == 0, selector
+
+
+def test_token_is_asked_once_and_kept(page: Page, tmp_path: Path) -> None:
+    with start_lighthouse(tmp_path, config={"lr": 1}, token="s3cret") as secured:
+        page.goto(secured.url + "config")
+        expect(page.locator("#loaded-version")).to_have_text("v1")
+        page.fill("#editor", '{"lr": 2}')
+        page.click("#save")
+        expect(page.locator("#token-bar")).to_be_visible()
+        page.fill("#token", "s3cret")
+        page.press("#token", "Enter")
+        expect(page.locator("#status")).to_contain_text("Saved as version 2")
+        expect(page.locator("#token-bar")).to_be_hidden()
+        page.fill("#editor", '{"lr": 3}')
+        page.click("#save")
+        expect(page.locator("#status")).to_contain_text("Saved as version 3")
+        history = secured.http("GET", "/api/config/history").json["versions"]
+        assert [v["author"] for v in history[:2]] == ["token", "token"]
+
+
+def test_dashboard_shows_managers_schedule_and_file_errors(page: Page, lh: LighthouseProc) -> None:
+    assert lh.http("PATCH", "/api/config", {"lr": 0.5}).status == 200
+    scheduled = lh.http("PATCH", "/api/config?effective_step=9000", {"lr": 0.05}).json["version"]
+    with LighthouseClient(lh.grpc_addr) as client:
+        for group, version in (("group-0", scheduled), ("group-1", scheduled - 1)):
+            status = pb.ManagerStatus(
+                replica_id=group,
+                address=f"{group}:29512",
+                version=version,
+                requests=200,
+                cache_hits=150,
+                step=42,
+            )
+            client.heartbeat(status, timeout=5)
+
+    page.goto(lh.url)
+    current = page.locator('#managers tr[data-replica="group-0"]')
+    behind = page.locator('#managers tr[data-replica="group-1"]')
+    expect(current).to_contain_text("current")
+    expect(current).to_contain_text("75.0 %")
+    expect(behind).to_contain_text("behind")
+    expect(page.locator("#step")).to_have_text("42")
+    expect(page.locator("#version")).to_have_text(f"v{scheduled}")
+
+    cancel = page.get_by_test_id(f"cancel-{scheduled}")
+    cancel.click()
+    cancel.click()
+    expect(page.locator("#status")).to_contain_text(f"Cancelled the change scheduled as v{scheduled}")
+    items = lh.http("GET", "/api/config/scheduled").json["scheduled"]
+    assert [s["status"] for s in items] == ["cancelled"]
+
+    assert lh.config_path is not None
+    lh.config_path.write_text('{"lr": ')
+    expect(page.locator("#file-error")).to_be_visible(timeout=15_000)
+    expect(page.locator("#file-error-text")).to_contain_text("not valid JSON")
+    assert wait_until(lambda: lh.http("GET", "/api/config").json["config"]["lr"] == 0.5)
+
+
+def test_untouched_editor_follows_the_live_version(page: Page, lh: LighthouseProc) -> None:
+    open_editor(page, lh, 1)
+    assert lh.http("PATCH", "/api/config", {"lr": 0.7}).status == 200
+    expect(page.locator("#loaded-version")).to_have_text("v2")
+    assert '"lr": 0.7' in page.input_value("#editor")
+    expect(page.locator("#stale")).to_be_hidden()
