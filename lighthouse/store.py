@@ -33,6 +33,7 @@ from typing import Any
 from lighthouse.values import ConfigError
 
 FOREVER = 2**62  # a step later than any real step
+STEP_SAVE_INTERVAL = 1.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -152,12 +153,18 @@ class ConfigStore:
             meta["state_id"] = uuid.uuid4().hex
             self._set_meta("state_id", meta["state_id"])
         self.state_id: str = meta["state_id"]
-        self._base: dict[str, Any] = json.loads(meta.get("base", "{}"))
+        # What pruned versions folded into, per step range: [(from_step, config)], first from -inf.
+        self._base: list[tuple[int, dict[str, Any]]] = [
+            (int(f), c) for f, c in json.loads(meta.get("base", f"[[{-FOREVER}, {{}}]]"))
+        ]
         self._next_version = (
             max(int(meta.get("last_version", "0")), self._rows[-1].version if self._rows else 0) + 1
         )
         self._current_step = int(meta.get("current_step", "-1"))
-        self._cancelled = {r.change["version"] for r in self._rows if r.op == "cancel"}
+        self._cancelled = {int(r.change["version"]) for r in self._rows if r.op == "cancel"}
+        self._pruned_cancels: set[int] = set(json.loads(meta.get("pruned_cancels", "[]")))
+        self._cancelled.update(self._pruned_cancels)
+        self._step_saved_at = time.monotonic()
 
     # ------------------------------------------------------------------ reads
     @property
@@ -280,13 +287,21 @@ class ConfigStore:
             return row
 
     def advance_step(self, step: int) -> bool:
-        """Note that some group reached ``step``; True when that moved the job's current step."""
+        """Note that some group reached ``step``; True when that moved the job's current step.
+
+        Saved at most once a second (and with every commit), so a restarted
+        lighthouse orders new changes after steps the job had already passed.
+        """
         if step <= self._current_step:
             return False
         with self._lock:
-            if step <= self._current_step:
+            if step <= self._current_step or self._closed:
                 return False
             self._current_step = step
+            now = time.monotonic()
+            if now - self._step_saved_at >= STEP_SAVE_INTERVAL:
+                self._step_saved_at = now
+                self._set_meta("current_step", str(step))
             return True
 
     def record_switches(self, replica_id: str, switches: Iterable[tuple[int, int]]) -> None:
@@ -354,9 +369,9 @@ class ConfigStore:
             self._set_meta("current_step", str(self._current_step))
             self._set_meta("last_version", str(row.version))
 
-    @staticmethod
-    def _cancelled_at(rows: list[Change], version: int) -> set[int]:
-        return {int(r.change["version"]) for r in rows if r.op == "cancel" and r.version <= version}
+    def _cancelled_at(self, rows: list[Change], version: int) -> set[int]:
+        cancelled = {int(r.change["version"]) for r in rows if r.op == "cancel" and r.version <= version}
+        return cancelled | self._pruned_cancels
 
     def _resolve(self, rows: list[Change], version: int, step: int) -> dict[str, Any]:
         cancelled = self._cancelled_at(rows, version)
@@ -370,10 +385,18 @@ class ConfigStore:
         ]
         ops.sort(key=lambda r: (r.order_step, r.version))
         start = max((i for i, r in enumerate(ops) if r.op == "put"), default=None)
-        config = dict(self._base) if start is None else {}
+        config = self._base_at(step) if start is None else {}
         for row in ops[start or 0 :]:
             config = _apply(config, row)
         return config
+
+    def _base_at(self, step: int) -> dict[str, Any]:
+        config: dict[str, Any] = {}
+        for from_step, segment in self._base:
+            if from_step > step:
+                break
+            config = segment
+        return dict(config)
 
     def _check_cancellable(self, target: int) -> None:
         row = self.get(target)
@@ -412,27 +435,53 @@ class ConfigStore:
         return late
 
     def _prune(self) -> None:
-        """Drop the oldest immediate versions beyond history_limit, folding them into a base snapshot."""
+        """Drop the oldest versions beyond history_limit, folding them into the per-step base.
+
+        Only a prefix that is both the oldest versions and the first in apply
+        order can go, so every remaining version still resolves exactly. The
+        base is per step range, so scheduled changes fold in too; a pending
+        scheduled change holds back pruning of later versions until its step.
+        """
         if self.history_limit is None or len(self._rows) <= self.history_limit:
             return
-        ordered = sorted(self._rows, key=lambda r: (r.order_step, r.version))
+        # A cancelled change applies nowhere at or after its cancel: it can go whenever it is old enough.
+        ordered = sorted(
+            self._rows, key=lambda r: (-FOREVER if r.version in self._cancelled else r.order_step, r.version)
+        )
+        versions = sorted(r.version for r in self._rows)
         excess = len(self._rows) - self.history_limit
-        prefix: list[Change] = []
-        for row in ordered:
-            if len(prefix) == excess or row.scheduled or row.op == "cancel" or row.version == self.head:
-                break
-            if any(r.version < row.version and r not in prefix for r in self._rows if r.scheduled):
-                break  # a scheduled change older than this row must keep its place in the order
-            prefix.append(row)
-        if not prefix:
+        count, newest = 0, -1
+        for k, row in enumerate(ordered[:excess], start=1):
+            if row.version == self.head or (
+                row.order_step > self._current_step and row.version not in self._cancelled
+            ):
+                break  # later changes may still sort before a row ordered beyond the job's step
+            newest = max(newest, row.version)
+            if newest == versions[k - 1]:
+                count = k  # the first k in apply order are the k oldest versions
+        if count == 0:
             return
-        base = dict(self._base)
-        for row in prefix:
-            base = _apply(base, row)
+        prefix = ordered[:count]
+        cancels = {int(r.change["version"]) for r in prefix if r.op == "cancel"} | self._pruned_cancels
+        points: list[int] = sorted(
+            {f for f, _ in self._base} | {r.effective_step for r in prefix if r.effective_step is not None}
+        )
+        base: list[tuple[int, dict[str, Any]]] = []
+        for point in points:
+            config = self._base_at(point)
+            for row in prefix:
+                applies = row.effective_step is None or row.effective_step <= point
+                if row.op != "cancel" and row.version not in self._cancelled and applies:
+                    config = _apply(config, row)
+            if not base or base[-1][1] != config:
+                base.append((point, config))
         gone = {r.version for r in prefix}
+        pruned_cancels = cancels
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany("DELETE FROM versions WHERE version = ?", [(v,) for v in gone])
             self._set_meta("base", json.dumps(base, ensure_ascii=False))
+            self._set_meta("pruned_cancels", json.dumps(sorted(pruned_cancels)))
         self._base = base
+        self._pruned_cancels = pruned_cancels
         self._rows = [r for r in self._rows if r.version not in gone]

@@ -115,6 +115,8 @@ def start_server(
     Raises OSError when the address cannot be bound (in use, bad host).
     """
     host, port = parse_address(bind)
+    if port != 0:
+        _check_bindable(host, port)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         handlers=handlers,
@@ -128,6 +130,21 @@ def start_server(
         raise OSError(f"cannot listen on {bind}: address in use or not available")
     server.start()
     return server, bound
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """Fail with a plain message ("address already in use") before gRPC logs its own cryptic one."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise OSError(f"cannot listen on {format_address(host, port)}: {exc.strerror or exc}") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            raise OSError(f"cannot listen on {format_address(host, port)}: {exc.strerror or exc}") from None
 
 
 def seconds(value: timedelta | float | None, default: float) -> float:

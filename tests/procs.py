@@ -241,3 +241,79 @@ def worker_records(proc: Proc, timeout: float = 60.0) -> list[dict[str, Any]]:
 def iter_records(procs: Sequence[Proc], timeout: float = 60.0) -> Iterator[dict[str, Any]]:
     for proc in procs:
         yield from worker_records(proc, timeout)
+
+
+def spawn_worker(
+    pool: ProcessPool,
+    manager_addr: str,
+    *,
+    group: str,
+    rank: int,
+    steps: int,
+    step_interval: float = 0.0,
+    timeout: float = 5.0,
+    first_step: int = 0,
+) -> Proc:
+    """Like ``ProcessPool.worker`` without waiting for it: start many, then ``wait_ready`` them all."""
+    args = [sys.executable, str(WORKER_SCRIPT), "--addr", manager_addr, "--group", group]
+    args += ["--rank", str(rank), "--steps", str(steps), "--interval", str(step_interval)]
+    args += ["--timeout", str(timeout), "--first-step", str(first_step)]
+    proc: Proc = pool.spawn(args, f"worker-{group}-{rank}")
+    return proc
+
+
+def wait_ready(workers: Sequence[Proc]) -> None:
+    for proc in workers:
+        poll(lambda p=proc: p.lines() and p.seen[0] == "ready", START_TIMEOUT, what=f"{proc.name} ready")
+
+
+# ------------------------------------------------------------------------ helpers added for the e2e suites
+
+
+def spawn_with_env(
+    pool: ProcessPool, args: Sequence[str], name: str, env: dict[str, str], cls: type[Proc] = Proc
+) -> Any:
+    """Like ``ProcessPool.spawn`` but with extra environment variables (e.g. TORCHFT_LIGHTHOUSE)."""
+    pool._count += 1
+    stderr_path = pool.tmp_path / f"{name}-{pool._count}.stderr"
+    with stderr_path.open("w") as stderr:
+        popen = subprocess.Popen(
+            list(args),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env={**_env(), **env},
+            cwd=str(ROOT),
+        )
+    proc = cls(list(args), popen, name, stderr_path=stderr_path)
+    pool.procs.append(proc)
+    return proc
+
+
+def records_so_far(proc: Proc) -> list[dict[str, Any]]:
+    """The per-step records a (maybe still running) worker printed so far."""
+    return [json.loads(line) for line in proc.lines() if line.startswith("{")]
+
+
+def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    """GET without any proxy from the environment; (status, body)."""
+    import urllib.error
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def metric(base_url: str, name: str) -> float:
+    """One unlabelled sample from the lighthouse's Prometheus ``/metrics``."""
+    status, body = http_get(base_url.rstrip("/") + "/metrics")
+    assert status == 200, body
+    for line in body.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"metric {name} not in /metrics:\n{body}")

@@ -1,0 +1,68 @@
+"""Fan-in: the lighthouse's GetConfig load depends on the number of managers and the TTL, not on workers."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.procs import Proc, ProcessPool, http_get, metric, records_so_far, spawn_worker, wait_ready
+
+TTL = 0.2
+T = 2.0  # seconds each phase runs
+MANAGERS = 2
+CALLS = "lighthouse_get_config_calls_total"
+
+
+def run_phase(
+    procs: ProcessPool, url: str, managers: list[str], per_manager: int, tag: str
+) -> tuple[float, int]:
+    """``per_manager`` workers per manager for T seconds; (lighthouse calls, worker calls) meanwhile."""
+    workers: list[Proc] = [
+        spawn_worker(procs, addr, group=f"{tag}{i}", rank=rank, steps=10**6, step_interval=0.002)
+        for i, addr in enumerate(managers)
+        for rank in range(per_manager)
+    ]
+    wait_ready(workers)
+    for w in workers:  # every worker is past its first call before the window opens
+        deadline = time.monotonic() + 20
+        while not records_so_far(w):
+            assert time.monotonic() < deadline, w.stderr()
+            time.sleep(0.02)
+    seen_before = [len(records_so_far(w)) for w in workers]
+    before = metric(url, CALLS)
+    started = time.monotonic()
+    time.sleep(T)  # the scenario: the workers train for T seconds
+    after = metric(url, CALLS)
+    elapsed = time.monotonic() - started
+    worker_calls = sum(len(records_so_far(w)) - n for w, n in zip(workers, seen_before, strict=True))
+    for w in workers:
+        w.stop()
+    bound = MANAGERS * (elapsed / TTL + 1)
+    lighthouse_calls = after - before
+    # "at most about": the manager refreshes slightly ahead of expiry (<= 5% of the TTL), plus one
+    # call per manager for scheduling jitter on a loaded 2-core machine.
+    assert lighthouse_calls <= bound * 1.06 + MANAGERS, (tag, lighthouse_calls, bound, worker_calls)
+    return lighthouse_calls, worker_calls
+
+
+def test_lighthouse_calls_do_not_grow_with_workers(procs: ProcessPool) -> None:
+    lh = procs.lighthouse({"lr": 0.01})
+    managers = [procs.manager(lh.address, f"m{i}", cache_ttl=TTL).address for i in range(MANAGERS)]
+
+    one_calls, one_worker_calls = run_phase(procs, lh.url, managers, per_manager=1, tag="one")
+    many_calls, many_worker_calls = run_phase(procs, lh.url, managers, per_manager=4, tag="many")
+
+    # The workers really hammered the managers: far more calls than reached the lighthouse.
+    assert one_worker_calls >= 5 * one_calls, (one_worker_calls, one_calls)
+    assert many_worker_calls >= 5 * many_calls, (many_worker_calls, many_calls)
+    assert many_worker_calls > one_worker_calls
+    # Four times the workers, about the same lighthouse load.
+    assert many_calls <= one_calls * 1.5 + 2 * MANAGERS, (one_calls, many_calls)
+    # The lighthouse keeps hearing from both managers (not silently starved).
+    assert one_calls >= MANAGERS and many_calls >= MANAGERS
+
+    status, body = http_get(lh.url.rstrip("/") + "/api/managers")
+    assert status == 200
+    listed = {m["replica_id"]: m for m in json.loads(body)["managers"]}
+    assert set(listed) == {"m0", "m1"}
+    assert all(m["requests"] > 0 for m in listed.values())

@@ -1,0 +1,167 @@
+"""Faults with real processes: lighthouse killed, hung or restarted; manager killed or hung; --serve-stale."""
+
+from __future__ import annotations
+
+import signal
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from protos.rpc import parse_address
+from tests.procs import Proc, ProcessPool, poll, records_so_far
+
+CONFIG = {"lr": 0.001, "name": "run", "layers": [4, 8]}
+EXPECTED = {"lr": "0.001", "name": "run", "layers": "[4,8]"}
+TTL = 0.2
+MARGIN = 2.0  # generous: 2 noisy cores
+
+Record = dict[str, Any]
+
+
+def wait_for(proc: Proc, match: Callable[[Record], bool], timeout: float, what: str) -> Record:
+    """The first record (in step order) that matches, polling the running worker until one does."""
+
+    def check() -> Record:
+        return next((r for r in records_so_far(proc) if match(r)), {})
+
+    try:
+        return poll(check, timeout, what=what)
+    except AssertionError:
+        raise AssertionError(f"{what}; last records: {records_so_far(proc)[-3:]}\n{proc.stderr()}") from None
+
+
+def wait_count(proc: Proc, match: Callable[[Record], bool], count: int, timeout: float) -> list[Record]:
+    def check() -> list[Record]:
+        found = [r for r in records_so_far(proc) if match(r)]
+        return found if len(found) >= count else []
+
+    return poll(check, timeout, what=f"{count} matching records from {proc.name}")
+
+
+def is_good(r: Record) -> bool:
+    return r["source"] in ("cache", "lighthouse") and r["config"] == EXPECTED
+
+
+def long_worker(procs: ProcessPool, addr: str, timeout: float) -> Proc:
+    return procs.worker(addr, group="g0", rank=0, steps=10**6, step_interval=0.01, timeout=timeout)
+
+
+def assert_fast(records: list[Record], limit: float) -> None:
+    """Calls that must not wait on anything: typically well under ``limit``, rare hiccups above it."""
+    elapsed = sorted(r["elapsed"] for r in records)
+    assert statistics.median(elapsed) < 0.05, elapsed[-10:]
+    slow = [e for e in elapsed if e >= limit]
+    assert len(slow) <= max(1, len(elapsed) // 20), slow
+
+
+def test_lighthouse_killed_then_restarted_on_the_same_port(procs: ProcessPool, tmp_path: Path) -> None:
+    state_dir = tmp_path / "lh-state"
+    lh = procs.lighthouse(CONFIG, state_dir=state_dir, http_bind="off")
+    lh_timeout, backoff, worker_timeout = 0.5, 1.0, 2.0
+    m = procs.manager(lh.address, "g0", cache_ttl=TTL, lighthouse_timeout=lh_timeout, backoff=backoff)
+    w = long_worker(procs, m.address, worker_timeout)
+    good = wait_for(w, is_good, 20, "the config before the fault")
+    version = good["version"]
+
+    killed_at = time.time()
+    lh.popen.kill()
+    lh.wait(timeout=10)
+    first_fallback = wait_for(
+        w, lambda r: r["t"] > killed_at and r["source"] == "fallback", 20, "fallback after SIGKILL"
+    )
+    assert first_fallback["config"] == {} and first_fallback["version"] == 0
+    assert first_fallback["t"] - killed_at <= TTL + lh_timeout + MARGIN
+    assert first_fallback["elapsed"] <= worker_timeout + MARGIN
+
+    # During the outage every call gets the fallback at once: no call waits on the dead lighthouse.
+    later = wait_count(w, lambda r: r["step"] > first_fallback["step"], 40, 20)
+    assert all(r["source"] == "fallback" and r["config"] == {} for r in later)
+    assert_fast(later, lh_timeout / 2)
+
+    # Restart on the same port with the same state: the workers get the same config and version back.
+    _, port = parse_address(lh.address)
+    lh2 = procs.lighthouse(
+        config_path=tmp_path / "config.json", state_dir=state_dir, bind=f"127.0.0.1:{port}", http_bind="off"
+    )
+    restarted_at = time.time()
+    assert lh2.address == lh.address
+    back = wait_for(w, lambda r: r["t"] > restarted_at and is_good(r), 20, "config after the restart")
+    assert back["version"] == version
+    assert back["t"] - restarted_at <= TTL + backoff + MARGIN
+    # Once back, it stays back.
+    after = wait_count(w, lambda r: r["step"] > back["step"], 20, 20)
+    assert all(is_good(r) and r["version"] == version for r in after)
+    assert "Traceback" not in m.stderr()
+
+
+def test_hung_lighthouse_costs_at_most_one_deadline(procs: ProcessPool) -> None:
+    lh = procs.lighthouse(CONFIG, http_bind="off")
+    lh_timeout, backoff, worker_timeout = 1.0, 5.0, 5.0
+    m = procs.manager(lh.address, "g0", cache_ttl=TTL, lighthouse_timeout=lh_timeout, backoff=backoff)
+    w = long_worker(procs, m.address, worker_timeout)
+    wait_for(w, is_good, 20, "the config before the fault")
+
+    stopped_at = time.time()
+    lh.signal(signal.SIGSTOP)  # accepts connections, answers nothing: only deadlines end the calls
+    first_fallback = wait_for(
+        w, lambda r: r["t"] > stopped_at and r["source"] == "fallback", 20, "fallback from a hung lighthouse"
+    )
+    assert first_fallback["t"] - stopped_at <= TTL + lh_timeout + MARGIN
+    affected = [r for r in records_so_far(w) if r["t"] > stopped_at]
+    # The manager waits at most its upstream deadline (+0.5 s), never the worker's own 5 s deadline.
+    assert max(r["elapsed"] for r in affected) <= lh_timeout + 0.5 + MARGIN / 2
+    assert sum(r["elapsed"] > lh_timeout / 2 for r in affected) <= 2  # at most one deadline paid (+1 hiccup)
+
+    later = wait_count(w, lambda r: r["step"] > first_fallback["step"], 50, 20)
+    assert all(r["source"] == "fallback" for r in later)
+    assert_fast(later, lh_timeout / 2)
+
+
+def test_serve_stale_keeps_the_last_good_config(procs: ProcessPool) -> None:
+    lh = procs.lighthouse(CONFIG, http_bind="off")
+    m = procs.manager(
+        lh.address, "g0", cache_ttl=TTL, lighthouse_timeout=0.5, backoff=1.0, extra=["--serve-stale"]
+    )
+    w = long_worker(procs, m.address, 2.0)
+    good = wait_for(w, is_good, 20, "the config before the fault")
+    killed_at = time.time()
+    lh.popen.kill()
+    lh.wait(timeout=10)
+    stale = wait_for(w, lambda r: r["source"] == "stale", 20, "stale answers")
+    assert stale["t"] - killed_at <= TTL + 0.5 + MARGIN
+    later = wait_count(w, lambda r: r["step"] >= stale["step"], 30, 20)
+    for r in later:
+        assert r["source"] == "stale", r
+        assert r["config"] == EXPECTED and r["version"] == good["version"]
+    assert not any(r["source"] == "fallback" for r in records_so_far(w))
+    assert_fast(later, 0.25)
+
+
+def test_manager_killed_worker_falls_back_within_its_deadline(procs: ProcessPool) -> None:
+    lh = procs.lighthouse(CONFIG, http_bind="off")
+    m = procs.manager(lh.address, "g0", cache_ttl=TTL)
+    worker_timeout = 1.0
+    w = long_worker(procs, m.address, worker_timeout)
+    wait_for(w, is_good, 20, "the config before the fault")
+
+    # Hung manager: each call ends at the worker's own deadline with the fallback.
+    stopped_at = time.time()
+    m.signal(signal.SIGSTOP)
+    hung = wait_count(w, lambda r: r["t"] > stopped_at and r["source"] == "fallback", 2, 20)
+    for r in hung:
+        assert r["config"] == {} and r["version"] == 0
+        assert worker_timeout * 0.8 <= r["elapsed"] <= worker_timeout + MARGIN / 2, r
+
+    # Dead manager: refused at once, still the fallback, never an exception.
+    killed_at = time.time()
+    m.popen.kill()
+    m.wait(timeout=10)
+    dead = wait_count(w, lambda r: r["t"] > killed_at + 0.5 and r["source"] == "fallback", 20, 20)
+    assert all(r["elapsed"] <= worker_timeout + MARGIN / 2 for r in dead)
+    assert w.popen.poll() is None  # the training loop is alive
+    # The outage is logged once by the worker, not once per step.
+    warnings = [line for line in w.stderr().splitlines() if "unavailable" in line]
+    assert len(warnings) == 1, warnings
+    assert m.address in warnings[0]

@@ -1,0 +1,198 @@
+"""Manager-side units: the per-step pins (StepPins) and the Snapshot with its pre-serialized replies."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from manager.pinning import StepPins
+from manager.snapshot import CACHE, FALLBACK, LIGHTHOUSE, STALE, Snapshot
+from protos import lighthouse_config_pb2 as pb
+
+
+def snap(version: int) -> Snapshot:
+    cfg = {"v": str(version)}
+    return Snapshot(version, "s", "i", CACHE, (0,), (cfg,), cfg)
+
+
+def decode(reply: bytes) -> pb.ManagerConfigResponse:
+    return pb.ManagerConfigResponse.FromString(reply)
+
+
+# ------------------------------------------------------------------ StepPins
+
+
+def test_window_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        StepPins(0)
+
+
+def test_first_answer_for_a_step_wins() -> None:
+    pins = StepPins()
+    assert pins.get(5) is None
+    assert pins.pin(5, snap(1), b"first") == b"first"
+    assert pins.pin(5, snap(2), b"second") == b"first"  # a later rank gets the pinned one
+    assert pins.get(5) == b"first"
+    assert pins.get(6) is None
+    assert pins.max_step == 5 and len(pins) == 1
+
+
+def test_pins_are_per_step() -> None:
+    pins = StepPins()
+    pins.pin(1, snap(1), b"a")
+    pins.pin(2, snap(2), b"b")
+    pins.pin(0, snap(2), b"c")  # an older step can still be pinned inside the window
+    assert (pins.get(0), pins.get(1), pins.get(2)) == (b"c", b"a", b"b")
+    assert pins.max_step == 2
+
+
+def test_concurrent_pins_for_one_step_agree() -> None:
+    pins = StepPins()
+    barrier = threading.Barrier(16)
+    results: list[bytes] = []
+    lock = threading.Lock()
+
+    def rank(i: int) -> None:
+        barrier.wait()
+        got = pins.pin(42, snap(i), f"reply-{i}".encode())
+        with lock:
+            results.append(got)
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(results) == 16 and len(set(results)) == 1
+    assert pins.get(42) == results[0]
+
+
+def test_window_evicts_old_steps_and_bounds_memory() -> None:
+    pins = StepPins(window=10)
+    for step in range(100):
+        pins.pin(step, snap(1), str(step).encode())
+    assert pins.max_step == 99
+    assert len(pins) <= 20
+    assert pins.get(99) == b"99" and pins.get(89) == b"89"
+    assert pins.get(50) is None  # evicted
+    assert pins.outside_window(88) and not pins.outside_window(89)
+    assert not pins.outside_window(150)  # future steps are never outside
+
+
+def test_many_older_steps_stay_bounded() -> None:
+    pins = StepPins(window=4)
+    pins.pin(1000, snap(1), b"x")
+    for step in range(996, 1000):
+        pins.pin(step, snap(1), b"y")
+    assert len(pins) <= 8
+
+
+def test_switches_record_the_first_step_of_each_version() -> None:
+    pins = StepPins()
+    pins.pin(0, snap(1), b"")
+    pins.pin(1, snap(1), b"")
+    pins.pin(2, snap(2), b"")
+    pins.pin(2, snap(3), b"")  # lost the race: not a switch
+    pins.pin(1, snap(4), b"")  # an older step: not a switch
+    pins.pin(3, snap(2), b"")
+    pins.pin(5, snap(3), b"")
+    sent = pins.take_switches()
+    assert sent == [(1, 0), (2, 2), (3, 5)]
+    pins.pin(6, snap(4), b"")  # a switch made while the report was in flight
+    pins.ack_switches(sent[:2])
+    assert pins.take_switches() == [(3, 5), (4, 6)]
+    pins.ack_switches(sent)
+    pins.ack_switches(sent)  # acknowledged twice (fetch and heartbeat both carried it): harmless
+    assert pins.take_switches() == [(4, 6)]
+    pins.ack_switches([])
+    pins.ack_switches([(4, 6)])
+    assert pins.take_switches() == []
+
+
+def test_switches_are_bounded_while_unacknowledged() -> None:
+    pins = StepPins(window=2)
+    for step in range(3000):
+        pins.pin(step, snap(step), b"")
+    switches = pins.take_switches()
+    assert len(switches) <= 1000
+    assert switches[-1] == (2999, 2999)
+
+
+# ------------------------------------------------------------------ Snapshot
+
+
+def lighthouse_reply(segments: list[tuple[int, dict[str, str]]] | None = None) -> pb.LighthouseConfigResponse:
+    reply = pb.LighthouseConfigResponse(
+        config_data={"lr": "0.1", "名": "値"}, version=9, instance_id="inst", state_id="state"
+    )
+    for from_step, cfg in segments or []:
+        reply.segments.add(from_step=from_step, config_data=cfg)
+    return reply
+
+
+def test_snapshot_without_segments_holds_for_every_step() -> None:
+    s = Snapshot.from_reply(lighthouse_reply())
+    assert (s.version, s.state_id, s.instance_id, s.kind) == (9, "state", "inst", CACHE)
+    assert s.current == {"lr": "0.1", "名": "値"}
+    assert s.from_steps == (0,)
+    for step in (None, 0, 1, 10**9):
+        assert s.config_for(step) == s.current
+    assert s.segment(12345) == 0
+
+
+def test_snapshot_segments_pick_the_range_holding_the_step() -> None:
+    s = Snapshot.from_reply(
+        lighthouse_reply([(0, {"lr": "0.1"}), (100, {"lr": "0.2"}), (250, {"lr": "0.3"})])
+    )
+    assert s.from_steps == (0, 100, 250)
+    assert [s.segment(x) for x in (-3, 0, 99, 100, 101, 249, 250, 10**6)] == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert s.config_for(99) == {"lr": "0.1"}
+    assert s.config_for(100) == {"lr": "0.2"}
+    assert s.config_for(300) == {"lr": "0.3"}
+    assert s.config_for(None) == s.current  # no step: the lighthouse's current config
+
+
+def test_snapshot_replies_are_serialized_once_and_correct() -> None:
+    s = Snapshot.from_reply(lighthouse_reply([(0, {"lr": "0.1"}), (100, {"lr": "0.2"})]))
+    pinned = s.reply(1, True)
+    assert s.reply(1, True) is pinned  # cached bytes, no per-call work
+    msg = decode(pinned)
+    assert dict(msg.config_data) == {"lr": "0.2"}
+    assert (msg.version, msg.source, msg.pinned) == (9, CACHE, True)
+    unpinned = decode(s.reply(0, False))
+    assert dict(unpinned.config_data) == {"lr": "0.1"} and not unpinned.pinned
+    current = decode(s.reply(-1, False))
+    assert dict(current.config_data) == {"lr": "0.1", "名": "値"}
+
+
+def test_fresh_reply_is_labelled_lighthouse() -> None:
+    s = Snapshot.from_reply(lighthouse_reply())
+    msg = decode(s.fresh_reply(-1, False))
+    assert (msg.source, msg.version, dict(msg.config_data)) == (LIGHTHOUSE, 9, s.current)
+    assert s.fresh_reply(0, True) is not s.fresh_reply(0, True)  # not cached: rare path
+    assert decode(s.fresh_reply(0, True)).pinned
+
+
+def test_stale_view_keeps_content_and_says_stale() -> None:
+    s = Snapshot.from_reply(lighthouse_reply([(0, {"lr": "0.1"}), (100, {"lr": "0.2"})]))
+    stale = s.as_stale()
+    assert stale is s.as_stale()
+    assert stale.kind == STALE and s.kind == CACHE
+    assert (stale.version, stale.from_steps, stale.configs, stale.current) == (
+        s.version,
+        s.from_steps,
+        s.configs,
+        s.current,
+    )
+    msg = decode(stale.reply(1, True))
+    assert (msg.source, msg.version, dict(msg.config_data)) == (STALE, 9, {"lr": "0.2"})
+
+
+def test_fallback_is_empty_version_zero() -> None:
+    fb = Snapshot.fallback()
+    assert fb is Snapshot.fallback()
+    assert (fb.version, fb.kind, fb.current) == (0, FALLBACK, {})
+    assert fb.config_for(77) == {}
+    msg = decode(fb.reply(fb.segment(77), True))
+    assert (msg.source, msg.version, dict(msg.config_data), msg.pinned) == (FALLBACK, 0, {}, True)

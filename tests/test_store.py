@@ -1,0 +1,549 @@
+"""ConfigStore (versioned SQLite store, resolve semantics) and the change paths of LighthouseState."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lighthouse.config_file import FileContent, read_config_file
+from lighthouse.state import LighthouseState
+from lighthouse.store import FOREVER, ConfigStore, NotFound, VersionConflict
+from lighthouse.values import ConfigError
+from protos import lighthouse_config_pb2 as pb
+
+
+@pytest.fixture
+def store() -> ConfigStore:
+    return ConfigStore(None)
+
+
+def put(store: ConfigStore, config: dict[str, Any], **kw: Any) -> int:
+    return store.commit("put", config, source="test", **kw).version
+
+
+def patch(store: ConfigStore, change: dict[str, Any], **kw: Any) -> int:
+    return store.commit("patch", change, source="test", **kw).version
+
+
+# ------------------------------------------------------------------ versions and durability
+
+
+def test_empty_store(store: ConfigStore) -> None:
+    assert store.head == 0
+    assert store.latest() is None
+    assert store.live() == {}
+    assert store.resolve(0, 0) == {}
+    assert store.history() == []
+    assert store.current_step == -1
+    assert [(s.from_step, s.config) for s in store.segments()] == [(0, {})]
+
+
+def test_versions_increase_by_one_and_rows_are_complete(store: ConfigStore) -> None:
+    v1 = put(store, {"a": 1})
+    row = store.commit("patch", {"b": "x"}, source="api", author="alice", comment="why")
+    assert (v1, row.version) == (1, 2)
+    assert store.head == 2
+    assert row.op == "patch" and row.change == {"b": "x"} and row.config == {"a": 1, "b": "x"}
+    assert (row.source, row.author, row.comment, row.effective_step) == ("api", "alice", "why", None)
+    assert store.latest() == row
+    assert store.get(1).config == {"a": 1}
+
+
+def test_versions_strictly_increase_across_reopen(tmp_path: Path) -> None:
+    db = tmp_path / "state" / "lighthouse.db"
+    seen: list[int] = []
+    state_ids: set[str] = set()
+    for round_ in range(3):
+        s = ConfigStore(db)
+        state_ids.add(s.state_id)
+        assert s.head == (seen[-1] if seen else 0)
+        for i in range(3):
+            seen.append(put(s, {"round": round_, "i": i}))
+        s.close()
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+    assert len(state_ids) == 1  # same file, same state
+    s = ConfigStore(db)
+    assert s.live() == {"round": 2, "i": 2}
+    assert [h["version"] for h in s.history()] == seen[::-1]
+    s.close()
+    assert ConfigStore(tmp_path / "other.db").state_id not in state_ids  # a fresh state
+
+
+def test_versions_never_reused_after_pruning_and_reopen(tmp_path: Path) -> None:
+    db = tmp_path / "lighthouse.db"
+    s = ConfigStore(db, history_limit=1)
+    last = 0
+    for i in range(5):
+        last = put(s, {"i": i})
+    s.close()
+    s = ConfigStore(db, history_limit=1)
+    assert s.head == last
+    assert put(s, {"i": "next"}) == last + 1
+    s.close()
+
+
+def test_commit_is_durable_without_close(tmp_path: Path) -> None:
+    db = tmp_path / "lighthouse.db"
+    s = ConfigStore(db)
+    put(s, {"k": "v"})
+    # Another connection sees the committed row at once (what a crash would leave on disk).
+    rows = sqlite3.connect(str(db)).execute("SELECT version, config FROM versions").fetchall()
+    assert rows == [(1, json.dumps({"k": "v"}))]
+    s.close()
+
+
+def test_current_step_survives_reopen(tmp_path: Path) -> None:
+    db = tmp_path / "lighthouse.db"
+    s = ConfigStore(db)
+    assert s.advance_step(5) is True
+    assert s.advance_step(3) is False
+    assert s.advance_step(5) is False
+    assert s.current_step == 5
+    s.close()
+    s2 = ConfigStore(db)
+    assert s2.current_step == 5
+    s2.close()
+
+
+def test_unicode_and_nested_values_round_trip(tmp_path: Path) -> None:
+    db = tmp_path / "lighthouse.db"
+    config = {"学习率": 0.5, "émoji🚀": {"nested": [1, None, {"ключ": "значение"}]}, "s": "ü"}
+    s = ConfigStore(db)
+    put(s, config)
+    s.close()
+    s = ConfigStore(db)
+    assert s.live() == config
+    s.close()
+
+
+def test_close_twice_is_safe(tmp_path: Path) -> None:
+    s = ConfigStore(tmp_path / "x.db")
+    s.close()
+    s.close()
+
+
+def test_bad_arguments(store: ConfigStore) -> None:
+    with pytest.raises(ValueError, match="history_limit"):
+        ConfigStore(None, history_limit=0)
+    with pytest.raises(ValueError, match="unknown op"):
+        store.commit("replace", {}, source="t")
+    with pytest.raises(ConfigError, match="effective_step"):
+        store.commit("put", {}, source="t", effective_step=-1)
+    assert store.head == 0  # nothing committed by refused calls
+    with pytest.raises(NotFound):
+        store.get(1)
+
+
+# ------------------------------------------------------------------ put / patch / if-match
+
+
+def test_put_replaces_patch_merges_null_deletes(store: ConfigStore) -> None:
+    put(store, {"a": 1, "b": 2, "c": {"x": 1}})
+    patch(store, {"b": 3, "d": "new", "c": {"y": 2}})  # merge is shallow: c is replaced
+    assert store.live() == {"a": 1, "b": 3, "c": {"y": 2}, "d": "new"}
+    patch(store, {"a": None, "missing": None})
+    assert store.live() == {"b": 3, "c": {"y": 2}, "d": "new"}
+    put(store, {"only": True})
+    assert store.live() == {"only": True}
+    assert [store.get(v).config for v in (1, 2, 3, 4)] == [
+        {"a": 1, "b": 2, "c": {"x": 1}},
+        {"a": 1, "b": 3, "c": {"y": 2}, "d": "new"},
+        {"b": 3, "c": {"y": 2}, "d": "new"},
+        {"only": True},
+    ]
+
+
+def test_patch_on_empty_store(store: ConfigStore) -> None:
+    patch(store, {"a": 1})
+    assert store.live() == {"a": 1}
+
+
+def test_if_match(store: ConfigStore) -> None:
+    put(store, {"a": 1})
+    put(store, {"a": 2}, if_match=1)
+    with pytest.raises(VersionConflict) as err:
+        put(store, {"a": 3}, if_match=1)
+    assert err.value.head == 2
+    assert "1" in str(err.value) and "2" in str(err.value)
+    assert store.head == 2 and store.live() == {"a": 2}
+
+
+def test_history_newest_first_with_limit(store: ConfigStore) -> None:
+    for i in range(5):
+        store.commit("put", {"i": i}, source="api", author=f"u{i}", comment=f"c{i}")
+    history = store.history(limit=3)
+    assert [h["version"] for h in history] == [5, 4, 3]
+    first = history[0]
+    assert first["config"] == {"i": 4} and first["author"] == "u4" and first["comment"] == "c4"
+    assert first["source"] == "api" and isinstance(first["created_at"], float)
+    assert {"version", "config", "created_at", "source", "author", "comment"} <= set(first)
+    assert len(store.history()) == 5
+
+
+# ------------------------------------------------------------------ scheduled changes and resolve
+
+
+def test_scheduled_change_applies_from_its_step(store: ConfigStore) -> None:
+    put(store, {"lr": 1, "a": 1})
+    store.advance_step(10)
+    v2 = patch(store, {"lr": 2}, effective_step=100)
+    assert store.get(v2).scheduled
+    assert store.resolve(v2, 10) == {"lr": 1, "a": 1}
+    assert store.resolve(v2, 99) == {"lr": 1, "a": 1}
+    assert store.resolve(v2, 100) == {"lr": 2, "a": 1}
+    assert store.resolve(v2, FOREVER) == {"lr": 2, "a": 1}
+    assert store.get(v2).config == {"lr": 2, "a": 1}  # row.config: once everything known applies
+    assert store.live() == {"lr": 1, "a": 1}  # the job is at step 10
+    assert [(s.from_step, s.config) for s in store.segments()] == [
+        (0, {"lr": 1, "a": 1}),
+        (100, {"lr": 2, "a": 1}),
+    ]
+    assert store.resolve(1, 100) == {"lr": 1, "a": 1}  # older versions do not see it
+    store.advance_step(100)
+    assert store.live() == {"lr": 2, "a": 1}
+
+
+def test_edit_before_the_step_does_not_undo_a_scheduled_change(store: ConfigStore) -> None:
+    put(store, {"lr": 1, "a": 1})
+    store.advance_step(10)
+    patch(store, {"lr": 2}, effective_step=100)
+    store.advance_step(20)
+    v3 = put(store, {"x": 1})  # unrelated full replace made at step 20 < 100
+    assert store.resolve(v3, 50) == {"x": 1}
+    assert store.resolve(v3, 100) == {"x": 1, "lr": 2}  # the scheduled patch lands on top
+    v4 = patch(store, {"lr": 3})  # an immediate edit of the same key at step 20
+    assert store.resolve(v4, 50) == {"x": 1, "lr": 3}
+    assert store.resolve(v4, 100) == {"x": 1, "lr": 2}  # still scheduled after it
+
+
+def test_edit_after_the_step_overrides_the_scheduled_change(store: ConfigStore) -> None:
+    put(store, {"lr": 1})
+    patch(store, {"lr": 2}, effective_step=100)
+    store.advance_step(150)
+    v3 = patch(store, {"lr": 4})
+    assert store.resolve(v3, 200) == {"lr": 4}
+    assert store.resolve(v3, 120) == {"lr": 4}  # an immediate change applies to every step
+    assert store.live() == {"lr": 4}
+
+
+def test_scheduled_put_replaces_from_its_step(store: ConfigStore) -> None:
+    put(store, {"a": 1, "b": 1})
+    v2 = put(store, {"c": 3}, effective_step=50)
+    assert store.resolve(v2, 49) == {"a": 1, "b": 1}
+    assert store.resolve(v2, 50) == {"c": 3}
+
+
+def test_two_scheduled_changes_give_three_segments(store: ConfigStore) -> None:
+    put(store, {"lr": 1})
+    patch(store, {"lr": 3}, effective_step=300)
+    patch(store, {"lr": 2}, effective_step=200)
+    assert [(s.from_step, s.config) for s in store.segments()] == [
+        (0, {"lr": 1}),
+        (200, {"lr": 2}),
+        (300, {"lr": 3}),
+    ]
+    assert [(s.from_step, s.config) for s in store.segments(2)] == [(0, {"lr": 1}), (300, {"lr": 3})]
+    assert [(s.from_step, s.config) for s in store.segments(1)] == [(0, {"lr": 1})]
+
+
+def test_scheduled_at_step_already_passed_applies_everywhere_after(store: ConfigStore) -> None:
+    put(store, {"lr": 1})
+    store.advance_step(500)
+    v = patch(store, {"lr": 9}, effective_step=100)
+    assert store.resolve(v, 500) == {"lr": 9}
+    assert store.resolve(v, 99) == {"lr": 1}
+    assert store.live() == {"lr": 9}
+
+
+def test_scheduled_statuses(store: ConfigStore) -> None:
+    put(store, {"lr": 1})
+    v_a = patch(store, {"lr": 2}, effective_step=10)
+    v_b = patch(store, {"lr": 3}, effective_step=20)
+    v_c = patch(store, {"lr": 4}, effective_step=30)
+    store.commit("cancel", {"version": v_c}, source="t")
+    store.advance_step(15)
+    status = {s["version"]: s["status"] for s in store.scheduled()}
+    assert status == {v_a: "in_effect", v_b: "pending", v_c: "cancelled"}
+
+
+# ------------------------------------------------------------------ cancel
+
+
+def test_cancel_withdraws_a_pending_change(store: ConfigStore) -> None:
+    put(store, {"lr": 1})
+    v2 = patch(store, {"lr": 2}, effective_step=100)
+    cancel = store.commit("cancel", {"version": v2}, source="t")
+    assert cancel.version == 3 and cancel.config == {"lr": 1}
+    assert store.resolve(3, 200) == {"lr": 1}
+    assert store.resolve(2, 200) == {"lr": 2}  # history still replays the version before the cancel
+    assert [(s.from_step, s.config) for s in store.segments()] == [(0, {"lr": 1})]
+    assert {h["version"]: h["cancelled"] for h in store.history()} == {3: False, 2: True, 1: False}
+
+
+def test_cancel_refusals(store: ConfigStore) -> None:
+    put(store, {"lr": 1})
+    v2 = patch(store, {"lr": 2}, effective_step=100)
+    v3 = patch(store, {"lr": 3}, effective_step=50)
+    with pytest.raises(ConfigError, match="not a scheduled change"):
+        store.commit("cancel", {"version": 1}, source="t")
+    with pytest.raises(NotFound):
+        store.commit("cancel", {"version": 99}, source="t")
+    store.commit("cancel", {"version": v2}, source="t")
+    with pytest.raises(ConfigError, match="already cancelled"):
+        store.commit("cancel", {"version": v2}, source="t")
+    store.advance_step(60)
+    with pytest.raises(ConfigError, match="took effect at step 50"):
+        store.commit("cancel", {"version": v3}, source="t")
+    assert store.head == 4  # only the one accepted cancel
+
+
+def test_cancel_survives_reopen(tmp_path: Path) -> None:
+    db = tmp_path / "lighthouse.db"
+    s = ConfigStore(db)
+    put(s, {"lr": 1})
+    v2 = patch(s, {"lr": 2}, effective_step=100)
+    s.commit("cancel", {"version": v2}, source="t")
+    s.close()
+    s = ConfigStore(db)
+    assert s.resolve(s.head, 200) == {"lr": 1}
+    with pytest.raises(ConfigError, match="already cancelled"):
+        s.commit("cancel", {"version": v2}, source="t")
+    s.close()
+
+
+# ------------------------------------------------------------------ history_limit pruning
+
+
+def test_pruning_keeps_the_limit_and_the_content(tmp_path: Path) -> None:
+    db = tmp_path / "lighthouse.db"
+    s = ConfigStore(db, history_limit=3)
+    put(s, {"a": 0, "keep": "me"})
+    for i in range(1, 10):
+        patch(s, {"a": i, f"k{i}": i})
+    expected = {"a": 9, "keep": "me", **{f"k{i}": i for i in range(1, 10)}}
+    assert s.live() == expected
+    assert [h["version"] for h in s.history()] == [10, 9, 8]
+    with pytest.raises(NotFound):
+        s.get(1)
+    with pytest.raises(NotFound, match="pruned"):
+        s.resolve(2, 0)
+    assert s.resolve(9, 0) == {k: v for k, v in expected.items() if k != "k9"} | {"a": 8}
+    s.close()
+    s = ConfigStore(db, history_limit=3)  # the folded base is durable
+    assert s.live() == expected
+    assert len(s.history()) == 3
+    s.close()
+
+
+def test_pruning_never_drops_the_head() -> None:
+    s = ConfigStore(None, history_limit=1)
+    for i in range(5):
+        patch(s, {"a": i}) if i else put(s, {"a": i})
+        assert s.history()[0]["version"] == s.head
+        assert len(s.history()) == 1
+        assert s.live() == {"a": i}
+
+
+def test_pruning_keeps_scheduled_changes_in_place() -> None:
+    s = ConfigStore(None, history_limit=2)
+    put(s, {"lr": 1})
+    s.advance_step(10)
+    v_sched = patch(s, {"lr": 2}, effective_step=100)
+    for i in range(4):
+        patch(s, {"other": i})
+    head = s.head
+    assert s.resolve(head, 50) == {"lr": 1, "other": 3}
+    assert s.resolve(head, 100) == {"lr": 2, "other": 3}
+    assert s.get(v_sched).effective_step == 100
+
+
+def test_pruning_continues_after_a_cancelled_schedule() -> None:
+    # A cancelled scheduled change (and its cancel) no longer affects any step: it must not stop
+    # --history-limit from bounding the history for the rest of the lighthouse's life.
+    s = ConfigStore(None, history_limit=3)
+    put(s, {"a": 0})
+    s.advance_step(10)
+    v2 = patch(s, {"b": 1}, effective_step=50)
+    s.commit("cancel", {"version": v2}, source="t")
+    for i in range(20):
+        patch(s, {"a": i})
+    assert s.live() == {"a": 19}
+    assert len(s.history(limit=1000)) <= 3 + 2  # at most the limit (allow the cancel pair to linger)
+
+
+# ------------------------------------------------------------------ switches
+
+
+def test_switches_and_served_at(store: ConfigStore) -> None:
+    store.record_switches("g0", [(1, 0), (2, 10)])
+    store.record_switches("g1", [(1, 0), (2, 12)])
+    store.record_switches("g1", [(2, 12)])  # duplicates ignored
+    store.record_switches("g2", [])
+    assert store.served_at(5) == {"g0": 1, "g1": 1}
+    assert store.served_at(11) == {"g0": 2, "g1": 1}
+    assert store.served_at(12) == {"g0": 2, "g1": 2}
+
+
+# ------------------------------------------------------------------ LighthouseState: rollback, file hash
+
+
+def state_with(store: ConfigStore, path: Path | None = None) -> LighthouseState:
+    return LighthouseState(store, path)
+
+
+def test_rollback_makes_a_new_version_with_old_content(store: ConfigStore) -> None:
+    state = state_with(store)
+    state.change("put", {"lr": 1, "name": "a"}, source="api")
+    state.change("patch", {"lr": 2, "name": None}, source="api")
+    row = state.rollback(1, author="bob")
+    assert row.version == 3
+    assert row.config == {"lr": 1, "name": "a"}
+    assert row.source == "rollback" and row.author == "bob" and "1" in row.comment
+    assert store.live() == {"lr": 1, "name": "a"}
+    assert state.snapshot.version == 3 and state.snapshot.config == {"lr": "1", "name": "a"}
+    with pytest.raises(NotFound):
+        state.rollback(99)
+    assert store.head == 3
+
+
+def test_rollback_cancels_pending_changes_made_after_the_target(store: ConfigStore) -> None:
+    state = state_with(store)
+    state.change("put", {"lr": 1}, source="api")
+    state.change("patch", {"lr": 5}, source="api", effective_step=1000)
+    state.rollback(1)
+    assert store.resolve(store.head, 2000) == {"lr": 1}
+    assert [s["status"] for s in store.scheduled()] == ["cancelled"]
+
+
+def test_state_change_validates_and_refreshes_snapshot(store: ConfigStore) -> None:
+    state = state_with(store)
+    assert state.snapshot.version == 0 and state.snapshot.config == {}
+    state.change("put", {"lr": 0.001, "n": {"a": 1}}, source="api")
+    assert state.snapshot.version == 1
+    assert state.snapshot.config == {"lr": "0.001", "n": '{"a":1}'}
+    with pytest.raises(ConfigError):
+        state.change("put", {"x": None}, source="api")
+    with pytest.raises(ConfigError):
+        state.change("put", [1, 2], source="api")
+    assert store.head == 1
+
+
+def test_get_config_reply_conditional(store: ConfigStore) -> None:
+    state = state_with(store)
+    state.change("put", {"k": "v"}, source="api")
+    full = pb.LighthouseConfigResponse.FromString(state.get_config_reply(pb.LighthouseConfigRequest(), "p"))
+    assert dict(full.config_data) == {"k": "v"} and full.version == 1 and not full.not_modified
+    same = pb.LighthouseConfigRequest(known_version=1, known_state_id=store.state_id)
+    assert pb.LighthouseConfigResponse.FromString(state.get_config_reply(same, "p")).not_modified
+    other_state = pb.LighthouseConfigRequest(known_version=1, known_state_id="not-this-state")
+    again = pb.LighthouseConfigResponse.FromString(state.get_config_reply(other_state, "p"))
+    assert not again.not_modified and dict(again.config_data) == {"k": "v"}
+    assert state.get_config_calls == 3
+
+
+def file_content(path: Path, text: str) -> FileContent:
+    path.write_text(text, encoding="utf-8")
+    return read_config_file(path)
+
+
+def test_apply_file_only_on_new_content(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text('{"lr": 1}')
+    store = ConfigStore(tmp_path / "db" / "lighthouse.db")
+    state = state_with(store, path)
+    assert store.head == 1 and store.latest() is not None and store.latest().source == "file"  # type: ignore[union-attr]
+    assert store.file_hash(str(path.resolve())) == hashlib.sha256(b'{"lr": 1}').hexdigest()
+
+    assert state.apply_file(read_config_file(path)) is None  # same bytes: no new version
+    assert store.head == 1
+
+    row = state.apply_file(file_content(path, '{"lr": 2}'))
+    assert row is not None and row.version == 2 and row.config == {"lr": 2} and row.source == "file"
+
+    assert state.apply_file(file_content(path, '{"lr": ')) is None  # broken edit: live unchanged
+    assert state.file_error is not None and str(path) in state.file_error
+    assert store.head == 2 and store.live() == {"lr": 2}
+
+    assert state.apply_file(file_content(path, '{"lr": 3}')) is not None
+    assert state.file_error is None and store.live() == {"lr": 3}
+    store.close()
+
+
+def test_restart_with_unchanged_file_keeps_api_edits(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text('{"lr": 1}')
+    db = tmp_path / "db" / "lighthouse.db"
+    store = ConfigStore(db)
+    state = state_with(store, path)
+    state.change("patch", {"lr": 7}, source="api")
+    store.close()
+
+    store = ConfigStore(db)
+    state = state_with(store, path)  # same file bytes: the stored (edited) version stays live
+    assert store.head == 2 and store.live() == {"lr": 7}
+    store.close()
+
+    path.write_text('{"lr": 8}')
+    store = ConfigStore(db)
+    state = state_with(store, path)  # the file changed while the lighthouse was down: it wins
+    assert store.head == 3 and store.live() == {"lr": 8}
+    assert state.snapshot.config == {"lr": "8"}
+    store.close()
+
+
+def test_invalid_file_at_startup_keeps_stored_config(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text('{"lr": 1}')
+    db = tmp_path / "lighthouse.db"
+    store = ConfigStore(db)
+    state_with(store, path)
+    store.close()
+    path.write_text("not json")
+    store = ConfigStore(db)
+    state = state_with(store, path)
+    assert store.live() == {"lr": 1}
+    assert state.file_error is not None and str(path) in state.file_error
+    store.close()
+    with pytest.raises(ConfigError):
+        LighthouseState(ConfigStore(None), path, strict=True)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_pruning_never_changes_what_any_step_resolves_to(seed: int) -> None:
+    # Random histories of puts, patches (with deletes), scheduled changes, cancels and step
+    # progress: a pruned store must resolve every step exactly like one that keeps everything.
+    rnd = random.Random(seed)
+    full, pruned = ConfigStore(None), ConfigStore(None, history_limit=rnd.randint(1, 5))
+    stores = (full, pruned)
+    for st in stores:
+        st.commit("put", {"x": 0}, source="t")
+    for i in range(40):
+        roll = rnd.random()
+        if roll < 0.2:
+            step = rnd.randint(0, 100)
+            for st in stores:
+                st.advance_step(step)
+        elif roll < 0.4:
+            body, at = {rnd.choice("xyz"): i}, rnd.randint(0, 120)
+            for st in stores:
+                st.commit("patch", body, source="t", effective_step=at)
+        elif roll < 0.5:
+            pending = [x["version"] for x in full.scheduled() if x["status"] == "pending"]
+            if pending:
+                target = rnd.choice(pending)
+                for st in stores:
+                    st.commit("cancel", {"version": target}, source="t")
+        else:
+            op = rnd.choice(["patch", "patch", "put"])
+            change = {rnd.choice("xyz"): None if op == "patch" and rnd.random() < 0.2 else i}
+            for st in stores:
+                st.commit(op, change, source="t")
+        for step in (-1, 0, 10, 50, 99, 100, 120, 10**9):
+            assert full.resolve(full.head, step) == pruned.resolve(pruned.head, step), (i, step)
+    assert len(pruned.history(limit=1000)) <= len(full.history(limit=1000))
