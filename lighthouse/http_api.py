@@ -379,10 +379,15 @@ class AdminApi:
         return clean_text(req.arg("comment") or req.headers.get("X-Change-Comment") or "", MAX_COMMENT_CHARS)
 
     def _changed(self, row: Change) -> Response:
+        store = self.state.store
+        try:  # this version's config, even if later changes already landed
+            config = store.resolve(row.version, store.current_step)
+        except NotFound:  # pruned by a later change already
+            config = row.config
         return json_response(
             {
                 "version": row.version,
-                "config": self.state.store.live(),
+                "config": config,
                 "op": row.op,
                 "effective_step": row.effective_step,
                 "created_at": row.created_at,
@@ -445,7 +450,10 @@ class _RequestHandler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         req = Request(self.command, parts.path, {}, self.headers, self.rfile)
         try:
-            req.query = parse_qs(parts.query, keep_blank_values=True, max_num_fields=50)
+            try:
+                req.query = parse_qs(parts.query, keep_blank_values=True, max_num_fields=50)
+            except ValueError:
+                raise HttpError(400, "too many query parameters (max 50)") from None
             resp = self.server.api.dispatch(req)
         except HttpError as exc:
             resp = error_response(exc)

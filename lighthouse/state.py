@@ -22,6 +22,19 @@ from protos import lighthouse_config_pb2 as pb
 logger = logging.getLogger(__name__)
 
 MAX_CONFIG_BYTES = 1024 * 1024
+_CURRENT_STEP_TAG = bytes([pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER << 3])  # varint field
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf varint of an int64 (negative numbers as 10-byte two's complement)."""
+    if value < 0:
+        value += 1 << 64
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 @dataclass
@@ -78,6 +91,7 @@ class LighthouseState:
         self._lock = threading.Lock()
         self._managers: dict[str, ManagerRecord] = {}
         self._snapshot = self._build_snapshot()
+        self._step_field = _CURRENT_STEP_TAG + _varint(store.current_step)
         if config_path is not None:
             self.apply_file(load_initial(config_path, strict), startup=True)
 
@@ -94,7 +108,7 @@ class LighthouseState:
         reply = pb.LighthouseConfigResponse(
             config_data=live, version=version, instance_id=self.instance_id, state_id=store.state_id
         )
-        if len(segments) > 1:
+        if len(segments) > 1 or encode_config(segments[0].config) != live:
             for seg in segments:
                 reply.segments.add(from_step=seg.from_step, config_data=encode_config(seg.config))
         not_modified = pb.LighthouseConfigResponse(
@@ -112,8 +126,8 @@ class LighthouseState:
             self.observe(request.status, peer, fetch=True)
         snap = self._snapshot
         if request.known_version == snap.version and request.known_state_id == self.store.state_id:
-            return snap.not_modified_reply
-        return snap.full_reply
+            return snap.not_modified_reply + self._step_field
+        return snap.full_reply + self._step_field
 
     def observe(self, status: pb.ManagerStatus, peer: str, fetch: bool = False) -> None:
         """Record a manager's status (from a heartbeat or riding on a fetch)."""
@@ -131,9 +145,15 @@ class LighthouseState:
             record.last_seen = time.monotonic()
             record.fetches += int(fetch)
         if status.switches:
-            self.store.record_switches(replica_id, [(s.version, s.step) for s in status.switches])
-        if status.step >= 0 and self.store.advance_step(status.step) and len(self._snapshot.segments) > 1:
-            self._maybe_refresh_for_step()
+            self.store.record_switches(
+                replica_id, [(s.version, s.step, s.previous_step) for s in status.switches]
+            )
+        if status.step >= 0 and self.store.advance_step(status.step):
+            # Appended to every reply: protobuf keeps the last value of a field, so the
+            # serialized snapshots stay as they are.
+            self._step_field = _CURRENT_STEP_TAG + _varint(self.store.current_step)
+            if len(self._snapshot.segments) > 1:
+                self._maybe_refresh_for_step()
 
     def _maybe_refresh_for_step(self) -> None:
         step = self.store.current_step
@@ -224,10 +244,14 @@ class LighthouseState:
     # -------------------------------------------------------------- views
     def view(self) -> dict[str, Any]:
         """GET /api/config: the live config with its original JSON types."""
-        latest = self.store.latest()
+        store = self.store
+        with store.lock:  # version and config from the same instant
+            latest = store.latest()
+            version = latest.version if latest else 0
+            config = store.resolve(version, store.current_step)
         return {
-            "version": self.store.head,
-            "config": self.store.live(),
+            "version": version,
+            "config": config,
             "updated_at": latest.created_at if latest else None,
             "source": latest.source if latest else None,
             "author": latest.author if latest else None,

@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS switches (
     replica_id TEXT NOT NULL,
     version INTEGER NOT NULL,
     step INTEGER NOT NULL,
+    previous_step INTEGER NOT NULL,
     recorded_at REAL NOT NULL,
     PRIMARY KEY (replica_id, step, version)
 );
@@ -167,6 +168,11 @@ class ConfigStore:
         self._step_saved_at = time.monotonic()
 
     # ------------------------------------------------------------------ reads
+    @property
+    def lock(self) -> threading.RLock:
+        """Hold to read several things from one instant (no commit in between)."""
+        return self._lock
+
     @property
     def head(self) -> int:
         """The latest version (0 when nothing was ever stored)."""
@@ -304,13 +310,14 @@ class ConfigStore:
                 self._set_meta("current_step", str(step))
             return True
 
-    def record_switches(self, replica_id: str, switches: Iterable[tuple[int, int]]) -> None:
-        """Remember that ``replica_id`` started serving ``version`` at ``step`` (for replay and lateness)."""
-        rows = [(replica_id, v, s, time.time()) for v, s in switches]
+    def record_switches(self, replica_id: str, switches: Iterable[tuple[int, int, int]]) -> None:
+        """Remember that ``replica_id`` started serving ``version`` at ``step`` after serving up to
+        ``previous_step`` (for replay and lateness)."""
+        rows = [(replica_id, v, s, p, time.time()) for v, s, p in switches]
         if not rows:
             return
         with self._lock:
-            self._db.executemany("INSERT OR IGNORE INTO switches VALUES (?, ?, ?, ?)", rows)
+            self._db.executemany("INSERT OR IGNORE INTO switches VALUES (?, ?, ?, ?, ?)", rows)
 
     def served_at(self, step: int) -> dict[str, int]:
         """For each group, the version it served at ``step`` (from its reported switches)."""
@@ -411,28 +418,24 @@ class ConfigStore:
             )
 
     def _late_groups(self, row: Change) -> list[dict[str, Any]]:
-        """Groups that served steps >= S without this change, and the step they switched at."""
+        """Groups that served steps >= S without this change, and the step they switched at.
+
+        A group switched late when its first step with a version that has the
+        change came after S while it had already served a step >= S before.
+        """
         assert row.effective_step is not None
         records = self._db.execute(
-            "SELECT replica_id, version, step FROM switches ORDER BY replica_id, step, version"
+            "SELECT replica_id, version, step, previous_step FROM switches ORDER BY replica_id, step, version"
         ).fetchall()
-        by_group: dict[str, list[tuple[int, int]]] = {}
-        for replica, version, step in records:
-            by_group.setdefault(replica, []).append((step, version))
-        late = []
-        for replica, steps in by_group.items():
-            first = next(((s, v) for s, v in steps if v >= row.version), None)
-            if first is None or first[0] <= row.effective_step:
-                continue
-            if any(s < first[0] for s, v in steps if v < row.version):
-                late.append(
-                    {
-                        "replica_id": replica,
-                        "switched_at_step": first[0],
-                        "late_by_steps": first[0] - row.effective_step,
-                    }
-                )
-        return late
+        first: dict[str, tuple[int, int]] = {}
+        for replica, version, step, previous in records:
+            if version >= row.version and replica not in first:
+                first[replica] = (step, previous)
+        return [
+            {"replica_id": replica, "switched_at_step": step, "late_by_steps": step - row.effective_step}
+            for replica, (step, previous) in sorted(first.items())
+            if step > row.effective_step and previous >= row.effective_step
+        ]
 
     def _prune(self) -> None:
         """Drop the oldest versions beyond history_limit, folding them into the per-step base.

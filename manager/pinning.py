@@ -23,7 +23,7 @@ class StepPins:
         self._lock = threading.Lock()
         self.max_step = -1
         self._max_version = -1  # version pinned at max_step
-        self._switches: list[tuple[int, int]] = []
+        self._switches: list[tuple[int, int, int]] = []
 
     def get(self, step: int) -> bytes | None:
         """The pinned reply for ``step`` (lock-free: a dict read)."""
@@ -42,7 +42,7 @@ class StepPins:
             self._order.append(step)
             if step > self.max_step:
                 if snapshot.version != self._max_version:
-                    self._switches.append((snapshot.version, step))
+                    self._switches.append((snapshot.version, step, self.max_step))
                     del self._switches[:-1000]  # bounded while the lighthouse is away
                 self.max_step = step
                 self._max_version = snapshot.version
@@ -57,12 +57,12 @@ class StepPins:
     def __len__(self) -> int:
         return len(self._pins)
 
-    def take_switches(self) -> list[tuple[int, int]]:
-        """(version, first step) pairs not yet reported to the lighthouse."""
+    def take_switches(self) -> list[tuple[int, int, int]]:
+        """(version, first step, highest step before) not yet reported to the lighthouse."""
         with self._lock:
             return list(self._switches)
 
-    def ack_switches(self, sent: list[tuple[int, int]]) -> None:
+    def ack_switches(self, sent: list[tuple[int, int, int]]) -> None:
         """Forget switches the lighthouse received (a fetch and a heartbeat may both have sent them)."""
         if not sent:
             return

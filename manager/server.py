@@ -54,6 +54,7 @@ class ManagerServer:
         self._pins = StepPins(step_window)
         self._lighthouse = LighthouseClient(lighthouse_addr)
         self._instance_id = ""
+        self._lighthouse_step = -1  # the job's step as the lighthouse knows it
         self._last_contact = float("-inf")
         self._cache = UpstreamCache(
             self._fetch,
@@ -89,10 +90,13 @@ class ManagerServer:
         self.requests += 1
         if not request.HasField("step"):
             answer = self._cache.get()
+            snapshot = answer.snapshot
+            # Not pinned: the config at the job's step (matters only when changes are scheduled).
+            segment = snapshot.segment(max(self._pins.max_step, self._lighthouse_step))
             if not answer.fetched:
                 self.cache_hits += 1
-                return answer.snapshot.reply(-1, False)
-            return answer.snapshot.fresh_reply(-1, False)
+                return snapshot.reply(segment, False)
+            return snapshot.fresh_reply(segment, False)
         step = request.step
         pinned = self._pins.get(step)
         if pinned is not None:
@@ -116,7 +120,7 @@ class ManagerServer:
             requests=self.requests,
             cache_hits=self.cache_hits,
             step=self._pins.max_step,
-            switches=[pb.StepSwitch(version=v, step=s) for v, s in switches],
+            switches=[pb.StepSwitch(version=v, step=s, previous_step=p) for v, s, p in switches],
         )
 
     def serving_version(self) -> int:
@@ -138,8 +142,9 @@ class ManagerServer:
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
             raise FetchFailed(code.name if code else str(exc)) from None
-        self._pins.ack_switches([(w.version, w.step) for w in status.switches])
+        self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
         self._last_contact = time.monotonic()
+        self._lighthouse_step = reply.current_step
         if reply.instance_id != self._instance_id:
             if self._instance_id:
                 logger.info("lighthouse restarted (instance %s)", reply.instance_id[:8])
@@ -189,7 +194,7 @@ class ManagerServer:
         except grpc.RpcError:
             self._last_contact = time.monotonic()  # retried in a heartbeat interval; the fetch logs outages
             return
-        self._pins.ack_switches([(w.version, w.step) for w in status.switches])
+        self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
         self._last_contact = time.monotonic()
 
     def stats(self) -> dict[str, int]:

@@ -23,7 +23,7 @@ def _reply(config: dict[str, str], version: int, source: str, pinned: bool) -> b
 
 @dataclass(frozen=True, eq=False)
 class Snapshot:
-    """One lighthouse version: its config per step range, and the config for calls without a step."""
+    """One lighthouse version: its config per step range (one range when nothing is scheduled)."""
 
     version: int
     state_id: str
@@ -31,18 +31,16 @@ class Snapshot:
     kind: str  # CACHE for a lighthouse snapshot, STALE or FALLBACK otherwise
     from_steps: tuple[int, ...]  # sorted; segment i holds from from_steps[i] on
     configs: tuple[dict[str, str], ...]
-    current: dict[str, str]
     _replies: dict[tuple[int, bool], bytes] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_reply(cls, reply: pb.LighthouseConfigResponse) -> Snapshot:
-        current = dict(reply.config_data)
         if reply.segments:
             from_steps = tuple(s.from_step for s in reply.segments)
             configs = tuple(dict(s.config_data) for s in reply.segments)
         else:
-            from_steps, configs = (0,), (current,)
-        return cls(reply.version, reply.state_id, reply.instance_id, CACHE, from_steps, configs, current)
+            from_steps, configs = (0,), (dict(reply.config_data),)
+        return cls(reply.version, reply.state_id, reply.instance_id, CACHE, from_steps, configs)
 
     @classmethod
     def fallback(cls) -> Snapshot:
@@ -53,9 +51,7 @@ class Snapshot:
 
     @cached_property
     def _stale(self) -> Snapshot:
-        return Snapshot(
-            self.version, self.state_id, self.instance_id, STALE, self.from_steps, self.configs, self.current
-        )
+        return Snapshot(self.version, self.state_id, self.instance_id, STALE, self.from_steps, self.configs)
 
     def segment(self, step: int) -> int:
         """Index of the segment that holds ``step``."""
@@ -63,22 +59,17 @@ class Snapshot:
             return 0
         return max(0, bisect.bisect_right(self.from_steps, step) - 1)
 
-    def config_for(self, step: int | None) -> dict[str, str]:
-        return self.current if step is None else self.configs[self.segment(step)]
-
     def reply(self, segment: int, pinned: bool) -> bytes:
-        """The serialized worker reply for a segment (-1: the current config, for calls without a step)."""
+        """The serialized worker reply for a segment."""
         key = (segment, pinned)
         cached = self._replies.get(key)
         if cached is None:
-            config = self.current if segment < 0 else self.configs[segment]
-            cached = self._replies[key] = _reply(config, self.version, self.kind, pinned)
+            cached = self._replies[key] = _reply(self.configs[segment], self.version, self.kind, pinned)
         return cached
 
     def fresh_reply(self, segment: int, pinned: bool) -> bytes:
         """Like ``reply`` but labelled as just fetched from the lighthouse (rare: not cached)."""
-        config = self.current if segment < 0 else self.configs[segment]
-        return _reply(config, self.version, LIGHTHOUSE, pinned)
+        return _reply(self.configs[segment], self.version, LIGHTHOUSE, pinned)
 
 
-_FALLBACK = Snapshot(0, "", "", FALLBACK, (0,), ({},), {})
+_FALLBACK = Snapshot(0, "", "", FALLBACK, (0,), ({},))

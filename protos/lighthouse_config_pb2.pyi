@@ -25,12 +25,14 @@ class ManagerStatus(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[int] = ..., requests: _Optional[int] = ..., cache_hits: _Optional[int] = ..., step: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[StepSwitch, _Mapping]]] = ...) -> None: ...
 
 class StepSwitch(_message.Message):
-    __slots__ = ("version", "step")
+    __slots__ = ("version", "step", "previous_step")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_STEP_FIELD_NUMBER: _ClassVar[int]
     version: int
     step: int
-    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+    previous_step: int
+    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., previous_step: _Optional[int] = ...) -> None: ...
 
 class LighthouseConfigRequest(_message.Message):
     __slots__ = ("replica_id", "known_version", "known_state_id", "status")
@@ -60,7 +62,7 @@ class ConfigSegment(_message.Message):
     def __init__(self, from_step: _Optional[int] = ..., config_data: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class LighthouseConfigResponse(_message.Message):
-    __slots__ = ("config_data", "version", "not_modified", "instance_id", "state_id", "segments")
+    __slots__ = ("config_data", "version", "not_modified", "instance_id", "state_id", "segments", "current_step")
     class ConfigDataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -74,13 +76,15 @@ class LighthouseConfigResponse(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_STEP_FIELD_NUMBER: _ClassVar[int]
     config_data: _containers.ScalarMap[str, str]
     version: int
     not_modified: bool
     instance_id: str
     state_id: str
     segments: _containers.RepeatedCompositeFieldContainer[ConfigSegment]
-    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., not_modified: _Optional[bool] = ..., instance_id: _Optional[str] = ..., state_id: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[ConfigSegment, _Mapping]]] = ...) -> None: ...
+    current_step: int
+    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., not_modified: _Optional[bool] = ..., instance_id: _Optional[str] = ..., state_id: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[ConfigSegment, _Mapping]]] = ..., current_step: _Optional[int] = ...) -> None: ...
 
 class LighthouseHeartbeatRequest(_message.Message):
     __slots__ = ("status",)

@@ -98,15 +98,15 @@ def test_switches_record_the_first_step_of_each_version() -> None:
     pins.pin(3, snap(2), b"")
     pins.pin(5, snap(3), b"")
     sent = pins.take_switches()
-    assert sent == [(1, 0), (2, 2), (3, 5)]
+    assert sent == [(1, 0, -1), (2, 2, 1), (3, 5, 3)]  # (version, first step, highest step before)
     pins.pin(6, snap(4), b"")  # a switch made while the report was in flight
     pins.ack_switches(sent[:2])
-    assert pins.take_switches() == [(3, 5), (4, 6)]
+    assert pins.take_switches() == [(3, 5, 3), (4, 6, 5)]
     pins.ack_switches(sent)
     pins.ack_switches(sent)  # acknowledged twice (fetch and heartbeat both carried it): harmless
-    assert pins.take_switches() == [(4, 6)]
+    assert pins.take_switches() == [(4, 6, 5)]
     pins.ack_switches([])
-    pins.ack_switches([(4, 6)])
+    pins.ack_switches([(4, 6, 5)])
     assert pins.take_switches() == []
 
 
@@ -116,7 +116,7 @@ def test_switches_are_bounded_while_unacknowledged() -> None:
         pins.pin(step, snap(step), b"")
     switches = pins.take_switches()
     assert len(switches) <= 1000
-    assert switches[-1] == (2999, 2999)
+    assert switches[-1] == (2999, 2999, 2998)
 
 
 # ------------------------------------------------------------------ Snapshot
@@ -134,11 +134,10 @@ def lighthouse_reply(segments: list[tuple[int, dict[str, str]]] | None = None) -
 def test_snapshot_without_segments_holds_for_every_step() -> None:
     s = Snapshot.from_reply(lighthouse_reply())
     assert (s.version, s.state_id, s.instance_id, s.kind) == (9, "state", "inst", CACHE)
-    assert s.current == {"lr": "0.1", "名": "値"}
+    assert s.configs == ({"lr": "0.1", "名": "値"},)
     assert s.from_steps == (0,)
-    for step in (None, 0, 1, 10**9):
-        assert s.config_for(step) == s.current
-    assert s.segment(12345) == 0
+    for step in (-1, 0, 1, 10**9):
+        assert s.segment(step) == 0
 
 
 def test_snapshot_segments_pick_the_range_holding_the_step() -> None:
@@ -147,10 +146,9 @@ def test_snapshot_segments_pick_the_range_holding_the_step() -> None:
     )
     assert s.from_steps == (0, 100, 250)
     assert [s.segment(x) for x in (-3, 0, 99, 100, 101, 249, 250, 10**6)] == [0, 0, 0, 1, 1, 1, 2, 2]
-    assert s.config_for(99) == {"lr": "0.1"}
-    assert s.config_for(100) == {"lr": "0.2"}
-    assert s.config_for(300) == {"lr": "0.3"}
-    assert s.config_for(None) == s.current  # no step: the lighthouse's current config
+    assert s.configs[s.segment(99)] == {"lr": "0.1"}
+    assert s.configs[s.segment(100)] == {"lr": "0.2"}
+    assert s.configs[s.segment(300)] == {"lr": "0.3"}
 
 
 def test_snapshot_replies_are_serialized_once_and_correct() -> None:
@@ -162,14 +160,12 @@ def test_snapshot_replies_are_serialized_once_and_correct() -> None:
     assert (msg.version, msg.source, msg.pinned) == (9, CACHE, True)
     unpinned = decode(s.reply(0, False))
     assert dict(unpinned.config_data) == {"lr": "0.1"} and not unpinned.pinned
-    current = decode(s.reply(-1, False))
-    assert dict(current.config_data) == {"lr": "0.1", "名": "値"}
 
 
 def test_fresh_reply_is_labelled_lighthouse() -> None:
     s = Snapshot.from_reply(lighthouse_reply())
-    msg = decode(s.fresh_reply(-1, False))
-    assert (msg.source, msg.version, dict(msg.config_data)) == (LIGHTHOUSE, 9, s.current)
+    msg = decode(s.fresh_reply(0, False))
+    assert (msg.source, msg.version, dict(msg.config_data)) == (LIGHTHOUSE, 9, s.configs[0])
     assert s.fresh_reply(0, True) is not s.fresh_reply(0, True)  # not cached: rare path
     assert decode(s.fresh_reply(0, True)).pinned
 
@@ -179,12 +175,7 @@ def test_stale_view_keeps_content_and_says_stale() -> None:
     stale = s.as_stale()
     assert stale is s.as_stale()
     assert stale.kind == STALE and s.kind == CACHE
-    assert (stale.version, stale.from_steps, stale.configs, stale.current) == (
-        s.version,
-        s.from_steps,
-        s.configs,
-        s.current,
-    )
+    assert (stale.version, stale.from_steps, stale.configs) == (s.version, s.from_steps, s.configs)
     msg = decode(stale.reply(1, True))
     assert (msg.source, msg.version, dict(msg.config_data)) == (STALE, 9, {"lr": "0.2"})
 
@@ -192,7 +183,6 @@ def test_stale_view_keeps_content_and_says_stale() -> None:
 def test_fallback_is_empty_version_zero() -> None:
     fb = Snapshot.fallback()
     assert fb is Snapshot.fallback()
-    assert (fb.version, fb.kind, fb.current) == (0, FALLBACK, {})
-    assert fb.config_for(77) == {}
+    assert (fb.version, fb.kind, fb.configs) == (0, FALLBACK, ({},))
     msg = decode(fb.reply(fb.segment(77), True))
     assert (msg.source, msg.version, dict(msg.config_data), msg.pinned) == (FALLBACK, 0, {}, True)

@@ -381,9 +381,9 @@ def test_pruning_continues_after_a_cancelled_schedule() -> None:
 
 
 def test_switches_and_served_at(store: ConfigStore) -> None:
-    store.record_switches("g0", [(1, 0), (2, 10)])
-    store.record_switches("g1", [(1, 0), (2, 12)])
-    store.record_switches("g1", [(2, 12)])  # duplicates ignored
+    store.record_switches("g0", [(1, 0, -1), (2, 10, 9)])
+    store.record_switches("g1", [(1, 0, -1), (2, 12, 11)])
+    store.record_switches("g1", [(2, 12, 11)])  # duplicates ignored
     store.record_switches("g2", [])
     assert store.served_at(5) == {"g0": 1, "g1": 1}
     assert store.served_at(11) == {"g0": 2, "g1": 1}
@@ -547,3 +547,15 @@ def test_pruning_never_changes_what_any_step_resolves_to(seed: int) -> None:
         for step in (-1, 0, 10, 50, 99, 100, 120, 10**9):
             assert full.resolve(full.head, step) == pruned.resolve(pruned.head, step), (i, step)
     assert len(pruned.history(limit=1000)) <= len(full.history(limit=1000))
+
+
+def test_late_groups_are_those_that_served_steps_past_s_with_an_older_version(store: ConfigStore) -> None:
+    store.commit("put", {"lr": 1}, source="t")
+    scheduled = store.commit("patch", {"lr": 2}, source="t", effective_step=100).version
+    store.record_switches("on-time", [(1, 0, -1), (scheduled, 50, 49)])  # knew before S
+    store.record_switches("late", [(1, 0, -1), (scheduled, 130, 129)])  # served 100..129 without it
+    store.record_switches("jumped", [(1, 0, -1), (scheduled, 150, 19)])  # restored past S: never served old
+    store.record_switches("fresh", [(scheduled, 400, -1)])  # started after S
+    store.advance_step(400)
+    (item,) = store.scheduled()
+    assert item["late_groups"] == [{"replica_id": "late", "switched_at_step": 130, "late_by_steps": 30}]

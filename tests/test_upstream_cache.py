@@ -113,7 +113,7 @@ def test_new_version_is_served_after_expiry() -> None:
     assert cache.get().snapshot.version == 1  # still fresh: the change waits for the TTL
     clock.advance(0.3)
     answer = cache.get()
-    assert answer.snapshot.version == 2 and answer.snapshot.current == {"v": "2"}
+    assert answer.snapshot.version == 2 and answer.snapshot.configs[0] == {"v": "2"}
     assert cache.good is answer.snapshot
 
 
@@ -126,7 +126,7 @@ def test_failure_serves_empty_fallback_without_retrying_per_call() -> None:
     answer = cache.get()
     assert not answer.fetched
     assert answer.snapshot.kind == FALLBACK
-    assert answer.snapshot.version == 0 and answer.snapshot.current == {}
+    assert answer.snapshot.version == 0 and answer.snapshot.configs[0] == {}
     assert cache.failing and cache.failures == 1 and lh.calls == 1
 
     for _ in range(50):
@@ -175,7 +175,7 @@ def test_serve_stale_gives_the_last_good_config_marked_stale() -> None:
     answer = cache.get()
     assert answer.snapshot.kind == STALE
     assert answer.snapshot.version == good.version
-    assert answer.snapshot.current == good.current
+    assert answer.snapshot.configs[0] == good.configs[0]
     assert answer.snapshot.configs == good.configs
     assert cache.good is good  # the stale view does not replace the good snapshot
     assert cache.get().snapshot is answer.snapshot  # same object every call: nothing rebuilt
@@ -196,7 +196,7 @@ def test_without_serve_stale_failure_hides_the_old_config() -> None:
     lh.down = True
     clock.advance(1.5)
     answer = cache.get()
-    assert answer.snapshot.kind == FALLBACK and answer.snapshot.current == {}
+    assert answer.snapshot.kind == FALLBACK and answer.snapshot.configs[0] == {}
     assert cache.good is not None and cache.good.version == 1  # kept for recovery, not served
 
 
