@@ -1,0 +1,98 @@
+"""The worked example ``examples/train_diloco.py`` trains and switches every rank at the scheduled step.
+
+The checks read the per-step lines the example prints, not only its own verdict.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+
+from tests.http_steps import call, wait_healthy
+from tests.procs import ROOT, ProcessPool, _env
+
+EXAMPLE = ROOT / "examples" / "train_diloco.py"
+STEP_LINE = re.compile(
+    r"^group(\d)/r(\d) step\s+(\d+) v(\d+) lr (\S+)\s+loss (\S+)( sync)?( <- lr changed)?$"
+)
+
+
+def run_example(*args: str, timeout: float = 90) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), *args],
+        cwd=ROOT,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def step_lines(out: str) -> dict[tuple[int, int], dict[int, tuple[float, float, bool]]]:
+    """(group, rank) -> step -> (lr, loss, synced)."""
+    ranks: dict[tuple[int, int], dict[int, tuple[float, float, bool]]] = {}
+    for line in out.splitlines():
+        m = STEP_LINE.match(line)
+        if m:
+            g, r, step = int(m[1]), int(m[2]), int(m[3])
+            ranks.setdefault((g, r), {})[step] = (float(m[5]), float(m[6]), bool(m[7]))
+    return ranks
+
+
+def check_drop(out: str, steps: int, drop_at: int, old: float, new: float, verdict: bool = True) -> None:
+    ranks = step_lines(out)
+    assert sorted(ranks) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for key, seen in ranks.items():
+        assert sorted(seen) == list(range(steps)), key
+        assert all(seen[s][0] == (old if s < drop_at else new) for s in seen), (key, seen)
+        # sync_every=10: the group averages after steps 9, 19, ...
+        assert [s for s in seen if seen[s][2]] == list(range(9, steps, 10)), key
+        # It trains: the loss fell by far from the first step to the last.
+        assert seen[steps - 1][1] < seen[0][1] / 10, (key, seen[0], seen[steps - 1])
+    # The two ranks of a group used the same lr at every step.
+    for g in (0, 1):
+        assert all(ranks[(g, 0)][s][0] == ranks[(g, 1)][s][0] for s in range(steps))
+    # The log shows each rank's switch: four "lr changed" lines, all at the scheduled step.
+    switches = [m for m in map(STEP_LINE.match, out.splitlines()) if m and m[8]]
+    assert sorted((int(m[1]), int(m[2]), int(m[3])) for m in switches) == [
+        (g, r, drop_at) for g in (0, 1) for r in (0, 1)
+    ]
+    if verdict:
+        assert f"verify: all 4 ranks switched lr {old:g} -> {new:g} at step {drop_at}: OK" in out
+
+
+def test_example_drops_lr_at_the_scheduled_step_in_every_rank() -> None:
+    out = run_example("--steps", "60", "--schedule-lr-drop-at", "30")
+    backend = re.search(r"^backend: (torch|numpy) ", out, re.MULTILINE)
+    assert backend is not None, out[-2000:]
+    # PyTorch when it is installed, NumPy otherwise.
+    assert backend[1] == ("torch" if importlib.util.find_spec("torch") is not None else "numpy")
+    check_drop(out, 60, 30, 0.05, 0.005)
+
+
+def test_example_numpy_path_with_a_drop_scheduled_from_the_cli(procs: ProcessPool) -> None:
+    """The README's flow: a running lighthouse, the drop scheduled by ``lighthouse config set --at-step``."""
+    lh = procs.lighthouse({"lr": 0.05, "sync_every": 10})
+    wait_healthy(lh.url)
+    cli = subprocess.run(
+        [sys.executable, "-m", "lighthouse", "config", "set", "lr=0.005", "--at-step", "25", "--url", lh.url],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert cli.returncode == 0, cli.stderr
+    out = run_example("--steps", "40", "--backend", "numpy", "--lighthouse", lh.address)
+    assert re.search(r"^backend: numpy ", out, re.MULTILINE), out[-2000:]
+    check_drop(out, 40, 25, 0.05, 0.005, verdict=False)
+    assert "all 4 ranks changed lr at the same steps: yes" in out
+    pending = [
+        s for s in call(lh.url, "GET", "/api/config/scheduled")["scheduled"] if s["status"] != "in_effect"
+    ]
+    assert pending == []

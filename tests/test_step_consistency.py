@@ -1,0 +1,441 @@
+"""Step consistency end to end: real lighthouse, managers and worker processes.
+
+* every rank of a group gets the same config for a step while the config churns;
+* a change scheduled at step S switches every group at S; a group that learns of
+  it after passing S switches at once and is reported late; a cancelled change
+  is never seen;
+* the pinning window keeps memory bounded and answers older steps unpinned;
+* ``GET /api/config/at-step/N`` replays what each group's workers saw.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import tracemalloc
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from lighthouse.values import encode_config
+from manager.pinning import StepPins
+from manager.snapshot import Snapshot
+from protos import lighthouse_config_pb2 as pb
+from tests.http_steps import (
+    HttpStatusError,
+    at_step,
+    call,
+    change,
+    scheduled,
+    wait_healthy,
+    wait_managers_serve,
+)
+from tests.procs import Proc, ProcessPool, poll, spawn_worker, wait_ready, worker_records
+
+Record = dict[str, Any]
+
+
+# ----------------------------------------------------------------- helpers
+def by_group_step(records: Iterable[Record]) -> dict[tuple[str, int], list[Record]]:
+    out: dict[tuple[str, int], list[Record]] = defaultdict(list)
+    for rec in records:
+        out[(rec["group"], rec["step"])].append(rec)
+    return out
+
+
+def assert_ranks_agree(records: list[Record], ranks: int) -> None:
+    """For every (group, step): all ``ranks`` ranks answered, with one version and one content."""
+    assert records, "no records"
+    for (group, step), recs in sorted(by_group_step(records).items()):
+        assert sorted(r["rank"] for r in recs) == list(range(ranks)), (group, step)
+        seen = {(r["version"], tuple(sorted(r["config"].items()))) for r in recs}
+        assert len(seen) == 1, f"group {group} step {step}: ranks disagree: {seen}"
+
+
+def assert_served_normally(records: list[Record]) -> None:
+    bad = [r for r in records if r["source"] not in ("cache", "lighthouse") or not r["pinned"]]
+    assert not bad, f"{len(bad)} records unpinned or not from the lighthouse, e.g. {bad[:2]}"
+
+
+def per_step(records: list[Record], group: str) -> dict[int, Record]:
+    """One record per step of ``group`` (rank 0's; ranks agree, checked separately)."""
+    return {r["step"]: r for r in records if r["group"] == group and r["rank"] == 0}
+
+
+def steps_seen(procs: list[Proc]) -> int:
+    """The highest step any of these workers has printed so far."""
+    steps = [json.loads(line)["step"] for p in procs for line in p.lines() if line.startswith("{")]
+    return max(steps, default=-1)
+
+
+def check_replay(base: str, records: list[Record], groups: list[str]) -> int:
+    """``at-step`` answers, per group, the version and content its workers saw; returns steps checked."""
+    last = {g: max(per_step(records, g)) for g in groups}
+    final = {g: per_step(records, g)[last[g]]["version"] for g in groups}
+
+    def switches_reported() -> bool:
+        # Switches reach the lighthouse with the managers' next fetch or heartbeat.
+        return all(at_step(base, last[g])["groups"].get(g, {}).get("version") == final[g] for g in groups)
+
+    poll(switches_reported, 15, interval=0.1, what="the managers' switches reported to the lighthouse")
+    checked = 0
+    for group in groups:
+        seen = per_step(records, group)
+        for step in sorted(seen):
+            answer = at_step(base, step)
+            assert answer["step"] == step
+            replay = answer["groups"].get(group)
+            assert replay is not None, f"at-step {step} does not know group {group}: {answer}"
+            rec = seen[step]
+            assert replay["version"] == rec["version"], f"{group} step {step}: {replay} vs {rec}"
+            assert replay["config"] is not None, f"{group} step {step}: version pruned"
+            assert encode_config(replay["config"]) == rec["config"], f"{group} step {step}: {replay} vs {rec}"
+            checked += 1
+    return checked
+
+
+class Churn:
+    """A thread PATCHing the config every few milliseconds until stopped."""
+
+    def __init__(self, base: str, interval: float = 0.004) -> None:
+        self.base = base
+        self.interval = interval
+        self.versions: list[int] = []
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        tick = 0
+        while not self._stop.wait(self.interval):
+            tick += 1
+            try:
+                self.versions.append(change(self.base, "PATCH", {"tick": tick, "lr": 0.1 + tick / 1000}))
+            except BaseException as exc:  # reported by stop()
+                self.errors.append(exc)
+                return
+
+    def __enter__(self) -> Churn:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def check(self) -> None:
+        assert not self.errors, f"PATCH loop failed: {self.errors[0]!r}"
+
+
+# ----------------------------------------------------------------- (1) churn
+def test_every_rank_of_a_group_gets_the_same_config_per_step_under_churn(procs: ProcessPool) -> None:
+    groups, ranks, steps = ["g0", "g1"], 4, 200
+    lh = procs.lighthouse({"lr": 0.1, "tick": 0})
+    wait_healthy(lh.url)
+    # A short TTL: the managers refetch many times while the ranks of a group are at the same step. A long
+    # upstream deadline: a lighthouse busy with a write every few ms may answer late, not an empty config.
+    managers = {g: procs.manager(lh.address, g, cache_ttl=0.02, lighthouse_timeout=5.0) for g in groups}
+    with Churn(lh.url) as churn:
+        poll(lambda: len(churn.versions) >= 3, 10, what="the PATCH loop to start")
+        workers = [
+            spawn_worker(procs, managers[g].address, group=g, rank=r, steps=steps, step_interval=0.004)
+            for g in groups
+            for r in range(ranks)
+        ]
+        wait_ready(workers)
+        records = [rec for w in workers for rec in worker_records(w)]
+    churn.check()
+
+    assert len(records) == len(groups) * ranks * steps
+    assert_served_normally(records)
+    assert_ranks_agree(records, ranks)
+    # The churn reached the workers: each group went through many versions during its run.
+    for group in groups:
+        versions = {r["version"] for r in records if r["group"] == group}
+        assert len(versions) >= 10, f"{group} saw only versions {sorted(versions)}: no churn to survive"
+    # The content is the version's content: tick and lr moved together.
+    for rec in records:
+        tick = int(rec["config"]["tick"])
+        assert rec["config"]["lr"] == ("0.1" if tick == 0 else encode_config({"x": 0.1 + tick / 1000})["x"])
+
+
+# ------------------------------------------------------- (2) scheduled changes
+def test_scheduled_change_switches_every_group_at_its_step_and_reports_late_groups(
+    procs: ProcessPool,
+) -> None:
+    ranks, steps = 4, 300
+    lh = procs.lighthouse({"lr": 0.1, "sync_every": 10})
+    wait_healthy(lh.url)
+    m_a = procs.manager(lh.address, "gA", cache_ttl=0.1)
+    m_b = procs.manager(lh.address, "gB", cache_ttl=0.1)
+    # gB's workers run far ahead of gA's (steps 10000+): a change scheduled at a step ahead of gA is
+    # already behind gB, which can only switch late.
+    a_workers = [
+        spawn_worker(procs, m_a.address, group="gA", rank=r, steps=steps, step_interval=0.01, timeout=30)
+        for r in range(ranks)
+    ]
+    b_workers = [
+        spawn_worker(
+            procs,
+            m_b.address,
+            group="gB",
+            rank=r,
+            steps=steps,
+            step_interval=0.01,
+            timeout=30,
+            first_step=10_000,
+        )
+        for r in range(ranks)
+    ]
+    everyone = a_workers + b_workers
+    wait_ready(everyone)
+    poll(lambda: steps_seen(a_workers) >= 20 and steps_seen(b_workers) >= 10_020, 20, what="workers running")
+
+    # Pause the workers (not the managers) while scheduling, so that "ahead of gA" is a fact, not a race.
+    for w in everyone:
+        w.signal(signal.SIGSTOP)
+    try:
+        a_at, b_at = steps_seen(a_workers), steps_seen(b_workers)
+        drop_at = a_at + 60  # ahead of gA by far more than a worker can have in flight
+        assert drop_at < steps - 40, f"gA's workers ran too far ({a_at}) before they were paused"
+        v_drop = change(lh.url, "PATCH", {"lr": 0.01}, effective_step=drop_at)
+        # A change scheduled ahead of everyone, then cancelled: no worker may ever see it.
+        cancel_at = b_at + 60
+        v_cancelled = change(lh.url, "PATCH", {"lr": 999, "marker": "cancelled"}, effective_step=cancel_at)
+        call(lh.url, "DELETE", f"/api/config/scheduled/{v_cancelled}")
+        # An unrelated immediate edit made before drop_at must not undo the scheduled lr.
+        v_note = change(lh.url, "PATCH", {"note": "unrelated"})
+        head = call(lh.url, "GET", "/api/config")["version"]
+        assert head == v_note > v_cancelled + 1 > v_drop + 1  # the cancel is a version too
+        wait_managers_serve(lh.url, ["gA", "gB"], head)
+    finally:
+        for w in everyone:
+            w.signal(signal.SIGCONT)
+    records = [rec for w in everyone for rec in worker_records(w)]
+
+    assert_served_normally(records)
+    assert_ranks_agree(records, ranks)
+    a, b = per_step(records, "gA"), per_step(records, "gB")
+
+    # gA learned of the change before reaching it: old value for steps < S, new one from S on.
+    assert {a[s]["config"]["lr"] for s in a if s < drop_at} == {"0.1"}
+    assert {a[s]["config"]["lr"] for s in a if s >= drop_at} == {"0.01"}
+    # ... served by the versions that also carry the later unrelated edit, which did not undo it.
+    assert all(a[s]["version"] >= v_note and a[s]["config"]["note"] == "unrelated" for s in a if s >= drop_at)
+
+    # gB was past S when the change was made: it switched at once, at the first step it pinned after.
+    switched_at = min(s for s in b if b[s]["config"]["lr"] == "0.01")
+    assert switched_at > drop_at
+    assert {b[s]["config"]["lr"] for s in b if s < switched_at} == {"0.1"}
+    assert {b[s]["config"]["lr"] for s in b if s >= switched_at} == {"0.01"}
+    assert switched_at <= b_at + 3, f"gB switched at {switched_at}, long after it resumed from {b_at}"
+
+    # The cancelled change was never served, though gB ran past its step.
+    assert max(b) >= cancel_at
+    assert not [r for r in records if r["config"].get("marker") or r["config"]["lr"] == "999"]
+
+    # The lighthouse reports gB (and only gB) late, with the step it switched at.
+    def late_reported() -> list[dict[str, Any]] | None:
+        return scheduled(lh.url)[v_drop]["late_groups"] or None
+
+    late = poll(late_reported, 15, interval=0.1, what="gB reported late")
+    assert late == [
+        {"replica_id": "gB", "switched_at_step": switched_at, "late_by_steps": switched_at - drop_at}
+    ]
+    listing = scheduled(lh.url)
+    assert listing[v_drop]["status"] == "in_effect"
+    assert listing[v_drop]["effective_step"] == drop_at
+    assert listing[v_cancelled]["status"] == "cancelled"
+    assert listing[v_cancelled]["late_groups"] == []
+    # A cancelled change cannot be cancelled again.
+    try:
+        call(lh.url, "DELETE", f"/api/config/scheduled/{v_cancelled}")
+    except HttpStatusError as exc:
+        assert exc.status == 409, exc
+    else:
+        raise AssertionError("cancelling a cancelled change twice was accepted")
+
+    # Replay: what each group saw, including gB's late steps.
+    assert check_replay(lh.url, records, ["gA", "gB"]) == 2 * steps
+
+
+def test_cancelled_change_pending_for_every_group_is_never_served(procs: ProcessPool) -> None:
+    lh = procs.lighthouse({"lr": 0.1})
+    wait_healthy(lh.url)
+    managers = {g: procs.manager(lh.address, g, cache_ttl=0.1) for g in ("g0", "g1")}
+    keep = change(lh.url, "PATCH", {"lr": 0.05}, effective_step=40)
+    dropped = change(lh.url, "PUT", {"lr": 7, "marker": "cancelled"}, effective_step=80)
+    assert scheduled(lh.url)[dropped]["status"] == "pending"
+    call(lh.url, "DELETE", f"/api/config/scheduled/{dropped}")
+    workers = [
+        spawn_worker(procs, m.address, group=g, rank=r, steps=120, step_interval=0.002)
+        for g, m in managers.items()
+        for r in range(2)
+    ]
+    wait_ready(workers)
+    records = [rec for w in workers for rec in worker_records(w)]
+    assert_served_normally(records)
+    assert_ranks_agree(records, 2)
+    for rec in records:
+        assert rec["config"] == {"lr": "0.1" if rec["step"] < 40 else "0.05"}, rec
+    listing = scheduled(lh.url)
+    assert listing[keep]["status"] == "in_effect" and listing[keep]["late_groups"] == []
+    assert listing[dropped]["status"] == "cancelled"
+
+
+# ------------------------------------------------------------ (3) the window
+def _snapshot(version: int) -> Snapshot:
+    reply = pb.LighthouseConfigResponse(
+        config_data={"lr": str(version), "pad": "x" * 200}, version=version, instance_id="i", state_id="s"
+    )
+    return Snapshot.from_reply(reply)
+
+
+def test_step_pins_memory_stays_bounded_over_100k_steps() -> None:
+    window = 64
+    pins = StepPins(window)
+    snapshots = [_snapshot(v) for v in range(1, 6)]
+    total = 100_000
+    tracemalloc.start()
+    try:
+        baseline = 0
+        for step in range(total):
+            snap = snapshots[(step // 500) % len(snapshots)]
+            reply = snap.reply(0, True)
+            # Four ranks ask for each step; the leader pins, the others get the same bytes.
+            assert pins.pin(step, snap, reply) is reply
+            other = snapshots[(step // 500 + 1) % len(snapshots)]
+            for _rank in range(3):
+                assert pins.pin(step, other, other.reply(0, True)) is reply
+            # A lagging rank asks for an older step still in the window: the pinned answer.
+            if step >= window:
+                assert pins.get(step - window) is not None
+            assert len(pins) <= 2 * window
+            if step % 1000 == 999:  # the manager reports its switches about once per second
+                pins.ack_switches(pins.take_switches())
+            if step == 10_000:
+                baseline = tracemalloc.get_traced_memory()[0]
+        growth = tracemalloc.get_traced_memory()[0] - baseline
+    finally:
+        tracemalloc.stop()
+    assert growth < 64 * 1024, f"pinning state grew by {growth} bytes over {total - 10_000} steps"
+    assert pins.max_step == total - 1
+    assert pins.get(0) is None and pins.outside_window(total - 2 - window)
+    assert all(pins.get(s) is not None for s in range(total - 1 - window, total))
+
+
+def test_unacked_switches_stay_bounded_when_the_lighthouse_is_away() -> None:
+    pins = StepPins(16)
+    snapshots = [_snapshot(1), _snapshot(2)]
+    for step in range(20_000):  # a new version at every step, never reported
+        snap = snapshots[step % 2]
+        pins.pin(step, snap, snap.reply(0, True))
+    switches = pins.take_switches()
+    assert 0 < len(switches) <= 1000
+    assert switches[-1] == (2, 19_999, 19_998)  # the newest ones are kept
+    assert len(pins) <= 32
+
+
+def test_step_older_than_the_window_is_answered_unpinned(procs: ProcessPool) -> None:
+    lh = procs.lighthouse({"lr": 0.1})
+    wait_healthy(lh.url)
+    m = procs.manager(lh.address, "g0", cache_ttl=0.05, extra=["--step-window", "64"])
+    first = worker_records(procs.worker(m.address, group="g0", rank=0, steps=200))
+    assert all(r["pinned"] and r["config"] == {"lr": "0.1"} for r in first)
+    v_new = change(lh.url, "PATCH", {"lr": 0.2})
+    wait_managers_serve(lh.url, ["g0"], v_new)
+
+    # Step 180 is within 64 steps of the newest (199): the snapshot pinned for it, though the config changed.
+    inside = worker_records(procs.worker(m.address, group="g0", rank=1, first_step=180, steps=1))
+    assert [(r["pinned"], r["version"], r["config"]) for r in inside] == [
+        (True, first[180]["version"], {"lr": "0.1"})
+    ]
+    # Step 10 is far older: its pin was dropped, and it is answered from the current snapshot, unpinned.
+    outside = worker_records(procs.worker(m.address, group="g0", rank=1, first_step=10, steps=1))
+    assert [(r["pinned"], r["version"], r["config"]) for r in outside] == [(False, v_new, {"lr": "0.2"})]
+
+
+# ------------------------------------------------------------ (4) replay
+def test_at_step_replay_matches_what_workers_saw(procs: ProcessPool) -> None:
+    groups, ranks, steps = ["g0", "g1"], 2, 150
+    lh = procs.lighthouse({"lr": 0.1, "tick": 0})
+    wait_healthy(lh.url)
+    managers = {g: procs.manager(lh.address, g, cache_ttl=0.02, lighthouse_timeout=5.0) for g in groups}
+    v_sched = change(lh.url, "PATCH", {"lr": 0.5, "phase": "two"}, effective_step=100)
+    with Churn(lh.url, interval=0.01) as churn:
+        workers = [
+            spawn_worker(procs, managers[g].address, group=g, rank=r, steps=steps, step_interval=0.004)
+            for g in groups
+            for r in range(ranks)
+        ]
+        wait_ready(workers)
+        records = [rec for w in workers for rec in worker_records(w)]
+    churn.check()
+    assert_served_normally(records)
+    assert_ranks_agree(records, ranks)
+    for group in groups:
+        seen = per_step(records, group)
+        assert len({r["version"] for r in seen.values()}) >= 5, f"{group}: too little churn to replay"
+        assert all(("phase" in seen[s]["config"]) == (s >= 100) for s in seen), group
+    assert check_replay(lh.url, records, groups) == len(groups) * steps
+    # The top-level answer resolves the head version for the step (scheduled change included from 100).
+    assert at_step(lh.url, 99)["config"].get("phase") is None
+    assert at_step(lh.url, 100)["config"]["phase"] == "two"
+    assert scheduled(lh.url)[v_sched]["late_groups"] == []
+
+
+# ------------------------------------------------- edge cases of scheduling
+def test_change_scheduled_at_step_0_before_the_job_started_is_served_from_step_0(procs: ProcessPool) -> None:
+    """A change scheduled at step 0 before any manager reported a step holds for every step."""
+    lh = procs.lighthouse({"lr": 0.1})
+    wait_healthy(lh.url)
+    v = change(lh.url, "PATCH", {"lr": 0.5}, effective_step=0)
+    m = procs.manager(lh.address, "g0", cache_ttl=0.05)
+    records = worker_records(procs.worker(m.address, group="g0", rank=0, steps=20))
+    assert call(lh.url, "GET", "/api/config")["config"] == {"lr": 0.5}
+    assert at_step(lh.url, 5)["config"] == {"lr": 0.5}
+    # What the workers got must be what the lighthouse says is live and what replay answers.
+    assert [(r["version"], r["config"]) for r in records] == [(v, {"lr": "0.5"})] * 20
+
+
+def test_calls_without_a_step_follow_the_live_config_once_the_job_passes_a_scheduled_step(
+    procs: ProcessPool,
+) -> None:
+    """After the job passes S, a call without a step gets the config live at the job's step (within TTLs)."""
+    lh = procs.lighthouse({"lr": 0.1})
+    wait_healthy(lh.url)
+    m = procs.manager(lh.address, "g0", cache_ttl=0.05)
+    change(lh.url, "PATCH", {"lr": 0.5}, effective_step=50)
+    stepped = worker_records(procs.worker(m.address, group="g0", rank=0, steps=100))
+    assert [r["config"]["lr"] for r in stepped] == ["0.1"] * 50 + ["0.5"] * 50
+    poll(lambda: call(lh.url, "GET", "/api/config")["current_step"] >= 99, 10, what="the job's step reported")
+    assert call(lh.url, "GET", "/api/config")["config"] == {"lr": 0.5}
+    # 40 calls 50 ms apart: 40 cache TTLs for the manager to pick up the live config.
+    plain = worker_records(
+        procs.worker(m.address, group="g0", rank=1, steps=40, step_interval=0.05, no_step=True)
+    )
+    assert plain[-1]["config"] == {"lr": "0.5"}, plain[-1]
+
+
+def test_a_group_that_skips_past_the_step_without_serving_it_is_not_reported_late(
+    procs: ProcessPool,
+) -> None:
+    """Late means "served steps >= S without the change"; a group that jumps over S (e.g. heals from a
+    checkpoint of a later step) after learning of the change served none of them."""
+    lh = procs.lighthouse({"lr": 0.1})
+    wait_healthy(lh.url)
+    m = procs.manager(lh.address, "gJ", cache_ttl=0.05)
+    before = worker_records(procs.worker(m.address, group="gJ", rank=0, steps=20))
+    assert {r["config"]["lr"] for r in before} == {"0.1"}
+    poll(lambda: call(lh.url, "GET", "/api/config")["current_step"] >= 19, 10, what="the job's step reported")
+    v = change(lh.url, "PATCH", {"lr": 0.5}, effective_step=100)
+    wait_managers_serve(lh.url, ["gJ"], v)
+    after = worker_records(procs.worker(m.address, group="gJ", rank=0, first_step=150, steps=10))
+    assert {r["config"]["lr"] for r in after} == {"0.5"}
+    poll(
+        lambda: at_step(lh.url, 159)["groups"].get("gJ", {}).get("version") == v,
+        10,
+        what="gJ's switch reported",
+    )
+    assert scheduled(lh.url)[v]["late_groups"] == []
