@@ -36,68 +36,89 @@ class ConfigUnavailable(RuntimeError):
     """Raised by strict calls when the manager did not answer within the deadline."""
 
 
-def _to_config(reply: pb.ManagerConfigResponse, step: int | None) -> Config:
-    return Config(
-        dict(reply.config_data), version=reply.version, source=reply.source, step=step, pinned=reply.pinned
-    )
+class _Decoder:
+    """Turns reply bytes into a ``Config``, reusing the last decoded dict when the bytes repeat.
+
+    Consecutive steps usually get byte-identical replies (same version, pinned),
+    so the common case costs a bytes comparison and a dict copy, not a parse.
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[bytes, dict[str, str], int, str, bool] | None = None
+
+    def __call__(self, raw: bytes, step: int | None) -> Config:
+        last = self._last
+        if last is None or last[0] != raw:
+            reply = _Response.FromString(raw)
+            last = self._last = (raw, dict(reply.config_data), reply.version, reply.source, reply.pinned)
+        _, data, version, source, pinned = last
+        return Config(data, version=version, source=source, step=step, pinned=pinned)
 
 
 class _Prefetcher:
     """Fetches the worker's next step in the background so the step's own call is a dict read.
 
-    The step's path only reads and writes plain attributes: no lock, no thread
-    wake-up, no system call. A daemon thread polls (at a fraction of the
-    observed step time) for the step the worker consumed, then asks the manager
-    for the next one, which is pinned and answered exactly as a direct call.
+    The step's path only pops from a dict and writes an attribute: no lock, no
+    thread wake-up, no system call. A daemon thread notices the step the worker
+    took (polling at an eighth of the step time, backing off while the worker
+    pauses) and asks the manager for the next one, which is pinned and answered
+    exactly like a direct call; when the worker is already waiting for a step,
+    its reply starts the next fetch at once. Only one step ahead: a change
+    still reaches the worker within one extra step.
     """
 
-    MIN_POLL = 0.0005
+    MIN_POLL = 0.0002
     MAX_POLL = 0.05
 
     def __init__(self, client: ManagerClient) -> None:
         self._client = weakref.ref(client)
         self.consumed: int | None = None  # last step the worker asked for (written by the worker)
-        self.stride = 1
         self.ready: dict[int, Config] = {}  # step -> config (written by gRPC callbacks)
         self.in_flight: dict[int, grpc.Future] = {}
-        self._poll = self.MAX_POLL
+        self._stride = 1
+        self._step_time: float | None = None  # moving average of the worker's step time
+        self._last_change = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="config-prefetch", daemon=True)
         self._thread.start()
 
-    def take(self, step: int) -> Config | None:
-        """The prefetched config for ``step``, if it arrived (worker thread; no blocking)."""
-        previous = self.consumed
-        if previous is not None and step > previous:
-            self.stride = step - previous
-        self.consumed = step
-        return self.ready.pop(step, None)
-
-    def future(self, step: int) -> grpc.Future | None:
-        return self.in_flight.get(step)
-
     def _run(self) -> None:
         last_seen: int | None = None
-        last_change = time.monotonic()
-        while not self._stop.wait(self._poll):
+        wait = 0.01
+        while not self._stop.wait(wait):
             client = self._client()
             if client is None:
                 return
             consumed = self.consumed
-            if consumed is None:
-                continue
-            if consumed != last_seen:
-                now = time.monotonic()
-                # Poll at about a quarter of the step time: prompt, yet idle between steps.
-                self._poll = min(self.MAX_POLL, max(self.MIN_POLL, (now - last_change) / 4))
-                last_seen, last_change = consumed, now
-                for stale in [s for s in self.ready if s <= consumed]:
-                    self.ready.pop(stale, None)
-            target = consumed + self.stride
-            if target in self.ready or target in self.in_flight:
-                continue
-            self._start(client, target)
+            now = time.monotonic()
+            if consumed is not None and consumed != last_seen:
+                self._observe(last_seen, consumed, now)
+                last_seen = consumed
+                target = consumed + self._stride
+                if target not in self.ready and target not in self.in_flight:
+                    self._start(client, target)
             del client
+            wait = self._next_wait(now)
+
+    def _observe(self, previous: int | None, consumed: int, now: float) -> None:
+        if previous is not None and consumed > previous:
+            self._stride = consumed - previous
+            interval = now - self._last_change
+            self._step_time = interval if self._step_time is None else 0.8 * self._step_time + 0.2 * interval
+        self._last_change = now
+        for stale in [s for s in self.ready if s <= consumed]:
+            self.ready.pop(stale, None)
+
+    def _next_wait(self, now: float) -> float:
+        step_time = self._step_time
+        if step_time is None:
+            return 0.01
+        since = now - self._last_change
+        if since > 3 * step_time:
+            return min(self.MAX_POLL, max(self.MIN_POLL, since / 4))  # the worker paused: back off
+        return min(self.MAX_POLL, max(self.MIN_POLL, step_time / 8))
 
     def _start(self, client: ManagerClient, step: int) -> None:
         try:
@@ -107,12 +128,20 @@ class _Prefetcher:
         except Exception:  # channel closed or the like: the direct path reports it
             return
         self.in_flight[step] = fut
+        decode = client._decode
 
         def done(f: grpc.Future, step: int = step) -> None:
             self.in_flight.pop(step, None)
             if f.cancelled() or f.exception() is not None:
                 return
-            self.ready[step] = _to_config(f.result(), step)
+            self.ready[step] = decode(f.result(), step)
+            consumed = self.consumed
+            if consumed is not None and consumed >= step and not self._stop.is_set():
+                # The worker is already at this step (it waited for this reply): go on at once.
+                client = self._client()
+                target = consumed + self._stride
+                if client is not None and target not in self.ready and target not in self.in_flight:
+                    self._start(client, target)
 
         fut.add_done_callback(done)
 
@@ -147,8 +176,9 @@ class ManagerClient:
         self._call = self._channel.unary_unary(
             MANAGER_GET_CONFIG,
             request_serializer=_Request.SerializeToString,
-            response_deserializer=_Response.FromString,
+            response_deserializer=None,  # raw bytes: _Decoder skips the parse when they repeat
         )
+        self._decode = _Decoder()
         self._outage_logged = False
         self._forked = False
         _live_clients.add(self)
@@ -158,32 +188,33 @@ class ManagerClient:
         self, step: int | None = None, timeout: timedelta | float | None = None, strict: bool | None = None
     ) -> Config:
         """The config for ``step`` (pinned: every rank of the group gets the same for a step)."""
+        prefetch = self._prefetch
+        if prefetch is not None and step is not None and not self._forked:
+            ready = prefetch.ready.pop(step, None)  # with prefetch, usually the step's whole cost
+            prefetch.consumed = step
+            if ready is not None:
+                return ready
         strict = self.strict if strict is None else strict
         if self._forked:
             return self._unavailable(
                 "this ManagerClient was created before fork(); create one in the child", strict
             )
-        prefetch = self._prefetch
-        if prefetch is not None and step is not None:
-            ready = prefetch.take(step)
-            if ready is not None:
-                return ready
         deadline = seconds(timeout, self.timeout)
         try:
-            future = prefetch.future(step) if prefetch is not None and step is not None else None
-            if future is not None:
-                reply = future.result(timeout=deadline)
+            future = prefetch.in_flight.get(step) if prefetch is not None and step is not None else None
+            if future is not None:  # the prefetch of this very step is on its way: wait for it
+                raw = future.result(timeout=deadline)
             else:
                 request = _Request(group_rank=self.group_rank)
                 if step is not None:
                     request.step = step
-                reply = self._call(request, timeout=deadline)
+                raw = self._call(request, timeout=deadline)
         except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError) as exc:
             return self._unavailable(_describe(exc), strict)
         if self._outage_logged:
             logger.info("config manager %s reachable again", self.addr)
             self._outage_logged = False
-        return _to_config(reply, step)
+        return self._decode(raw, step)
 
     def _unavailable(self, why: str, strict: bool) -> Config:
         if strict:
