@@ -1,0 +1,132 @@
+"""ManagerClient(prefetch=True): the next step is fetched in the background, yet every answer is
+the group's pinned snapshot for exactly the step asked for, within the same deadlines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+from tests.procs import ROOT, ProcessPool, worker_records
+from worker_client import ManagerClient
+
+
+def patch(url: str, body: dict[str, object]) -> None:
+    req = urllib.request.Request(
+        url + "api/config", json.dumps(body).encode(), {"Content-Type": "application/json"}, method="PATCH"
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=10) as reply:
+        assert reply.status == 200
+
+
+def test_prefetched_answers_are_the_pinned_snapshot_of_their_own_step(procs: ProcessPool) -> None:
+    lh = procs.lighthouse({"lr": 0})
+    manager = procs.manager(lh.address, "g", cache_ttl=0.05)
+    stop = threading.Event()
+
+    def churn() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            patch(lh.url, {"lr": i})
+            time.sleep(0.005)
+
+    changer = threading.Thread(target=churn, daemon=True)
+    changer.start()
+    direct = procs.worker(manager.address, group="g", rank=1, steps=150, step_interval=0.01)
+    seen = {}
+    prefetched = 0
+    try:
+        with ManagerClient(manager.address, timeout=5, prefetch=True) as client:
+            for step in range(150):
+                time.sleep(0.01)
+                prefetched += step in client._prefetch.ready  # type: ignore[union-attr]
+                cfg = client.get_config(step=step)
+                assert (cfg.step, cfg.pinned) == (step, True)
+                seen[step] = (cfg.version, dict(cfg))
+    finally:
+        stop.set()
+        changer.join()
+    others = {r["step"]: (r["version"], r["config"]) for r in worker_records(direct)}
+    for step, answer in seen.items():
+        assert others[step] == answer, f"step {step}: prefetched {answer}, direct rank got {others[step]}"
+    assert len({v for v, _ in seen.values()}) > 5, "the config did not change during the run"
+    assert prefetched > 0, "no step was ever answered from the prefetch"
+
+
+def test_prefetch_client_is_safe_with_threads(procs: ProcessPool) -> None:
+    lh = procs.lighthouse({"lr": 0.1})
+    manager = procs.manager(lh.address, "g")
+    errors: list[str] = []
+    with ManagerClient(manager.address, timeout=5, prefetch=True) as client:
+
+        def run(offset: int) -> None:
+            for step in range(offset, offset + 200):
+                cfg = client.get_config(step=step)
+                if cfg.step != step or cfg != {"lr": "0.1"} or cfg.source == "fallback":
+                    errors.append(f"step {step}: {cfg!r} for step {cfg.step}")
+
+        threads = [threading.Thread(target=run, args=(i * 1000,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    assert errors == []
+
+
+def test_prefetch_keeps_the_deadline_when_the_manager_hangs(procs: ProcessPool) -> None:
+    import signal
+
+    lh = procs.lighthouse({"lr": 0.1})
+    manager = procs.manager(lh.address, "g")
+    with ManagerClient(manager.address, timeout=0.5, prefetch=True) as client:
+        for step in range(20):
+            assert client.get_config(step=step).source != "fallback"
+            time.sleep(0.005)
+        manager.signal(signal.SIGSTOP)
+        try:
+            client.get_config(step=20)  # may have been prefetched before the manager froze
+            for step in range(21, 26):
+                started = time.monotonic()
+                cfg = client.get_config(step=step)
+                assert time.monotonic() - started < 0.5 + 0.5
+                assert cfg.source == "fallback" and cfg == {}
+        finally:
+            manager.signal(signal.SIGCONT)
+
+
+FORK_SCRIPT = """
+import os, sys, time
+from worker_client import ManagerClient
+client = ManagerClient(sys.argv[1], timeout=2, prefetch=True)
+assert client.get_config(step=0).source != "fallback"
+pid = os.fork()
+if pid == 0:
+    started = time.monotonic()
+    cfg = client.get_config(step=1)
+    print(cfg.source, round(time.monotonic() - started, 3), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent", client.get_config(step=2).source, flush=True)
+"""
+
+
+def test_a_client_inherited_through_fork_answers_the_fallback_instead_of_hanging(procs: ProcessPool) -> None:
+    lh = procs.lighthouse({"lr": 0.1})
+    manager = procs.manager(lh.address, "g")
+    out = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT, manager.address],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    lines = out.stdout.split("\n")
+    child_source, child_elapsed = lines[0].split()
+    assert child_source == "fallback" and float(child_elapsed) < 0.5
+    assert "created before fork()" in out.stderr
+    assert lines[1] in ("parent cache", "parent lighthouse")
