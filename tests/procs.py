@@ -141,7 +141,15 @@ class ProcessPool:
         self.procs: list[Proc] = []
         self._count = 0
 
-    def spawn(self, args: Sequence[str], name: str, cls: type[Proc] = Proc, **kw: Any) -> Any:
+    def spawn(
+        self,
+        args: Sequence[str],
+        name: str,
+        cls: type[Proc] = Proc,
+        env: dict[str, str] | None = None,
+        **kw: Any,
+    ) -> Any:
+        """Start ``args`` (stdout collected, stderr to a file); ``env`` adds variables."""
         self._count += 1
         stderr_path = self.tmp_path / f"{name}-{self._count}.stderr"
         with stderr_path.open("w") as stderr:
@@ -151,7 +159,7 @@ class ProcessPool:
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,
-                env=_env(),
+                env={**_env(), **(env or {})},
                 cwd=str(ROOT),
             )
         proc = cls(list(args), popen, name, stderr_path=stderr_path, **kw)
@@ -268,27 +276,6 @@ def wait_ready(workers: Sequence[Proc]) -> None:
 
 
 # ------------------------------------------------------------------------ helpers added for the e2e suites
-
-
-def spawn_with_env(
-    pool: ProcessPool, args: Sequence[str], name: str, env: dict[str, str], cls: type[Proc] = Proc
-) -> Any:
-    """Like ``ProcessPool.spawn`` but with extra environment variables (e.g. TORCHFT_LIGHTHOUSE)."""
-    pool._count += 1
-    stderr_path = pool.tmp_path / f"{name}-{pool._count}.stderr"
-    with stderr_path.open("w") as stderr:
-        popen = subprocess.Popen(
-            list(args),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            env={**_env(), **env},
-            cwd=str(ROOT),
-        )
-    proc = cls(list(args), popen, name, stderr_path=stderr_path)
-    pool.procs.append(proc)
-    return proc
 
 
 def records_so_far(proc: Proc) -> list[dict[str, Any]]:

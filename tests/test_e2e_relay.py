@@ -196,13 +196,11 @@ def test_serve_exits_0_on_signal(procs: ProcessPool, sig: signal.Signals) -> Non
 
 
 def test_manager_reads_lighthouse_from_env(procs: ProcessPool) -> None:
-    from tests.procs import ManagerProc, spawn_with_env
+    from tests.procs import ManagerProc
 
     lh = procs.lighthouse({"from": "env"}, http_bind="off")
     args = [sys.executable, "-m", "manager", "serve", "--bind", "127.0.0.1:0", "--replica-id", "g"]
-    m: ManagerProc = spawn_with_env(
-        procs, args, "manager-env", {"TORCHFT_LIGHTHOUSE": lh.address}, ManagerProc
-    )
+    m: ManagerProc = procs.spawn(args, "manager-env", ManagerProc, env={"TORCHFT_LIGHTHOUSE": lh.address})
     m.address = m.readline()
     w = procs.worker(m.address, group="g", rank=0, steps=2)
     assert [r["config"] for r in worker_records(w)] == [{"from": "env"}] * 2
