@@ -1,0 +1,1 @@
+"""Side-by-side performance runs of lighthouse-config (``python -m benchmarks.run``); see README.md."""

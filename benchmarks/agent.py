@@ -1,0 +1,259 @@
+"""Load-generating child processes, driven by one-line commands on stdin, answering one JSON line each.
+
+Roles (``python -m benchmarks.agent ROLE ...``):
+
+* ``workers``: simulated worker ranks. ``run`` hammers an address with N threads
+  (throughput), ``loop`` steps N workers at a fixed step time across managers
+  (fan-in), ``watch`` steps N workers and records when each config version is
+  first seen (propagation). Clients are ``ManagerClient``s made in this process.
+* ``managers``: hosts several ``ManagerServer``s in one process (fan-in with up to
+  64 managers without 64 interpreter start-ups); prints their addresses.
+* ``sims``: many lightweight simulated managers, each a loop calling
+  ``LighthouseClient.fetch(status=..., known_version=...)`` once per TTL, as a
+  real manager's refresh loop does (scale).
+
+Times cross processes as ``time.monotonic()`` (CLOCK_MONOTONIC is system-wide).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+MAX_LATENCIES = 4000  # per command: enough for a p99, small enough for one stdout line
+
+
+def _reply(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _sleep_until(t: float) -> None:
+    delay = t - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _threads(n: int, target: Callable[[int], Any]) -> list[Any]:
+    results: list[Any] = [None] * n
+
+    def run(i: int) -> None:
+        results[i] = target(i)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+# ---------------------------------------------------------------- workers
+class Workers:
+    def __init__(self) -> None:
+        from worker_client import ManagerClient
+
+        self._make = ManagerClient
+        self._clients: dict[tuple[str, int], Any] = {}
+
+    def client(self, addr: str, i: int) -> Any:
+        """One client per (address, thread), kept across commands (a worker keeps its channel)."""
+        key = (addr, i)
+        if key not in self._clients:
+            self._clients[key] = self._make(addr, timeout=5.0)
+            self._clients[key].get_config()
+        return self._clients[key]
+
+    def prepare(self, addrs: list[str], threads: int) -> str:
+        """Connect the clients a following ``run``/``loop`` uses, so the timed window has no set-up."""
+        for i in range(threads):
+            self.client(addrs[i % len(addrs)], i)
+        return "ok"
+
+    def run(self, addr: str, threads: int, start: float, duration: float) -> dict[str, Any]:
+        """Closed loop: every thread calls get_config() back to back during [start, start + duration)."""
+        clients = [self.client(addr, i) for i in range(threads)]
+        end = start + duration
+        keep_every = max(1, threads // 8)
+
+        def loop(i: int) -> tuple[int, list[float]]:
+            client, calls, lat = clients[i], 0, []
+            _sleep_until(start)
+            while True:
+                t0 = time.monotonic()
+                if t0 >= end:
+                    return calls, lat
+                client.get_config()
+                calls += 1
+                if i % keep_every == 0 and len(lat) < MAX_LATENCIES // 8:
+                    lat.append((time.monotonic() - t0) * 1e6)
+
+        results = _threads(threads, loop)
+        return {"calls": sum(r[0] for r in results), "lat": [x for r in results for x in r[1]]}
+
+    def loop(
+        self, addrs: list[str], threads: int, start: float, duration: float, step_s: float
+    ) -> dict[str, Any]:
+        """Workers stepping every ``step_s`` (fixed rate), each on manager ``i % len(addrs)``."""
+        clients = [self.client(addrs[i % len(addrs)], i) for i in range(threads)]
+        end = start + duration
+
+        def loop(i: int) -> int:
+            client, calls = clients[i], 0
+            t = start + step_s * random.random()
+            while t < end:
+                _sleep_until(t)
+                client.get_config()
+                calls += 1
+                t += step_s
+            return calls
+
+        return {"calls": sum(_threads(threads, loop))}
+
+    def watch(self, addrs: list[str], threads: int, duration: float, step_s: float) -> dict[str, Any]:
+        """Training loops with prefetch: step every ``step_s``; first time each version was seen."""
+        end = time.monotonic() + duration
+
+        def loop(i: int) -> dict[str, float]:
+            client = self._make(addrs[i % len(addrs)], timeout=5.0, prefetch=True)
+            seen: dict[str, float] = {}
+            step, last = 0, -1
+            try:
+                t = time.monotonic()
+                while t < end:
+                    step += 1
+                    cfg = client.get_config(step=step)
+                    if cfg.version > last:
+                        last = cfg.version
+                        seen[str(cfg.version)] = time.monotonic()
+                    t += step_s
+                    _sleep_until(t)
+            finally:
+                client.close()
+            return seen
+
+        return {"seen": _threads(threads, loop)}
+
+
+def serve_workers() -> None:
+    workers = Workers()
+    _reply("ready")
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd.pop("op")
+        if op == "quit":
+            return
+        _reply(getattr(workers, op)(**cmd))
+
+
+# --------------------------------------------------------------- managers
+def serve_managers(lighthouse: str, count: int, ttl: float, prefix: str) -> None:
+    from manager.server import ManagerServer
+    from worker_client import ManagerClient
+
+    servers = [ManagerServer(lighthouse, "127.0.0.1:0", f"{prefix}-{i}", cache_ttl=ttl) for i in range(count)]
+    try:
+        for server in servers:  # each has fetched once before the window opens
+            with ManagerClient(server.address(), timeout=10.0, strict=True) as client:
+                client.get_config()
+        _reply([s.address() for s in servers])
+        for line in sys.stdin:
+            if json.loads(line).get("op") == "quit":
+                break
+    finally:
+        for server in servers:
+            server.shutdown(grace=0)
+
+
+# ------------------------------------------------------------------- sims
+def serve_sims(lighthouse: str, count: int, ttl: float, prefix: str) -> None:
+    from lighthouse.client import LighthouseClient
+    from protos import lighthouse_config_pb2 as pb
+
+    stop = threading.Event()
+    records: list[list[tuple[float, float, bool]]] = [[] for _ in range(count)]
+    in_flight: list[float | None] = [None] * count  # start of the call each sim is waiting on
+
+    def sim(i: int) -> None:
+        client = LighthouseClient(lighthouse)
+        version, state_id, requests = 0, "", 0
+        t = time.monotonic() + ttl * random.random()
+        try:
+            while not stop.wait(max(0.0, t - time.monotonic())):
+                requests += 100
+                status = pb.ManagerStatus(
+                    replica_id=f"{prefix}-{i}",
+                    address=f"127.0.0.1:{20000 + i}",
+                    version=version,
+                    requests=requests,
+                    cache_hits=requests - 1,
+                    step=-1,
+                )
+                t0 = in_flight[i] = time.monotonic()
+                try:
+                    reply = client.fetch(
+                        timeout=5.0, known_version=version, known_state_id=state_id, status=status
+                    )
+                    version, state_id, ok = reply.version, reply.state_id, True
+                except Exception:
+                    ok = False
+                records[i].append((t0, (time.monotonic() - t0) * 1e6, ok))
+                in_flight[i] = None
+                t += ttl
+                if t < time.monotonic():  # fell behind: skip the missed beats, like a late refresh
+                    t = time.monotonic() + ttl
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=sim, args=(i,), daemon=True) for i in range(count)]
+    for t in threads:
+        t.start()
+    _reply("ready")
+    try:
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            if cmd["op"] == "quit":
+                break
+            start, end = cmd["start"], cmd["start"] + cmd["duration"]
+            _sleep_until(end + 1.0)
+            now = time.monotonic()
+            window = [r for rec in records for r in list(rec) if start <= r[0] < end]
+            # A call still waiting counts with the time it has waited so far (a lower bound).
+            window += [(t0, (now - t0) * 1e6, True) for t0 in list(in_flight) if t0 and start <= t0 < end]
+            _reply(
+                {
+                    "calls": len(window),
+                    "errors": sum(not ok for *_, ok in window),
+                    "lat": [lat for _, lat, ok in window if ok],
+                }
+            )
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=6)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.agent")
+    parser.add_argument("role", choices=["workers", "managers", "sims"])
+    parser.add_argument("--lighthouse", default="")
+    parser.add_argument("--count", type=int, default=1)
+    parser.add_argument("--ttl", type=float, default=1.0)
+    parser.add_argument("--prefix", default="bench")
+    args = parser.parse_args()
+    if args.role == "workers":
+        serve_workers()
+    elif args.role == "managers":
+        serve_managers(args.lighthouse, args.count, args.ttl, args.prefix)
+    else:
+        serve_sims(args.lighthouse, args.count, args.ttl, args.prefix)
+
+
+if __name__ == "__main__":
+    main()

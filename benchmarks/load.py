@@ -1,0 +1,358 @@
+"""Multi-process measurements: throughput, fan-in, propagation, outage and scale.
+
+Load comes from ``benchmarks.agent`` children (threads across several processes,
+started fresh, never forked), so the client side is not one GIL-bound process.
+Each function returns plain JSON-able results; ``report`` turns them into
+tables, goals and the chart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.procs import Child, Children, cpu_seconds
+from benchmarks.report import summarize
+from benchmarks.stack import lighthouse_calls, patch_config, start_lighthouse, start_manager
+from worker_client import ManagerClient
+
+
+class WorkerPool:
+    """Several ``agent workers`` processes; a command goes to all of them and their answers come back."""
+
+    def __init__(self, children: Children, processes: int) -> None:
+        self.agents = [
+            children.python(f"workers-{i}", "-m", "benchmarks.agent", "workers") for i in range(processes)
+        ]
+        for agent in self.agents:
+            if json.loads(agent.readline()) != "ready":
+                raise RuntimeError(f"{agent.name} did not start")
+
+    def each(self, commands: list[dict[str, Any]], timeout: float = 120.0) -> list[Any]:
+        for agent, cmd in zip(self.agents, commands, strict=True):
+            agent.send(json.dumps(cmd))
+        return [json.loads(agent.readline(timeout)) for agent in self.agents]
+
+    def split(self, total: int) -> list[int]:
+        """``total`` threads spread over the processes as evenly as possible."""
+        n = len(self.agents)
+        return [total // n + (i < total % n) for i in range(n)]
+
+
+# ------------------------------------------------------------- throughput
+def throughput(
+    pool: WorkerPool, targets: dict[str, str], concurrency: list[int], rounds: int, duration: float
+) -> dict[str, Any]:
+    """Calls/s of each target under N closed-loop workers; targets alternate within a round."""
+    calls: dict[str, dict[int, list[float]]] = {name: {n: [] for n in concurrency} for name in targets}
+    lat: dict[str, dict[int, list[float]]] = {name: {n: [] for n in concurrency} for name in targets}
+    for n in concurrency:
+        split = pool.split(n)
+        for addr in targets.values():
+            pool.each([{"op": "prepare", "addrs": [addr], "threads": t} for t in split])
+    for r in range(rounds):
+        for n in concurrency:
+            names = list(targets) if r % 2 == 0 else list(reversed(targets))
+            split = pool.split(n)
+            for name in names:
+                start = time.monotonic() + 0.2
+                cmds = [
+                    {"op": "run", "addr": targets[name], "threads": t, "start": start, "duration": duration}
+                    for t in split
+                ]
+                answers = pool.each(cmds)
+                calls[name][n].append(sum(a["calls"] for a in answers) / duration)
+                lat[name][n].extend(x for a in answers for x in a["lat"])
+    return {
+        name: {
+            str(n): {
+                "calls_per_s": sorted(calls[name][n])[len(calls[name][n]) // 2],
+                "rounds": calls[name][n],
+                **summarize(lat[name][n]),
+            }
+            for n in concurrency
+        }
+        for name in targets
+    }
+
+
+# ----------------------------------------------------------------- fan-in
+def fan_in(
+    children: Children,
+    pool: WorkerPool,
+    lighthouse_addr: str,
+    url: str,
+    points: list[tuple[int, int]],
+    ttl: float,
+    duration: float,
+    step_s: float,
+) -> list[dict[str, Any]]:
+    """Lighthouse calls/s for each (managers, workers) point, managers hosted in up to 4 processes."""
+    out = []
+    for managers, workers in points:
+        hosts: list[Child] = []
+        try:
+            per_host = [managers // 4 + (i < managers % 4) for i in range(min(4, managers))]
+            for i, count in enumerate(per_host):
+                hosts.append(
+                    children.python(
+                        f"managers-{managers}x{workers}-{i}",
+                        "-m",
+                        "benchmarks.agent",
+                        "managers",
+                        "--lighthouse",
+                        lighthouse_addr,
+                        "--count",
+                        str(count),
+                        "--ttl",
+                        str(ttl),
+                        "--prefix",
+                        f"fanin-{managers}x{workers}-{i}",
+                    )
+                )
+            addrs = [a for host in hosts for a in json.loads(host.readline())]
+            split = pool.split(workers)
+            # Worker j of the job uses manager j % managers: spread the addresses over the processes.
+            offsets = [sum(split[:i]) for i in range(len(split))]
+            per_agent = [
+                [addrs[(o + k) % managers] for k in range(max(t, 1))]
+                for o, t in zip(offsets, split, strict=True)
+            ]
+            pool.each(
+                [{"op": "prepare", "addrs": a, "threads": t} for a, t in zip(per_agent, split, strict=True)]
+            )
+            start = time.monotonic() + 2 * ttl + 0.2
+            cmds = [
+                {
+                    "op": "loop",
+                    "addrs": a,
+                    "threads": t,
+                    "start": start,
+                    "duration": duration,
+                    "step_s": step_s,
+                }
+                for a, t in zip(per_agent, split, strict=True)
+            ]
+            for agent, cmd in zip(pool.agents, cmds, strict=True):
+                agent.send(json.dumps(cmd))
+            time.sleep(max(0.0, start - time.monotonic()))
+            before = lighthouse_calls(url)
+            t0 = time.monotonic()
+            time.sleep(duration)
+            after = lighthouse_calls(url)
+            elapsed = time.monotonic() - t0
+            worker_calls = sum(json.loads(agent.readline(60))["calls"] for agent in pool.agents)
+            out.append(
+                {
+                    "managers": managers,
+                    "workers": workers,
+                    "ttl_s": ttl,
+                    "lighthouse_calls_per_s": (after - before) / elapsed,
+                    "expected_per_s": managers / ttl,
+                    "worker_calls_per_s": worker_calls / duration,
+                }
+            )
+        finally:
+            for host in hosts:
+                with contextlib.suppress(OSError):
+                    host.send(json.dumps({"op": "quit"}))
+                children.stop(host)
+    return out
+
+
+# ------------------------------------------------------------ propagation
+def propagation(
+    children: Children,
+    pool: WorkerPool,
+    work_dir: Path,
+    ttls: list[float],
+    changes: int,
+    managers: int,
+    workers_per_manager: int,
+    step_s: float,
+) -> list[dict[str, Any]]:
+    """Time from an acknowledged PATCH to the last worker seeing its version (workers use prefetch)."""
+    results = []
+    for ttl in ttls:
+        tag = f"prop-{ttl:g}"
+        lh, addr, url = start_lighthouse(children, work_dir, f"lighthouse-{tag}")
+        mgrs = [start_manager(children, addr, f"{tag}-m{i}", ttl=ttl) for i in range(managers)]
+        try:
+            maddrs = [m.readline() for m in mgrs]
+            workers = managers * workers_per_manager
+            split = pool.split(workers)
+            warmup = 2 * ttl + 0.5
+            spacing = [ttl * random.uniform(1.2, 1.8) for _ in range(changes)]
+            duration = warmup + sum(spacing) + ttl + 1.0
+            for agent, t, i in zip(pool.agents, split, range(len(split)), strict=True):
+                addrs = [maddrs[(sum(split[:i]) + k) % managers] for k in range(max(t, 1))]
+                agent.send(
+                    json.dumps(
+                        {"op": "watch", "addrs": addrs, "threads": t, "duration": duration, "step_s": step_s}
+                    )
+                )
+            time.sleep(warmup)
+            acks: list[tuple[int, float]] = []
+            for i, gap in enumerate(spacing):
+                version = patch_config(url, {"bench_marker": i})
+                acks.append((version, time.monotonic()))
+                time.sleep(gap)
+            seen = [
+                s
+                for agent in pool.agents
+                for s in json.loads(agent.readline(duration + 60))["seen"]
+                if s is not None
+            ]
+            delays = []
+            missed = 0
+            for version, acked in acks:
+                firsts = []
+                for worker in seen:
+                    times = [t for v, t in worker.items() if int(v) >= version]
+                    if times:
+                        firsts.append(min(times))
+                if len(firsts) < len(seen):
+                    missed += 1
+                    continue
+                delays.append(max(0.0, max(firsts) - acked) * 1e6)
+            results.append(
+                {
+                    "ttl_s": ttl,
+                    "step_s": step_s,
+                    "changes": len(acks),
+                    "missed": missed,
+                    "workers": workers,
+                    "managers": managers,
+                    **summarize(delays),
+                }
+            )
+        finally:
+            for m in mgrs:
+                children.stop(m)
+            children.stop(lh)
+    return results
+
+
+# ----------------------------------------------------------------- outage
+def outage(
+    children: Children, work_dir: Path, ttl: float, deadline: float, phase_s: float, step_s: float
+) -> dict[str, Any]:
+    """Per-call latency of a stepping worker before and while the lighthouse is SIGSTOPped."""
+    lh, addr, _url = start_lighthouse(children, work_dir, "lighthouse-outage")
+    mgr = start_manager(children, addr, "outage-m", ttl=ttl, lighthouse_timeout=deadline, backoff=deadline)
+    client = None
+    try:
+        client = ManagerClient(mgr.readline(), timeout=5.0)
+        step = 0
+
+        def steps(until: float, stop_on_fallback: bool = False) -> tuple[list[float], list[str]]:
+            nonlocal step
+            lat, sources = [], []
+            clock = time.perf_counter_ns
+            while time.monotonic() < until:
+                step += 1
+                t0 = clock()
+                cfg = client.get_config(step=step)  # type: ignore[union-attr]
+                lat.append((clock() - t0) / 1000)
+                sources.append(cfg.source)
+                if stop_on_fallback and cfg.source in ("fallback", "stale"):
+                    break
+                time.sleep(step_s)
+            return lat, sources
+
+        steps(time.monotonic() + min(1.0, phase_s))  # warm-up
+        healthy, _ = steps(time.monotonic() + phase_s)
+        lh.signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        first, _ = steps(stopped_at + ttl + 5 * deadline + 5, stop_on_fallback=True)
+        first_fallback_after = time.monotonic() - stopped_at
+        during, sources = steps(time.monotonic() + phase_s)
+        lh.signal(signal.SIGCONT)
+        resumed = time.monotonic()
+        recovered = None
+        while recovered is None and time.monotonic() < resumed + 3 * (ttl + deadline) + 2:
+            _, after = steps(time.monotonic() + step_s)
+            if any(s not in ("fallback", "stale") for s in after):
+                recovered = time.monotonic() - resumed
+        return {
+            "ttl_s": ttl,
+            "deadline_s": deadline,
+            "healthy": summarize(healthy),
+            "outage": summarize(during),
+            "outage_fallback_share": sum(s in ("fallback", "stale") for s in sources) / max(1, len(sources)),
+            "first_deadline_max_us": max(first) if first else None,
+            "first_fallback_after_s": first_fallback_after,
+            "recovered_after_s": recovered,
+            "p99_ratio": summarize(during)["p99"] / max(1e-9, summarize(healthy)["p99"]),
+        }
+    finally:
+        if client is not None:
+            client.close()
+        children.stop(mgr)
+        children.stop(lh)
+
+
+# ------------------------------------------------------------------ scale
+def scale(
+    children: Children, work_dir: Path, levels: list[int], processes: int, ttl: float, duration: float
+) -> list[dict[str, Any]]:
+    """One lighthouse process against N simulated managers: its CPU, the fetch p99, calls/s."""
+    lh, addr, url = start_lighthouse(children, work_dir, "lighthouse-scale")
+    results = []
+    try:
+        for level in levels:
+            sims: list[Child] = []
+            try:
+                for i in range(processes):
+                    count = level // processes + (i < level % processes)
+                    sims.append(
+                        children.python(
+                            f"sims-{level}-{i}",
+                            "-m",
+                            "benchmarks.agent",
+                            "sims",
+                            "--lighthouse",
+                            addr,
+                            "--count",
+                            str(count),
+                            "--ttl",
+                            str(ttl),
+                            "--prefix",
+                            f"sim{level}-{i}",
+                        )
+                    )
+                for sim in sims:
+                    sim.readline()
+                start = time.monotonic() + 2 * ttl  # every loop has made its first call
+                for sim in sims:
+                    sim.send(json.dumps({"op": "measure", "start": start, "duration": duration}))
+                time.sleep(max(0.0, start - time.monotonic()))
+                cpu0, calls0, t0 = cpu_seconds(lh.pid), lighthouse_calls(url), time.monotonic()
+                time.sleep(duration)
+                cpu1, calls1, t1 = cpu_seconds(lh.pid), lighthouse_calls(url), time.monotonic()
+                answers = [json.loads(sim.readline(duration + 60)) for sim in sims]
+                lat = [x for a in answers for x in a["lat"]]
+                results.append(
+                    {
+                        "managers": level,
+                        "ttl_s": ttl,
+                        "lighthouse_cpu_pct": 100 * (cpu1 - cpu0) / (t1 - t0),
+                        "lighthouse_calls_per_s": (calls1 - calls0) / (t1 - t0),
+                        "client_calls": sum(a["calls"] for a in answers),
+                        "errors": sum(a["errors"] for a in answers),
+                        **summarize(lat),
+                    }
+                )
+            finally:
+                for sim in sims:
+                    with contextlib.suppress(OSError):
+                        sim.send(json.dumps({"op": "quit"}))
+                    children.stop(sim)
+    finally:
+        children.stop(lh)
+    return results

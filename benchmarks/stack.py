@@ -1,0 +1,141 @@
+"""The product as users run it: a ``lighthouse serve`` and ``manager serve`` processes, and the admin API.
+
+The benchmark measures the CLIs in their own processes (not the Python API in
+the benchmark's process) so the server side has its own GIL, as in production.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from benchmarks.procs import Child, Children
+
+# A typical training config: ~30 keys, mostly scalars, a few small JSON values (~1 KiB encoded).
+CONFIG: dict[str, Any] = {
+    "lr": 0.0003,
+    "min_lr": 3e-05,
+    "warmup_steps": 2000,
+    "lr_schedule": "cosine",
+    "weight_decay": 0.1,
+    "beta1": 0.9,
+    "beta2": 0.95,
+    "eps": 1e-08,
+    "grad_clip": 1.0,
+    "batch_size": 512,
+    "micro_batch_size": 8,
+    "grad_accum_steps": 4,
+    "seq_len": 4096,
+    "dropout": 0.0,
+    "label_smoothing": 0.0,
+    "checkpoint_every": 1000,
+    "eval_every": 500,
+    "log_every": 10,
+    "mixed_precision": "bf16",
+    "activation_checkpointing": True,
+    "compile": False,
+    "sync_every": 100,
+    "outer_lr": 0.7,
+    "outer_momentum": 0.9,
+    "data_mixture": {"web": 0.6, "code": 0.2, "books": 0.1, "math": 0.1},
+    "quorum_timeout_s": 60,
+    "min_replicas": 2,
+    "loss_spike_threshold": 4.5,
+    "skip_bad_batches": True,
+    "notes": "run-42: lowered lr after loss spike at step 18k",
+}
+
+
+def encoded_config() -> dict[str, str]:
+    """The config as workers get it (``dict[str, str]``), by the product's own encoding rule."""
+    from lighthouse.values import encode_config
+
+    return encode_config(CONFIG)
+
+
+def start_lighthouse(children: Children, work_dir: Path, name: str = "lighthouse") -> tuple[Child, str, str]:
+    """``lighthouse serve`` on loopback port 0; returns (child, gRPC address, dashboard URL)."""
+    config_file = work_dir / f"{name}-config.json"
+    config_file.write_text(json.dumps(CONFIG))
+    child = children.python(
+        name,
+        "-m",
+        "lighthouse",
+        "serve",
+        "--bind",
+        "127.0.0.1:0",
+        "--http-bind",
+        "127.0.0.1:0",
+        "--config",
+        str(config_file),
+        "--state-dir",
+        str(work_dir / f"{name}-state"),
+        "--log-level",
+        "warning",
+    )
+    return child, child.readline(), child.readline().rstrip("/")
+
+
+def start_manager(
+    children: Children,
+    lighthouse: str,
+    name: str,
+    ttl: float = 1.0,
+    lighthouse_timeout: float = 1.0,
+    backoff: float = 1.0,
+) -> Child:
+    """``manager serve`` (read its address with ``readline()``, so several can start in parallel)."""
+    return children.python(
+        name,
+        "-m",
+        "manager",
+        "serve",
+        "--lighthouse",
+        lighthouse,
+        "--bind",
+        "127.0.0.1:0",
+        "--replica-id",
+        name,
+        "--cache-ttl",
+        str(ttl),
+        "--lighthouse-timeout",
+        str(lighthouse_timeout),
+        "--backoff",
+        str(backoff),
+        "--log-level",
+        "warning",
+    )
+
+
+def patch_config(url: str, body: dict[str, Any], timeout: float = 10.0) -> int:
+    """PATCH /api/config; returns the acknowledged version."""
+    request = urllib.request.Request(
+        f"{url}/api/config",
+        data=json.dumps(body).encode(),
+        method="PATCH",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return int(json.loads(response.read())["version"])
+
+
+def lighthouse_calls(url: str, timeout: float = 10.0) -> int:
+    """GetConfig + Heartbeat calls served so far, from ``/metrics`` (or the managers' fetch counts)."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=timeout) as response:
+            text = response.read().decode()
+        total, found = 0.0, False
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in ("lighthouse_get_config_calls_total", "lighthouse_heartbeat_calls_total"):
+                total += float(value)
+                found = True
+        if found:
+            return int(total)
+    except OSError:
+        pass
+    with urllib.request.urlopen(f"{url}/api/managers", timeout=timeout) as response:
+        managers = json.loads(response.read())["managers"]
+    return sum(int(m.get("fetches", 0)) for m in managers)
