@@ -1,0 +1,130 @@
+"""Requests and answers of the lighthouse's HTTP API: parsing with limits, JSON errors.
+
+Every refusal is an ``HttpError`` that becomes ``{"error": "..."}`` with its
+status; bodies are read only after their type and size are checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from email.message import Message
+from typing import Any
+
+from lighthouse.values import parse_json
+
+MAX_BODY_BYTES = 1024 * 1024
+
+
+class HttpError(Exception):
+    """Answered as ``{"error": message, **extra}`` with ``status``."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, **extra: Any):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+        self.extra = extra
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    return Response(status, body, "application/json", {"Cache-Control": "no-store", **(headers or {})})
+
+
+def error_response(exc: HttpError) -> Response:
+    return json_response({"error": exc.message, **exc.extra}, exc.status, exc.headers)
+
+
+@dataclass
+class Request:
+    """One parsed request; the body is read only on demand, after its size is checked."""
+
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: Message
+    rfile: io.BufferedIOBase
+    params: tuple[str, ...] = ()
+    body_read: bool = False
+
+    def arg(self, name: str) -> str | None:
+        values = self.query.get(name)
+        return values[0] if values else None
+
+    def int_arg(self, name: str, minimum: int = 0) -> int | None:
+        text = self.arg(name)
+        if text is None:
+            return None
+        return parse_int(text, name, minimum)
+
+    def json_body(self) -> Any:
+        """The body as JSON: application/json, Content-Length <= 1 MiB, UTF-8."""
+        ctype = self.headers.get("Content-Type", "")
+        mime, _, rest = ctype.partition(";")
+        charset = re.search(r"charset\s*=\s*\"?([\w-]+)", rest, re.IGNORECASE)
+        if mime.strip().lower() != "application/json" or (
+            charset and charset.group(1).lower() not in ("utf-8", "utf8")
+        ):
+            raise HttpError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
+        if self.headers.get("Transfer-Encoding"):
+            raise HttpError(411, "chunked bodies are not accepted: send Content-Length")
+        lengths = set(self.headers.get_all("Content-Length") or [])
+        if not lengths:
+            raise HttpError(411, "Content-Length is required")
+        if len(lengths) > 1 or not re.fullmatch(r"[0-9]{1,18}", next(iter(lengths)).strip()):
+            raise HttpError(400, "invalid Content-Length")
+        length = int(next(iter(lengths)))
+        if length > MAX_BODY_BYTES:
+            raise HttpError(413, f"body is {length} bytes (max {MAX_BODY_BYTES})")
+        data = self.rfile.read(length)
+        self.body_read = True
+        if len(data) != length:
+            raise HttpError(400, f"body ended after {len(data)} of {length} bytes")
+        return parse_json(data, "body")
+
+    def has_unread_body(self) -> bool:
+        length = self.headers.get("Content-Length", "0").strip()
+        chunked = bool(self.headers.get("Transfer-Encoding"))
+        return not self.body_read and (chunked or (length.isdigit() and int(length) > 0))
+
+
+def parse_int(text: str, name: str, minimum: int = 0) -> int:
+    if not re.fullmatch(r"-?[0-9]{1,18}", text.strip()):
+        raise HttpError(400, f"{name} must be an integer, got {text[:40]!r}")
+    value = int(text)
+    if value < minimum:
+        raise HttpError(400, f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def clean_text(text: str, limit: int) -> str:
+    """Header/query text fit for the history: printable characters only, bounded."""
+    with contextlib.suppress(UnicodeError):  # headers arrive decoded as latin-1; most clients send UTF-8
+        text = text.encode("latin-1").decode("utf-8")
+    return "".join(ch for ch in text if ch.isprintable()).strip()[:limit]
+
+
+def if_match_version(header: str | None) -> int | None:
+    """``If-Match: 5`` or ``"5"`` (or ``W/"5"``); ``*`` or no header: no precondition."""
+    if header is None or header.strip() in ("", "*"):
+        return None
+    text = header.strip().removeprefix("W/").strip('"')
+    if not re.fullmatch(r"[0-9]{1,18}", text):
+        raise HttpError(400, f"If-Match must be a version number, got {header[:40]!r}")
+    return int(text)
+
+
+def error_answer(status: int, message: str) -> Response:
+    return json_response({"error": message}, status)
