@@ -221,15 +221,20 @@ class ProcessPool:
         first_step: int = 0,
         prefetch: bool = False,
         no_step: bool = False,
+        wait: bool = True,
     ) -> Proc:
-        """A worker process calling get_config once per step; prints one JSON line per step, then 'done'."""
+        """A worker process calling get_config once per step; prints one JSON line per step, then 'done'.
+
+        ``wait=False`` returns at once: start many, then ``wait_ready`` them all.
+        """
         args = [sys.executable, str(WORKER_SCRIPT), "--addr", manager_addr, "--group", group]
         args += ["--rank", str(rank), "--steps", str(steps), "--interval", str(step_interval)]
         args += ["--timeout", str(timeout), "--first-step", str(first_step)]
         args += ["--prefetch"] if prefetch else []
         args += ["--no-step"] if no_step else []
         proc: Proc = self.spawn(args, f"worker-{group}-{rank}")
-        poll(lambda: proc.lines() and proc.seen[0] == "ready", START_TIMEOUT, what=f"{proc.name} ready")
+        if wait:
+            wait_ready([proc])
         return proc
 
     def stop_all(self) -> None:
@@ -249,25 +254,6 @@ def worker_records(proc: Proc, timeout: float = 60.0) -> list[dict[str, Any]]:
 def iter_records(procs: Sequence[Proc], timeout: float = 60.0) -> Iterator[dict[str, Any]]:
     for proc in procs:
         yield from worker_records(proc, timeout)
-
-
-def spawn_worker(
-    pool: ProcessPool,
-    manager_addr: str,
-    *,
-    group: str,
-    rank: int,
-    steps: int,
-    step_interval: float = 0.0,
-    timeout: float = 5.0,
-    first_step: int = 0,
-) -> Proc:
-    """Like ``ProcessPool.worker`` without waiting for it: start many, then ``wait_ready`` them all."""
-    args = [sys.executable, str(WORKER_SCRIPT), "--addr", manager_addr, "--group", group]
-    args += ["--rank", str(rank), "--steps", str(steps), "--interval", str(step_interval)]
-    args += ["--timeout", str(timeout), "--first-step", str(first_step)]
-    proc: Proc = pool.spawn(args, f"worker-{group}-{rank}")
-    return proc
 
 
 def wait_ready(workers: Sequence[Proc]) -> None:

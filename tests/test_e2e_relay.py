@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from protos.rpc import parse_address
-from tests.procs import ROOT, ProcessPool, _env, http_get, spawn_worker, wait_ready, worker_records
+from tests.procs import ROOT, ProcessPool, _env, http_get, wait_ready, worker_records
 
 # Written as UTF-8 text (not \u escapes): unicode keys, nested values, every JSON type.
 CONFIG_TEXT = """{
@@ -75,7 +75,7 @@ def test_relay_two_managers_four_workers(procs: ProcessPool) -> None:
 
     managers = [procs.manager(lh.address, f"g{i}", cache_ttl=0.2) for i in range(2)]
     workers = [
-        spawn_worker(procs, m.address, group=f"g{i}", rank=rank, steps=STEPS, step_interval=0.002)
+        procs.worker(m.address, group=f"g{i}", rank=rank, steps=STEPS, step_interval=0.002, wait=False)
         for i, m in enumerate(managers)
         for rank in range(2)
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from tests.procs import Proc, ProcessPool, http_get, metric, records_so_far, spawn_worker, wait_ready
+from tests.procs import Proc, ProcessPool, http_get, metric, records_so_far, wait_ready
 
 TTL = 0.2
 T = 2.0  # seconds each phase runs
@@ -18,7 +18,7 @@ def run_phase(
 ) -> tuple[float, int]:
     """``per_manager`` workers per manager for T seconds; (lighthouse calls, worker calls) meanwhile."""
     workers: list[Proc] = [
-        spawn_worker(procs, addr, group=f"{tag}{i}", rank=rank, steps=10**6, step_interval=0.002)
+        procs.worker(addr, group=f"{tag}{i}", rank=rank, steps=10**6, step_interval=0.002, wait=False)
         for i, addr in enumerate(managers)
         for rank in range(per_manager)
     ]

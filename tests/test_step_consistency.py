@@ -31,7 +31,7 @@ from tests.http_steps import (
     wait_healthy,
     wait_managers_serve,
 )
-from tests.procs import Proc, ProcessPool, poll, spawn_worker, wait_ready, worker_records
+from tests.procs import Proc, ProcessPool, poll, wait_ready, worker_records
 
 Record = dict[str, Any]
 
@@ -139,7 +139,7 @@ def test_every_rank_of_a_group_gets_the_same_config_per_step_under_churn(procs: 
     with Churn(lh.url) as churn:
         poll(lambda: len(churn.versions) >= 3, 10, what="the PATCH loop to start")
         workers = [
-            spawn_worker(procs, managers[g].address, group=g, rank=r, steps=steps, step_interval=0.004)
+            procs.worker(managers[g].address, group=g, rank=r, steps=steps, step_interval=0.004, wait=False)
             for g in groups
             for r in range(ranks)
         ]
@@ -172,12 +172,11 @@ def test_scheduled_change_switches_every_group_at_its_step_and_reports_late_grou
     # gB's workers run far ahead of gA's (steps 10000+): a change scheduled at a step ahead of gA is
     # already behind gB, which can only switch late.
     a_workers = [
-        spawn_worker(procs, m_a.address, group="gA", rank=r, steps=steps, step_interval=0.01, timeout=30)
+        procs.worker(m_a.address, group="gA", rank=r, steps=steps, step_interval=0.01, timeout=30, wait=False)
         for r in range(ranks)
     ]
     b_workers = [
-        spawn_worker(
-            procs,
+        procs.worker(
             m_b.address,
             group="gB",
             rank=r,
@@ -185,6 +184,7 @@ def test_scheduled_change_switches_every_group_at_its_step_and_reports_late_grou
             step_interval=0.01,
             timeout=30,
             first_step=10_000,
+            wait=False,
         )
         for r in range(ranks)
     ]
@@ -269,7 +269,7 @@ def test_cancelled_change_pending_for_every_group_is_never_served(procs: Process
     assert scheduled(lh.url)[dropped]["status"] == "pending"
     call(lh.url, "DELETE", f"/api/config/scheduled/{dropped}")
     workers = [
-        spawn_worker(procs, m.address, group=g, rank=r, steps=120, step_interval=0.002)
+        procs.worker(m.address, group=g, rank=r, steps=120, step_interval=0.002, wait=False)
         for g, m in managers.items()
         for r in range(2)
     ]
@@ -365,7 +365,7 @@ def test_at_step_replay_matches_what_workers_saw(procs: ProcessPool) -> None:
     v_sched = change(lh.url, "PATCH", {"lr": 0.5, "phase": "two"}, effective_step=100)
     with Churn(lh.url, interval=0.01) as churn:
         workers = [
-            spawn_worker(procs, managers[g].address, group=g, rank=r, steps=steps, step_interval=0.004)
+            procs.worker(managers[g].address, group=g, rank=r, steps=steps, step_interval=0.004, wait=False)
             for g in groups
             for r in range(ranks)
         ]
