@@ -6,10 +6,13 @@ and they act through ``LighthouseState`` exactly like gRPC sees them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import ipaddress
 import re
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -54,9 +57,12 @@ class Route:
 class AdminApi:
     """Routes and their handlers, independent of the socket plumbing."""
 
-    def __init__(self, state: LighthouseState, admin_token: str | None) -> None:
+    def __init__(
+        self, state: LighthouseState, admin_token: str | None, allowed_hosts: Iterable[str] = ()
+    ) -> None:
         self.state = state
         self._token = admin_token.encode() if admin_token else None
+        self._allowed_hosts = {h.lower() for h in allowed_hosts} | _own_names()
         self.assets = load_assets()
         table: list[tuple[str, dict[str, Handler]]] = [
             (r"/", {"GET": self.page}),
@@ -93,6 +99,8 @@ class AdminApi:
     # ------------------------------------------------------------ auth
     def authorize(self, req: Request) -> str:
         """The author recorded for a change; raises 401 when a token is set and not presented."""
+        if self._token is None:
+            self._check_host(req)
         if self._token is not None:
             scheme, _, presented = req.headers.get("Authorization", "").strip().partition(" ")
             if scheme.lower() != "bearer" or not presented.strip():
@@ -101,6 +109,22 @@ class AdminApi:
                 raise self._unauthorized("wrong admin token")
         author = clean_text(req.headers.get("X-Author", ""), MAX_AUTHOR_CHARS)
         return author or ("token" if self._token is not None else "-")
+
+    def _check_host(self, req: Request) -> None:
+        """Without a token, changes are taken only under a Host this lighthouse answers to.
+
+        A web page can make the browser of anyone who reaches the port send requests under
+        its own (rebound) domain name; those name a foreign Host and are refused here.
+        """
+        host = _host_name(req.headers.get("Host", ""))
+        if host in self._allowed_hosts or _is_ip_literal(host):
+            return
+        raise HttpError(
+            403,
+            f"changes are not accepted under Host {host[:100]!r} without an admin token (protection "
+            "against DNS rebinding): use the lighthouse's address, start it with --allowed-host "
+            f"{host[:100]}, or set --admin-token",
+        )
 
     @staticmethod
     def _unauthorized(message: str) -> HttpError:
@@ -164,7 +188,8 @@ class AdminApi:
 
         def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
             lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
-            lines.extend(f"{name}{labels} {value:g}" for labels, value in samples)
+            # Integers exactly (":g" would round counters past a million); floats as repr.
+            lines.extend(f"{name}{labels} {value!r}" for labels, value in samples)
 
         metric("lighthouse_config_version", "gauge", "Latest config version.", [("", state.store.head)])
         metric(
@@ -291,3 +316,27 @@ def load_assets() -> dict[str, tuple[bytes, str, str]]:
             etag = '"' + hashlib.sha256(data).hexdigest()[:20] + '"'
             assets[entry.name] = (data, CONTENT_TYPES[suffix], etag)
     return assets
+
+
+def _host_name(header: str) -> str:
+    """The host part of a Host header (``name:port``, ``[v6]:port``), lower case."""
+    host = header.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _own_names() -> set[str]:
+    """Names this machine answers to: a Host naming one of them is not a rebound domain."""
+    names = {"localhost", socket.gethostname().lower()}
+    with contextlib.suppress(OSError):
+        names.add(socket.getfqdn().lower())
+    return names

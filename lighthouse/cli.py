@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from lighthouse.admin_cli import config
-from lighthouse.daemon import announce, configure_logging, wait_for_termination
+from lighthouse.daemon import Termination, announce, configure_logging
 from lighthouse.values import ConfigError
 from protos.rpc import DEFAULT_DASHBOARD_PORT, DEFAULT_LIGHTHOUSE_PORT
 
@@ -65,6 +65,13 @@ def main() -> None:
     default=None,
     help="Bearer token required for changes (env LIGHTHOUSE_ADMIN_TOKEN). Unset: anyone can edit.",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    help="Without --admin-token, a DNS name (besides IPs, localhost and this host's names) under "
+    "which the dashboard accepts changes. Repeatable.",
+)
 @click.option("--strict", is_flag=True, help="Exit with code 2 when the config file is missing or invalid.")
 @click.option(
     "--history-limit",
@@ -79,12 +86,14 @@ def serve(
     config_path: Path | None,
     state_dir: Path | None,
     admin_token: str | None,
+    allowed_hosts: tuple[str, ...],
     strict: bool,
     history_limit: int | None,
     log_level: str,
 ) -> None:
     """Serve the config. Prints the gRPC address (line 1) and dashboard URL (line 2)."""
     configure_logging(log_level)
+    termination = Termination()
     from lighthouse.server import LighthouseServer
 
     state_dir = state_dir or default_state_dir()
@@ -95,6 +104,7 @@ def serve(
             state_dir=state_dir,
             http_bind=None if http_bind.lower() == "off" else http_bind,
             admin_token=admin_token,
+            allowed_hosts=allowed_hosts,
             strict=strict,
             history_limit=history_limit,
         )
@@ -111,7 +121,7 @@ def serve(
     url = server.dashboard_url()
     announce(server.address(), *([url] if url else []))
     logger.info("state in %s", state_dir)
-    name = wait_for_termination()
+    name = termination.wait()
     logger.info("%s received, shutting down", name)
     server.shutdown()
 

@@ -35,7 +35,11 @@ class LighthouseClient:
             response_deserializer=pb.LighthouseHeartbeatResponse.FromString,
         )
         if connect_timeout is not None:
-            grpc.channel_ready_future(self._channel).result(timeout=seconds(connect_timeout, 0))
+            try:
+                grpc.channel_ready_future(self._channel).result(timeout=seconds(connect_timeout, 0))
+            except grpc.FutureTimeoutError:
+                self._channel.close()
+                raise TimeoutError(f"lighthouse {addr} not reachable within {connect_timeout}") from None
 
     def get_config(self, timeout: timedelta | float = timedelta(seconds=5)) -> dict[str, str]:
         """The live config, encoded as ``dict[str, str]`` (torchft's config-sharing signature)."""

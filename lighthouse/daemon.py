@@ -30,20 +30,25 @@ def announce(*lines: str) -> None:
     sys.stdout.flush()
 
 
-def wait_for_termination() -> str:
-    """Block until SIGTERM or SIGINT and return the signal's name."""
-    received: list[str] = []
-    done = threading.Event()
+class Termination:
+    """SIGTERM/SIGINT handling, installed before anything starts, so a signal that arrives
+    right after the address is printed still ends in a clean shutdown and exit code 0."""
 
-    def handle(signum: int, _frame: object) -> None:
-        received.append(signal.Signals(signum).name)
-        done.set()
+    def __init__(self) -> None:
+        self._received: list[str] = []
+        self._done = threading.Event()
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
 
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
-    while not done.wait(1.0):
-        pass
-    return received[0]
+    def _handle(self, signum: int, _frame: object) -> None:
+        self._received.append(signal.Signals(signum).name)
+        self._done.set()
+
+    def wait(self) -> str:
+        """Block until a signal came and return its name."""
+        while not self._done.wait(1.0):
+            pass
+        return self._received[0]
 
 
 def env_default(name: str) -> str | None:

@@ -17,6 +17,7 @@ import socket
 import socketserver
 import threading
 import time
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -32,7 +33,7 @@ from lighthouse.http_messages import (
 )
 from lighthouse.state import LighthouseState
 from lighthouse.store import NotFound, VersionConflict
-from lighthouse.values import ConfigError
+from lighthouse.values import ConfigError, ConfigTooLarge
 from protos.rpc import dialable_address, parse_address
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
             resp = error_response(HttpError(409, str(exc), version=exc.head))
         except NotFound as exc:
             resp = error_response(HttpError(404, str(exc)))
+        except ConfigTooLarge as exc:
+            resp = error_response(HttpError(413, str(exc)))
         except ConfigError as exc:
             resp = error_response(HttpError(400, str(exc)))
         except (TimeoutError, ConnectionError):
@@ -189,11 +192,17 @@ class DashboardServer:
     has no IPv6).
     """
 
-    def __init__(self, state: LighthouseState, bind: str, admin_token: str | None = None) -> None:
+    def __init__(
+        self,
+        state: LighthouseState,
+        bind: str,
+        admin_token: str | None = None,
+        allowed_hosts: Iterable[str] = (),
+    ) -> None:
         host, port = parse_address(bind)
         if host in ("*", "[::]"):
             host = "::"
-        api = AdminApi(state, admin_token)
+        api = AdminApi(state, admin_token, allowed_hosts)
         try:
             self._server = _HttpServer(host, port, api)
         except OSError as exc:

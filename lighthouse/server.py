@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import grpc
@@ -33,6 +34,7 @@ class LighthouseServer:
         state_dir: str | Path | None = None,
         http_bind: str | None = None,
         admin_token: str | None = None,
+        allowed_hosts: Iterable[str] = (),
         strict: bool = False,
         history_limit: int | None = None,
         watch_interval: float = 1.0,
@@ -64,7 +66,9 @@ class LighthouseServer:
             if http_bind is not None:
                 from lighthouse.http_api import DashboardServer
 
-                self._http = DashboardServer(self.state, http_bind, admin_token=admin_token)
+                self._http = DashboardServer(
+                    self.state, http_bind, admin_token=admin_token, allowed_hosts=allowed_hosts
+                )
             if path is not None:
                 self._watcher = FileWatcher(path, self.state.apply_file, interval=watch_interval)
                 self._watcher.start()

@@ -21,7 +21,7 @@ from protos import lighthouse_config_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
-MAX_CONFIG_BYTES = 1024 * 1024
+MAX_STEP_LEAP = 1_000_000  # steps between two reports of one manager that count at once
 _CURRENT_STEP_TAG = bytes([pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER << 3])  # varint field
 
 
@@ -90,6 +90,7 @@ class LighthouseState:
         self.heartbeat_calls = 0
         self._lock = threading.Lock()
         self._managers: dict[str, ManagerRecord] = {}
+        self._refresh_lock = threading.Lock()
         self._snapshot = self._build_snapshot()
         self._step_field = _CURRENT_STEP_TAG + _varint(store.current_step)
         if config_path is not None:
@@ -117,8 +118,12 @@ class LighthouseState:
         return Snapshot(version, live, segments, reply.SerializeToString(), not_modified.SerializeToString())
 
     def refresh(self) -> None:
-        """Rebuild the served reply after a change (or when the job's step crossed a scheduled step)."""
-        self._snapshot = self._build_snapshot()
+        """Rebuild the served reply after a change (or when the job's step crossed a scheduled step).
+
+        Serialized: a build that read an older head must never replace a newer snapshot.
+        """
+        with self._refresh_lock:
+            self._snapshot = self._build_snapshot()
 
     def get_config_reply(self, request: pb.LighthouseConfigRequest, peer: str) -> bytes:
         self.get_config_calls += 1
@@ -141,19 +146,32 @@ class LighthouseState:
             record.version = status.version
             record.requests = status.requests
             record.cache_hits = status.cache_hits
-            record.step = max(record.step, status.step)
+            previous, record.step = record.step, status.step
             record.last_seen = time.monotonic()
             record.fetches += int(fetch)
+        plausible = self._plausible_step(previous, status.step)
         if status.switches:
             self.store.record_switches(
                 replica_id, [(s.version, s.step, s.previous_step) for s in status.switches]
             )
-        if status.step >= 0 and self.store.advance_step(status.step):
+        if plausible and self.store.advance_step(status.step):
             # Appended to every reply: protobuf keeps the last value of a field, so the
             # serialized snapshots stay as they are.
             self._step_field = _CURRENT_STEP_TAG + _varint(self.store.current_step)
             if len(self._snapshot.segments) > 1:
                 self._maybe_refresh_for_step()
+
+    def _plausible_step(self, previous: int, step: int) -> bool:
+        """Whether a manager's reported step may move the job's step (which orders every change).
+
+        A leap of more than MAX_STEP_LEAP counts only once the same manager reports a step
+        near it again, so one stray report cannot move the job far ahead for good.
+        """
+        if step < 0:
+            return False
+        near_job = step <= max(self.store.current_step, 0) + MAX_STEP_LEAP
+        confirmed = previous >= 0 and 0 <= step - previous <= MAX_STEP_LEAP
+        return near_job or confirmed
 
     def _maybe_refresh_for_step(self) -> None:
         step = self.store.current_step
@@ -180,10 +198,6 @@ class LighthouseState:
     ) -> Change:
         """Validate and durably commit a put/patch; the reply served to managers follows at once."""
         config = validate_object(body, allow_null=op == "patch")
-        if op == "put":
-            size = len(str(encode_config(config)))
-            if size > MAX_CONFIG_BYTES:
-                raise ConfigError(f"config is {size} bytes encoded (max {MAX_CONFIG_BYTES})")
         row = self.store.commit(
             op,
             config,
@@ -193,21 +207,22 @@ class LighthouseState:
             effective_step=effective_step,
             if_match=if_match,
         )
-        if op == "patch" and len(str(encode_config(row.config))) > MAX_CONFIG_BYTES:
-            logger.warning("config version %d is over %d bytes encoded", row.version, MAX_CONFIG_BYTES)
         self.refresh()
         logger.info("config version %d (%s by %s, %s)", row.version, op, author, source)
         return row
 
     def rollback(self, version: int, *, author: str = "-", comment: str = "") -> Change:
         """A new version with ``version``'s content; cancels pending scheduled changes made after it."""
-        target = self.store.get(version)
+        self.store.get(version)  # NotFound when it never existed or was pruned
         for item in self.store.scheduled():
             if item["status"] == "pending" and item["version"] > version:
                 self.cancel(item["version"], author=author, comment=f"cancelled by rollback to {version}")
+        # What that version gave at the job's current step: its own pending scheduled changes
+        # stay scheduled (they apply at their step, on top), they are not applied now.
+        content = self.store.resolve(version, self.store.current_step)
         return self.change(
             "put",
-            target.config,
+            content,
             source="rollback",
             author=author,
             comment=comment or f"rollback to {version}",
@@ -237,7 +252,12 @@ class LighthouseState:
         assert content.config is not None and content.digest is not None
         if self.store.file_hash(str(path)) == content.digest:
             return None  # unchanged since last loaded: the stored (maybe edited) version stays live
-        row = self.change("put", content.config, source="file", author="-", comment=str(path))
+        try:
+            row = self.change("put", content.config, source="file", author="-", comment=str(path))
+        except ConfigError as exc:  # too large, bad key: like any other bad file
+            self.file_error = f"{path}: {exc}"
+            logger.error("config file not loaded, live config unchanged: %s", self.file_error)
+            return None
         self.store.set_file_hash(str(path), content.digest)
         return row
 

@@ -20,7 +20,10 @@ same step to the same content, and the history can replay any (version, step).
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import socket
 import sqlite3
 import threading
 import time
@@ -28,9 +31,9 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from lighthouse.values import ConfigError
+from lighthouse.values import MAX_CONFIG_BYTES, ConfigError, ConfigTooLarge
 
 FOREVER = 2**62  # a step later than any real step
 STEP_SAVE_INTERVAL = 1.0
@@ -114,6 +117,28 @@ class Segment:
     config: dict[str, Any]
 
 
+class StateInUse(OSError):
+    """Another lighthouse holds this state directory."""
+
+
+def _lock_exclusively(path: Path) -> IO[str]:
+    """Hold an exclusive lock on ``path`` for the process's life: two lighthouses writing one
+    database would interleave version numbers and break each other's commits."""
+    handle = path.open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise StateInUse(f"state directory {path.parent} is in use by {holder}") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"lighthouse pid {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    return handle
+
+
 def _apply(config: dict[str, Any], row: Change) -> dict[str, Any]:
     if row.op == "put":
         return dict(row.change)
@@ -136,8 +161,10 @@ class ConfigStore:
         self.history_limit = history_limit
         self._lock = threading.RLock()
         self._closed = False
+        self._lock_file: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock_file = _lock_exclusively(path.with_name(path.name + ".lock"))
         self._db = sqlite3.connect(
             str(path) if path is not None else ":memory:", check_same_thread=False, isolation_level=None
         )
@@ -237,8 +264,14 @@ class ConfigStore:
         """Every scheduled change with its status: pending, in_effect or cancelled."""
         with self._lock:
             out = []
+            switches = None
             for row in self._rows:
-                if row.effective_step is None:
+                if row.effective_step is not None and switches is None:
+                    switches = self._db.execute(
+                        "SELECT replica_id, version, step, previous_step FROM switches"
+                        " ORDER BY replica_id, step, version"
+                    ).fetchall()
+                if row.effective_step is None or switches is None:
                     continue
                 if row.version in self._cancelled:
                     status = "cancelled"
@@ -248,7 +281,7 @@ class ConfigStore:
                     status = "in_effect"
                 item = row.to_json(cancelled=status == "cancelled")
                 item["status"] = status
-                item["late_groups"] = self._late_groups(row) if status != "cancelled" else []
+                item["late_groups"] = self._late_groups(row, switches) if status != "cancelled" else []
                 out.append(item)
             return out
 
@@ -283,6 +316,7 @@ class ConfigStore:
             )
             rows = [*self._rows, draft]
             config = self._resolve(rows, version, FOREVER)
+            self._check_size(rows, version, config, effective_step)
             row = Change(**{**draft.__dict__, "config": config})
             self._write(row)
             self._rows.append(row)
@@ -345,6 +379,8 @@ class ConfigStore:
             self._closed = True
             self._set_meta("current_step", str(self._current_step))
             self._db.close()
+            if self._lock_file is not None:
+                self._lock_file.close()  # releases the lock
 
     # -------------------------------------------------------------- internals
     @staticmethod
@@ -397,6 +433,18 @@ class ConfigStore:
             config = _apply(config, row)
         return config
 
+    def _check_size(
+        self, rows: list[Change], version: int, config: dict[str, Any], effective_step: int | None
+    ) -> None:
+        """Refuse a change whose resulting config (now, or once scheduled) is over the limit."""
+        candidates = [config]
+        if effective_step is None:
+            candidates.append(self._resolve(rows, version, self._current_step))
+        for candidate in candidates:
+            size = len(json.dumps(candidate, ensure_ascii=False).encode())
+            if size > MAX_CONFIG_BYTES:
+                raise ConfigTooLarge(f"the config would be {size} bytes of JSON (max {MAX_CONFIG_BYTES})")
+
     def _base_at(self, step: int) -> dict[str, Any]:
         config: dict[str, Any] = {}
         for from_step, segment in self._base:
@@ -417,16 +465,14 @@ class ConfigStore:
                 f"(the job is at step {self._current_step}); make a new change instead"
             )
 
-    def _late_groups(self, row: Change) -> list[dict[str, Any]]:
+    @staticmethod
+    def _late_groups(row: Change, records: list[tuple[str, int, int, int]]) -> list[dict[str, Any]]:
         """Groups that served steps >= S without this change, and the step they switched at.
 
         A group switched late when its first step with a version that has the
         change came after S while it had already served a step >= S before.
         """
         assert row.effective_step is not None
-        records = self._db.execute(
-            "SELECT replica_id, version, step, previous_step FROM switches ORDER BY replica_id, step, version"
-        ).fetchall()
         first: dict[str, tuple[int, int]] = {}
         for replica, version, step, previous in records:
             if version >= row.version and replica not in first:

@@ -12,8 +12,15 @@ from typing import Any
 MAX_KEY_LENGTH = 256
 
 
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
 class ConfigError(ValueError):
     """The input is not a valid config; the message says what and where."""
+
+
+class ConfigTooLarge(ConfigError):
+    """The resulting config would exceed MAX_CONFIG_BYTES (HTTP 413)."""
 
 
 def _reject_constant(name: str) -> Any:

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from lighthouse.daemon import announce, configure_logging, wait_for_termination
+from lighthouse.daemon import Termination, announce, configure_logging
 
 logger = logging.getLogger("manager")
 
@@ -81,6 +81,7 @@ def serve(
 ) -> None:
     """Relay the config to this group's workers. Prints the bound address on line 1."""
     configure_logging(log_level)
+    termination = Termination()
     from manager.server import ManagerServer
 
     try:
@@ -98,7 +99,7 @@ def serve(
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     announce(server.address())
-    name = wait_for_termination()
+    name = termination.wait()
     logger.info("%s received, shutting down", name)
     server.shutdown()
 
@@ -113,7 +114,7 @@ def get(addr: str, step: int | None, timeout: float) -> None:
 
     try:
         with ManagerClient(addr, timeout=timeout, strict=True) as client:
-            cfg = client.get_config(step=step)
+            cfg = client.get_config(step=step, peek=True)  # look only: pins nothing
     except (ConfigUnavailable, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)

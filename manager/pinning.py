@@ -3,6 +3,10 @@
 Without it, a cache refresh between two ranks' calls for the same step would
 give them different configs and silently diverge their replicas. Memory is
 bounded by a window of recent steps; older steps are answered unpinned.
+
+A leap far ahead (more than a window) is taken only once the group goes on
+from there (a second request in the new range): one stray request, say a rank
+with a wrong counter, must not move the group's window and unpin its steps.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class StepPins:
         self._lock = threading.Lock()
         self.max_step = -1
         self._max_version = -1  # version pinned at max_step
+        self._leap: int | None = None  # a step far ahead, seen once, not yet followed
         self._switches: list[tuple[int, int, int]] = []
 
     def get(self, step: int) -> bytes | None:
@@ -32,12 +37,21 @@ class StepPins:
     def outside_window(self, step: int) -> bool:
         return step < self.max_step - self.window
 
-    def pin(self, step: int, snapshot: Snapshot, reply: bytes) -> bytes:
-        """Pin ``reply`` for ``step`` unless another rank won the race; return the pinned reply."""
+    def pin(self, step: int, snapshot: Snapshot, reply: bytes) -> bytes | None:
+        """Pin ``reply`` for ``step`` unless another rank won the race; return the pinned reply.
+
+        None: the step is a leap not yet confirmed, answer it unpinned.
+        """
         with self._lock:
             pinned = self._pins.get(step)
             if pinned is not None:
                 return pinned
+            if self.max_step >= 0 and step > self.max_step + self.window:
+                leap = self._leap
+                if leap is None or not leap <= step <= leap + self.window:
+                    self._leap = step
+                    return None
+            self._leap = None
             self._pins[step] = reply
             self._order.append(step)
             if step > self.max_step:

@@ -8,6 +8,7 @@ carrying the manager's heartbeat on the same call.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -51,6 +52,8 @@ class ManagerServer:
         self.lighthouse_timeout = lighthouse_timeout
         self.requests = 0
         self.cache_hits = 0
+        self._request_count = itertools.count(1)
+        self._hit_count = itertools.count(1)
         self._pins = StepPins(step_window)
         self._lighthouse = LighthouseClient(lighthouse_addr)
         self._instance_id = ""
@@ -72,7 +75,11 @@ class ManagerServer:
             },
         )
         self._server: grpc.Server | None
-        self._server, port = start_server(bind, [handler], max_workers=max_workers)
+        try:
+            self._server, port = start_server(bind, [handler], max_workers=max_workers)
+        except BaseException:
+            self._lighthouse.close()
+            raise
         self._address = dialable_address(bind, port)
         self.replica_id = replica_id or self._address
         self._stopped = threading.Event()
@@ -87,28 +94,43 @@ class ManagerServer:
 
     # --------------------------------------------------------- worker calls
     def _get_config(self, request: pb.ManagerConfigRequest, context: grpc.ServicerContext) -> bytes:
-        self.requests += 1
+        self.requests = next(self._request_count)  # atomic: no increment lost across threads
+        if request.peek:
+            return self._peek(request)
         if not request.HasField("step"):
             answer = self._cache.get()
             snapshot = answer.snapshot
             # Not pinned: the config at the job's step (matters only when changes are scheduled).
             segment = snapshot.segment(max(self._pins.max_step, self._lighthouse_step))
             if not answer.fetched:
-                self.cache_hits += 1
+                self.cache_hits = next(self._hit_count)
                 return snapshot.reply(segment, False)
             return snapshot.fresh_reply(segment, False)
         step = request.step
         pinned = self._pins.get(step)
         if pinned is not None:
-            self.cache_hits += 1
+            self.cache_hits = next(self._hit_count)
             return pinned
         answer = self._cache.get()
         snapshot = answer.snapshot
         segment = snapshot.segment(step)
         if self._pins.outside_window(step):
             return snapshot.reply(segment, False)
-        self.cache_hits += int(not answer.fetched)
-        return self._pins.pin(step, snapshot, snapshot.reply(segment, True))
+        if not answer.fetched:
+            self.cache_hits = next(self._hit_count)
+        pinned = self._pins.pin(step, snapshot, snapshot.reply(segment, True))
+        return pinned if pinned is not None else snapshot.reply(segment, False)
+
+    def _peek(self, request: pb.ManagerConfigRequest) -> bytes:
+        """What a worker would get, without pinning or moving the group's step (``manager get``)."""
+        step = request.step if request.HasField("step") else None
+        if step is not None:
+            pinned = self._pins.get(step)
+            if pinned is not None:
+                return pinned
+        snapshot = self._cache.get().snapshot
+        job_step = max(self._pins.max_step, self._lighthouse_step)
+        return snapshot.reply(snapshot.segment(job_step if step is None else step), False)
 
     # ------------------------------------------------------------ upstream
     def _status(self) -> pb.ManagerStatus:

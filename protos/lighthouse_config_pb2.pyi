@@ -101,14 +101,16 @@ class LighthouseHeartbeatResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class ManagerConfigRequest(_message.Message):
-    __slots__ = ("group_rank", "step", "known_version")
+    __slots__ = ("group_rank", "step", "known_version", "peek")
     GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PEEK_FIELD_NUMBER: _ClassVar[int]
     group_rank: int
     step: int
     known_version: int
-    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., known_version: _Optional[int] = ...) -> None: ...
+    peek: bool
+    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., known_version: _Optional[int] = ..., peek: _Optional[bool] = ...) -> None: ...
 
 class ManagerConfigResponse(_message.Message):
     __slots__ = ("config_data", "version", "source", "pinned")

@@ -66,7 +66,7 @@ def parse_address(address: str) -> tuple[str, int]:
         if not sep or ":" in host:
             raise ValueError(f"invalid address {address!r}: expected HOST:PORT (IPv6 as [ADDR]:PORT)")
     if not host:
-        raise ValueError(f"invalid address {address!r}: missing host")
+        host = "::"  # ":PORT" means every interface, as in DESIGN.md's ":29511"
     try:
         port = int(port_text)
     except ValueError:

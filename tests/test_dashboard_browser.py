@@ -110,6 +110,11 @@ def test_scheduled_save_from_the_editor(page: Page, lh: LighthouseProc) -> None:
     expect(page.locator("#status")).to_contain_text("takes effect at step 700")
     assert lh.http("GET", "/api/config").json["config"]["name"] == "run-1"
     assert lh.http("GET", "/api/config/at-step/700").json["config"]["name"] == "run-2"
+    # Only the edited key is scheduled: an unrelated edit made before step 700 is not undone.
+    assert lh.http("GET", "/api/config/history").json["versions"][0]["change"] == {"name": "run-2"}
+    assert lh.http("PATCH", "/api/config", {"lr": 0.5}).status == 200
+    at_700 = lh.http("GET", "/api/config/at-step/700").json["config"]
+    assert (at_700["name"], at_700["lr"]) == ("run-2", 0.5)
 
 
 def test_conflicting_save_is_refused(page: Page, lh: LighthouseProc) -> None:

@@ -94,6 +94,8 @@ def test_messages_carry_the_contract_fields() -> None:
         ("ipv6:[::1]:6", ("::1", 6), "[::1]:6"),
         ("  h:7  ", ("h", 7), "h:7"),
         ("h:65535", ("h", 65535), "h:65535"),
+        (":29511", ("::", 29511), "[::]:29511"),  # DESIGN.md's ":29511": every interface
+        ("http://:5", ("::", 5), "[::]:5"),
     ],
 )
 def test_parse_address(address: str, parsed: tuple[str, int], target: str) -> None:
@@ -110,9 +112,6 @@ def test_parse_address(address: str, parsed: tuple[str, int], target: str) -> No
         ("[::1]", "expected [IPv6]:PORT"),
         ("[::1]5", "expected [IPv6]:PORT"),
         ("[::1:5", "expected [IPv6]:PORT"),
-        (":5", "missing host"),
-        ("[]:5", "missing host"),
-        ("http://:5", "missing host"),
         ("h:x", "port 'x' is not a number"),
         ("h:", "is not a number"),
         ("h:70000", "port 70000 out of range"),

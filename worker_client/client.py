@@ -27,6 +27,7 @@ from worker_client.config import Config
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 5.0
+MAX_STRIDE = 16  # largest step increment the prefetcher follows
 
 _Request = pb.ManagerConfigRequest
 _Response = pb.ManagerConfigResponse
@@ -78,6 +79,7 @@ class _Prefetcher:
         self.ready: dict[int, Config] = {}  # step -> config (written by gRPC callbacks)
         self.in_flight: dict[int, grpc.Future] = {}
         self._stride = 1
+        self._last_delta = 1
         self._step_time: float | None = None  # moving average of the worker's step time
         self._last_change = time.monotonic()
         self._stop = threading.Event()
@@ -104,11 +106,15 @@ class _Prefetcher:
 
     def _observe(self, previous: int | None, consumed: int, now: float) -> None:
         if previous is not None and consumed > previous:
-            self._stride = consumed - previous
+            # A regular stride (the same small jump twice) is followed; any other jump (a restore
+            # from a checkpoint, say) must not make us fetch, and pin, a step far ahead.
+            delta = consumed - previous
+            self._stride = delta if delta == self._last_delta and delta <= MAX_STRIDE else 1
+            self._last_delta = delta
             interval = now - self._last_change
             self._step_time = interval if self._step_time is None else 0.8 * self._step_time + 0.2 * interval
         self._last_change = now
-        for stale in [s for s in self.ready if s <= consumed]:
+        for stale in [s for s in list(self.ready) if s <= consumed]:  # callbacks insert meanwhile
             self.ready.pop(stale, None)
 
     def _next_wait(self, now: float) -> float:
@@ -185,11 +191,18 @@ class ManagerClient:
         self._prefetch = _Prefetcher(self) if prefetch else None
 
     def get_config(
-        self, step: int | None = None, timeout: timedelta | float | None = None, strict: bool | None = None
+        self,
+        step: int | None = None,
+        timeout: timedelta | float | None = None,
+        strict: bool | None = None,
+        peek: bool = False,
     ) -> Config:
-        """The config for ``step`` (pinned: every rank of the group gets the same for a step)."""
+        """The config for ``step`` (pinned: every rank of the group gets the same for a step).
+
+        ``peek=True`` looks without pinning or moving the group's step (for tools, not training).
+        """
         prefetch = self._prefetch
-        if prefetch is not None and step is not None and not self._forked:
+        if prefetch is not None and step is not None and not self._forked and not peek:
             ready = prefetch.ready.pop(step, None)  # with prefetch, usually the step's whole cost
             prefetch.consumed = step
             if ready is not None:
@@ -201,11 +214,15 @@ class ManagerClient:
             )
         deadline = seconds(timeout, self.timeout)
         try:
-            future = prefetch.in_flight.get(step) if prefetch is not None and step is not None else None
+            future = (
+                prefetch.in_flight.get(step)
+                if prefetch is not None and step is not None and not peek
+                else None
+            )
             if future is not None:  # the prefetch of this very step is on its way: wait for it
                 raw = future.result(timeout=deadline)
             else:
-                request = _Request(group_rank=self.group_rank)
+                request = _Request(group_rank=self.group_rank, peek=peek)
                 if step is not None:
                     request.step = step
                 raw = self._call(request, timeout=deadline)

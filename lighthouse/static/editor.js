@@ -41,6 +41,12 @@
     return rows;
   }
 
+  function patchOf(rows) {
+    const patch = Object.create(null);
+    for (const r of rows) patch[r.key] = r.kind === "removed" ? null : r.after;
+    return patch;
+  }
+
   function stepValue() {
     const text = $("at-step").value.trim();
     if (!text) return { step: null };
@@ -125,8 +131,14 @@
     const base = loaded.version;
     $("save").disabled = true;
     setStatus($("status"), "info", "Saving…");
-    // The editor's own text is sent, not a re-serialization: numbers stay exactly as typed.
-    const res = await api("PUT", "/api/config" + (query ? "?" + query : ""), $("editor").value, { "If-Match": String(base) });
+    // Now: the editor's own text replaces the config (numbers stay exactly as typed).
+    // At a step: only what the edit changes (removed keys as null), so edits made to other
+    // keys before that step are not undone when it applies.
+    const scheduled = step.step !== null;
+    const body = scheduled ? stringify(patchOf(diff(loaded.config, edited))) : $("editor").value;
+    const res = await api(scheduled ? "PATCH" : "PUT", "/api/config" + (query ? "?" + query : ""), body, {
+      "If-Match": String(base),
+    });
     if (res.ok) {
       const when = step.step !== null ? ` It takes effect at step ${step.step}.` : "";
       await load();
