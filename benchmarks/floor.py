@@ -50,9 +50,10 @@ class FloorClient:
 
 def main() -> None:
     from benchmarks.stack import encoded_config
-    from lighthouse.daemon import announce, wait_for_termination
+    from lighthouse.daemon import Termination, announce
     from protos.rpc import start_server
 
+    termination = Termination()
     config = encoded_config()
     serialized = reply_message(config).SerializeToString()
 
@@ -77,7 +78,7 @@ def main() -> None:
     ]
     server, port = start_server("127.0.0.1:0", handlers, max_workers=MANAGER_MAX_WORKERS)
     announce(f"127.0.0.1:{port}")
-    wait_for_termination()
+    termination.wait()
     server.stop(0.5).wait()
 
 

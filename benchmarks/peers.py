@@ -164,9 +164,9 @@ def _serve_torchft() -> None:
 
 
 def _wait() -> None:
-    from lighthouse.daemon import wait_for_termination
+    from lighthouse.daemon import Termination
 
-    wait_for_termination()
+    Termination().wait()
 
 
 if __name__ == "__main__":

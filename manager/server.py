@@ -209,10 +209,10 @@ class ManagerServer:
             else:
                 self._stopped.wait(refresh_in if cache.failing else min(refresh_in, heartbeat_in))
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, timeout: float | None = None) -> None:
         status = self._status()
         try:
-            self._lighthouse.heartbeat(status, timeout=self.lighthouse_timeout)
+            self._lighthouse.heartbeat(status, timeout=timeout or self.lighthouse_timeout)
         except grpc.RpcError:
             self._last_contact = time.monotonic()  # retried in a heartbeat interval; the fetch logs outages
             return
@@ -230,12 +230,16 @@ class ManagerServer:
         }
 
     def shutdown(self, grace: float | None = 0.5) -> None:
-        """Stop serving; safe to call twice."""
+        """Stop serving; safe to call twice. A last report tells the lighthouse the group's final
+        step and step switches (the replay and late-group views need them)."""
+        first = not self._stopped.is_set()
         self._stopped.set()
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None
         self._loop.join(timeout=self.lighthouse_timeout + 1)
+        if first and not self._cache.failing:
+            self._heartbeat(timeout=min(self.lighthouse_timeout, 0.5))
         self._lighthouse.close()
 
     def __enter__(self) -> ManagerServer:
