@@ -31,7 +31,7 @@ from tests.http_steps import (
     wait_healthy,
     wait_managers_serve,
 )
-from tests.procs import Proc, ProcessPool, poll, wait_ready, worker_records
+from tests.procs import ManagerProc, Proc, ProcessPool, poll, wait_ready, worker_records
 
 Record = dict[str, Any]
 
@@ -138,13 +138,7 @@ def test_every_rank_of_a_group_gets_the_same_config_per_step_under_churn(procs: 
     managers = {g: procs.manager(lh.address, g, cache_ttl=0.02, lighthouse_timeout=5.0) for g in groups}
     with Churn(lh.url) as churn:
         poll(lambda: len(churn.versions) >= 3, 10, what="the PATCH loop to start")
-        workers = [
-            procs.worker(managers[g].address, group=g, rank=r, steps=steps, step_interval=0.004, wait=False)
-            for g in groups
-            for r in range(ranks)
-        ]
-        wait_ready(workers)
-        records = [rec for w in workers for rec in worker_records(w)]
+        records = run_workers(procs, managers, ranks, steps)
     churn.check()
 
     assert len(records) == len(groups) * ranks * steps
@@ -357,6 +351,19 @@ def test_step_older_than_the_window_is_answered_unpinned(procs: ProcessPool) -> 
 
 
 # ------------------------------------------------------------ (4) replay
+def run_workers(
+    procs: ProcessPool, managers: dict[str, ManagerProc], ranks: int, steps: int
+) -> list[dict[str, Any]]:
+    """``ranks`` worker processes per group, started together; their records once all are done."""
+    workers = [
+        procs.worker(m.address, group=g, rank=r, steps=steps, step_interval=0.004, wait=False)
+        for g, m in managers.items()
+        for r in range(ranks)
+    ]
+    wait_ready(workers)
+    return [rec for w in workers for rec in worker_records(w)]
+
+
 def test_at_step_replay_matches_what_workers_saw(procs: ProcessPool) -> None:
     groups, ranks, steps = ["g0", "g1"], 2, 150
     lh = procs.lighthouse({"lr": 0.1, "tick": 0})
@@ -364,13 +371,7 @@ def test_at_step_replay_matches_what_workers_saw(procs: ProcessPool) -> None:
     managers = {g: procs.manager(lh.address, g, cache_ttl=0.02, lighthouse_timeout=5.0) for g in groups}
     v_sched = change(lh.url, "PATCH", {"lr": 0.5, "phase": "two"}, effective_step=100)
     with Churn(lh.url, interval=0.01) as churn:
-        workers = [
-            procs.worker(managers[g].address, group=g, rank=r, steps=steps, step_interval=0.004, wait=False)
-            for g in groups
-            for r in range(ranks)
-        ]
-        wait_ready(workers)
-        records = [rec for w in workers for rec in worker_records(w)]
+        records = run_workers(procs, managers, ranks, steps)
     churn.check()
     assert_served_normally(records)
     assert_ranks_agree(records, ranks)
