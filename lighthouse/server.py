@@ -91,7 +91,7 @@ class LighthouseServer:
     def _heartbeat(
         self, request: pb.LighthouseHeartbeatRequest, context: grpc.ServicerContext
     ) -> pb.LighthouseHeartbeatResponse:
-        self.state.heartbeat_calls += 1
+        self.state.count_heartbeat()
         self.state.observe(request.status, context.peer())
         return pb.LighthouseHeartbeatResponse(version=self.store.head, instance_id=self.state.instance_id)
 

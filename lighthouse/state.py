@@ -6,6 +6,7 @@ dashboard is what the next manager fetch sees, with no second code path.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -88,6 +89,8 @@ class LighthouseState:
         self.started_at = time.time()
         self.get_config_calls = 0
         self.heartbeat_calls = 0
+        self._get_config_count = itertools.count(1)  # next() is atomic: no call lost across threads
+        self._heartbeat_count = itertools.count(1)
         self._lock = threading.Lock()
         self._managers: dict[str, ManagerRecord] = {}
         self._refresh_lock = threading.Lock()
@@ -126,13 +129,16 @@ class LighthouseState:
             self._snapshot = self._build_snapshot()
 
     def get_config_reply(self, request: pb.LighthouseConfigRequest, peer: str) -> bytes:
-        self.get_config_calls += 1
+        self.get_config_calls = next(self._get_config_count)
         if request.HasField("status"):
             self.observe(request.status, peer, fetch=True)
         snap = self._snapshot
         if request.known_version == snap.version and request.known_state_id == self.store.state_id:
             return snap.not_modified_reply + self._step_field
         return snap.full_reply + self._step_field
+
+    def count_heartbeat(self) -> None:
+        self.heartbeat_calls = next(self._heartbeat_count)
 
     def observe(self, status: pb.ManagerStatus, peer: str, fetch: bool = False) -> None:
         """Record a manager's status (from a heartbeat or riding on a fetch)."""
