@@ -531,6 +531,14 @@ class ConfigStore:
             self._db.executemany("DELETE FROM versions WHERE version = ?", [(v,) for v in gone])
             self._set_meta("base", json.dumps(base, ensure_ascii=False))
             self._set_meta("pruned_cancels", json.dumps(sorted(pruned_cancels)))
+            # Step switches to pruned versions go too, but for each group's latest one: it still
+            # tells which (pruned) version the group served from that step on.
+            oldest = min(r.version for r in self._rows if r.version not in gone)
+            self._db.execute(
+                "DELETE FROM switches WHERE version < ?1 AND step < (SELECT MAX(step) FROM switches t"
+                " WHERE t.replica_id = switches.replica_id AND t.version < ?1)",
+                (oldest,),
+            )
         self._base = base
         self._pruned_cancels = pruned_cancels
         self._rows = [r for r in self._rows if r.version not in gone]

@@ -559,3 +559,15 @@ def test_late_groups_are_those_that_served_steps_past_s_with_an_older_version(st
     store.advance_step(400)
     (item,) = store.scheduled()
     assert item["late_groups"] == [{"replica_id": "late", "switched_at_step": 130, "late_by_steps": 30}]
+
+
+def test_pruning_also_bounds_the_step_switches() -> None:
+    s = ConfigStore(None, history_limit=3)
+    s.commit("put", {"a": 0}, source="t")
+    for i in range(1, 60):
+        s.commit("patch", {"a": i}, source="t")
+        s.record_switches("g", [(s.head, i * 10, i * 10 - 1)])
+    (count,) = s._db.execute("SELECT COUNT(*) FROM switches").fetchone()
+    assert count <= 4  # the retained versions' switches and one before them
+    assert s.served_at(10**6) == {"g": s.head}
+    assert s.served_at(s.head * 10 - 15) == {"g": s.head - 1}
