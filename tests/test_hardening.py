@@ -134,7 +134,7 @@ def test_patch_over_the_limit_is_413_and_changes_nothing(tmp_path: Path) -> None
 def test_an_oversized_config_file_is_a_file_error_not_a_crash(procs: ProcessPool) -> None:
     big = {"blob": "x" * (MAX_CONFIG_BYTES + 10)}
     lh = procs.lighthouse(big)
-    view = json.loads(subprocess.check_output(["curl", "-s", "--noproxy", "*", lh.url + "api/config"]))
+    view = http(lh.url, "GET", "/api/config").json
     assert view["config"] == {} and "max" in view["file"]["error"]
 
 
