@@ -49,5 +49,5 @@ def test_demo_runs_all_parts_and_stops_cleanly() -> None:
     assert started, out[:500]
     # Workers by their script, the lighthouse by its state dir, managers by the lighthouse they dial.
     for pattern in ("examples/demo_worker.py", "lighthouse-demo-", f"--lighthouse {started.group(1)}"):
-        leftovers = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
-        assert leftovers.stdout.strip() == "", f"a demo process is still running: {pattern}"
+        leftovers = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True)
+        assert leftovers.returncode == 1, f"a demo process is still running ({pattern}): {leftovers}"
