@@ -1,16 +1,13 @@
-"""Tiny urllib helpers for the step-consistency tests: the lighthouse's admin API, no third-party client."""
+"""The admin API calls of the step-consistency tests, on ``tests.http_util``: JSON in, JSON out,
+and an exception for any refused request, so a test reads as the steps it takes."""
 
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from typing import Any
 
+from tests.http_util import call as http_call
 from tests.procs import poll
-
-# The tests talk to loopback only: never through a proxy from the environment.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class HttpStatusError(AssertionError):
@@ -22,31 +19,14 @@ class HttpStatusError(AssertionError):
 
 def call(base: str, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Any:
     """``method`` ``path`` on the dashboard at ``base``; the JSON answer, or HttpStatusError for >= 400."""
-    url = base.rstrip("/") + path
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with _OPENER.open(req, timeout=timeout) as resp:
-            return json.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        raw = exc.read()
+    result = http_call(base, method, path, body, timeout=timeout)
+    if result.status >= 400:
         try:
-            answer: Any = json.loads(raw)
+            answer: Any = result.json
         except ValueError:
-            answer = raw[:200]
-        raise HttpStatusError(exc.code, answer, f"{method} {path}") from None
-
-
-def wait_healthy(base: str, timeout: float = 20.0) -> None:
-    def up() -> bool:
-        try:
-            return call(base, "GET", "/healthz", timeout=2.0).get("status") == "ok"
-        except (OSError, AssertionError):
-            return False
-
-    poll(up, timeout, interval=0.05, what=f"{base}healthz")
+            answer = result.body[:200]
+        raise HttpStatusError(result.status, answer, f"{method} {path}")
+    return json.loads(result.body or b"null")
 
 
 def change(base: str, method: str, body: dict[str, Any], effective_step: int | None = None) -> int:

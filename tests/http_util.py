@@ -1,4 +1,5 @@
-"""A tiny HTTP client for the lighthouse's admin API (standard library only, never through a proxy).
+"""The tests' one HTTP client for the lighthouse's dashboard and admin API (standard library only,
+never through a proxy).
 
 ``call`` answers every status (4xx/5xx included) as an ``HttpResult`` instead of
 raising; connection failures (refused, reset, timed out) raise ``OSError`` /
@@ -7,6 +8,7 @@ raising; connection failures (refused, reset, timed out) raise ``OSError`` /
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -21,11 +23,16 @@ JSON = "application/json"
 @dataclass(frozen=True)
 class HttpResult:
     status: int
-    headers: dict[str, str]
+    headers: dict[str, str]  # lower-case names
     body: bytes
 
+    @property
     def json(self) -> Any:
         return json.loads(self.body)
+
+    @property
+    def error(self) -> str:
+        return str(self.json["error"])
 
 
 def call(
@@ -48,7 +55,9 @@ def call(
         hdrs = dict(headers or {})
         if data is not None and content_type is not None:
             hdrs.setdefault("Content-Type", content_type)
-        conn.request(method, target, body=data, headers=hdrs)
+        # The server may refuse a body before reading it all; its answer is still there to read.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            conn.request(method, target, body=data, headers=hdrs)
         resp = conn.getresponse()
         payload = resp.read()
         return HttpResult(resp.status, {k.lower(): v for k, v in resp.getheaders()}, payload)
@@ -60,7 +69,7 @@ def get_json(url: str, path: str, timeout: float = 10.0) -> Any:
     """GET ``path`` and return its JSON; AssertionError unless 200."""
     res = call(url, "GET", path, timeout=timeout)
     assert res.status == 200, f"GET {path} -> {res.status}: {res.body[:500]!r}"
-    return res.json()
+    return res.json
 
 
 def change(
@@ -97,7 +106,7 @@ def wait_healthy(url: str, timeout: float = 20.0) -> dict[str, Any]:
         try:
             res = call(url, "GET", "healthz", timeout=2.0)
             if res.status == 200:
-                result: dict[str, Any] = res.json()
+                result: dict[str, Any] = res.json
                 return result
             last = res.status
         except (OSError, http.client.HTTPException) as exc:

@@ -122,15 +122,17 @@ class ManagerProc(Proc):
     address: str = ""
 
 
-def _env() -> dict[str, str]:
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child process: this repo importable, unbuffered output, and none of
+    the variables that would point it at another lighthouse, token or proxy; then ``extra``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
-    env.pop("TORCHFT_LIGHTHOUSE", None)
-    env.pop("LIGHTHOUSE_ADMIN_TOKEN", None)
+    for name in ("TORCHFT_LIGHTHOUSE", "LIGHTHOUSE_ADMIN_TOKEN", "LIGHTHOUSE_URL"):
+        env.pop(name, None)
     for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         env.pop(proxy, None)
-    return env
+    return {**env, **(extra or {})}
 
 
 class ProcessPool:
@@ -159,7 +161,7 @@ class ProcessPool:
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,
-                env={**_env(), **(env or {})},
+                env=child_env(env),
                 cwd=str(ROOT),
             )
         proc = cls(list(args), popen, name, stderr_path=stderr_path, **kw)
@@ -269,23 +271,13 @@ def records_so_far(proc: Proc) -> list[dict[str, Any]]:
     return [json.loads(line) for line in proc.lines() if line.startswith("{")]
 
 
-def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
-    """GET without any proxy from the environment; (status, body)."""
-    import urllib.error
-    import urllib.request
-
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=timeout) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def metric(base_url: str, name: str) -> float:
     """One unlabelled sample from the lighthouse's Prometheus ``/metrics``."""
-    status, body = http_get(base_url.rstrip("/") + "/metrics")
-    assert status == 200, body
+    from tests.http_util import call
+
+    answer = call(base_url, "GET", "/metrics")
+    body = answer.body.decode()
+    assert answer.status == 200, body
     for line in body.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])

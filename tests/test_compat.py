@@ -11,7 +11,8 @@ import pytest
 
 from lighthouse import LighthouseClient
 from manager import ManagerServer
-from tests.procs import ProcessPool, http_get, worker_records
+from tests.http_util import call
+from tests.procs import ProcessPool, worker_records
 from worker_client import ManagerClient
 
 
@@ -48,8 +49,8 @@ def test_bad_file_serves_empty_and_warns_naming_the_file(
     assert warnings, lh.stderr()
     assert any(error in line for line in warnings), warnings
     assert all(r["config"] == {} and r["source"] != "fallback" for r in worker_view(procs, lh.address))
-    status, body = http_get(lh.url.rstrip("/") + "/healthz")
-    assert status == 200, body
+    health = call(lh.url, "GET", "/healthz")
+    assert health.status == 200, health.body
 
 
 def test_missing_file_serves_empty_and_warns(procs: ProcessPool, tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ def _put_if_match(
         "based_on": base["version"],
     }
     res = http_util.change(url, "PUT", body, if_match=base["version"])
-    reply = res.json()
+    reply = res.json
     assert res.status in (200, 409), f"{writer}: {res.status} {reply}"
     if res.status == 409:
         assert "error" in reply and reply.get("version", base["version"] + 1) > base["version"], (

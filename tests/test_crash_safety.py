@@ -90,7 +90,7 @@ def _client(shared: Shared, acks: list[Ack], unacked: dict[int, dict[str, Any]],
         if res.status != 200:
             shared.errors.append(f"attempt {attempt}: {op} answered {res.status}: {res.body[:300]!r}")
             return
-        reply = res.json()
+        reply = res.json
         acks.append(Ack(attempt, op, body, reply["version"], reply["config"]))
 
 
@@ -149,7 +149,7 @@ def test_acknowledged_changes_survive_sigkill(procs: ProcessPool, tmp_path: Path
     last_body = {"attempt": -1, "final": True}
     res = http_util.change(lh.url, "PUT", last_body)
     assert res.status == 200, res.body
-    acks.append(Ack(-1, "put", last_body, res.json()["version"], res.json()["config"]))
+    acks.append(Ack(-1, "put", last_body, res.json["version"], res.json["config"]))
 
     versions = [a.version for a in acks]
     print(f"{len(acks)} acknowledged, {len(unacked)} in flight at a kill")

@@ -11,7 +11,8 @@ from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
 
 from lighthouse import LighthouseClient
 from protos import lighthouse_config_pb2 as pb
-from tests.helpers_lighthouse import LighthouseProc, start_lighthouse, wait_until
+from tests.helpers_lighthouse import LighthouseProc, start_lighthouse
+from tests.procs import poll
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -216,7 +217,7 @@ def test_dashboard_shows_managers_schedule_and_file_errors(page: Page, lh: Light
     lh.config_path.write_text('{"lr": ')
     expect(page.locator("#file-error")).to_be_visible(timeout=15_000)
     expect(page.locator("#file-error-text")).to_contain_text("not valid JSON")
-    assert wait_until(lambda: lh.http("GET", "/api/config").json["config"]["lr"] == 0.5)
+    assert poll(lambda: lh.http("GET", "/api/config").json["config"]["lr"] == 0.5, 10, what="file reload")
 
 
 def test_untouched_editor_follows_the_live_version(page: Page, lh: LighthouseProc) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from protos.rpc import parse_address
-from tests.procs import ROOT, ProcessPool, _env, http_get, wait_ready, worker_records
+from tests.http_util import call
+from tests.procs import ROOT, ProcessPool, child_env, wait_ready, worker_records
 
 # Written as UTF-8 text (not \u escapes): unicode keys, nested values, every JSON type.
 CONFIG_TEXT = """{
@@ -53,7 +54,7 @@ def run_cli(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[st
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_env(),
+        env=child_env(),
         cwd=str(ROOT),
         stdin=subprocess.DEVNULL,
     )
@@ -92,9 +93,9 @@ def test_relay_two_managers_four_workers(procs: ProcessPool) -> None:
     assert len(versions) == 1 and versions.pop() >= 1
 
     # The lighthouse's own view agrees on the version, and keeps the original JSON types.
-    status, body = http_get(lh.url.rstrip("/") + "/api/config")
-    assert status == 200
-    view = json.loads(body)
+    answer = call(lh.url, "GET", "/api/config")
+    assert answer.status == 200
+    view = answer.json
     assert view["version"] == records[0]["version"]
     assert view["config"] == json.loads(CONFIG_TEXT)
 

@@ -10,8 +10,9 @@ import re
 import subprocess
 import sys
 
-from tests.http_steps import call, wait_healthy
-from tests.procs import ROOT, ProcessPool, _env
+from tests.http_steps import call
+from tests.http_util import wait_healthy
+from tests.procs import ROOT, ProcessPool, child_env
 
 EXAMPLE = ROOT / "examples" / "train_diloco.py"
 STEP_LINE = re.compile(
@@ -23,7 +24,7 @@ def run_example(*args: str, timeout: float = 90) -> str:
     proc = subprocess.run(
         [sys.executable, str(EXAMPLE), *args],
         cwd=ROOT,
-        env=_env(),
+        env=child_env(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -82,7 +83,7 @@ def test_example_numpy_path_with_a_drop_scheduled_from_the_cli(procs: ProcessPoo
     cli = subprocess.run(
         [sys.executable, "-m", "lighthouse", "config", "set", "lr=0.005", "--at-step", "25", "--url", lh.url],
         cwd=ROOT,
-        env=_env(),
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=30,

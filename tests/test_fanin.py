@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import time
 
-from tests.procs import Proc, ProcessPool, http_get, metric, records_so_far, wait_ready
+from tests.http_util import call
+from tests.procs import Proc, ProcessPool, metric, records_so_far, wait_ready
 
 TTL = 0.2
 T = 2.0  # seconds each phase runs
@@ -61,8 +61,8 @@ def test_lighthouse_calls_do_not_grow_with_workers(procs: ProcessPool) -> None:
     # The lighthouse keeps hearing from both managers (not silently starved).
     assert one_calls >= MANAGERS and many_calls >= MANAGERS
 
-    status, body = http_get(lh.url.rstrip("/") + "/api/managers")
-    assert status == 200
-    listed = {m["replica_id"]: m for m in json.loads(body)["managers"]}
+    answer = call(lh.url, "GET", "/api/managers")
+    assert answer.status == 200
+    listed = {m["replica_id"]: m for m in answer.json["managers"]}
     assert set(listed) == {"m0", "m1"}
     assert all(m["requests"] > 0 for m in listed.values())

@@ -84,7 +84,7 @@ def test_restart_keeps_dashboard_edit_unless_file_changed(procs: ProcessPool, tm
     http_util.wait_healthy(lh.url)
     res = http_util.change(lh.url, "PATCH", {"batch": 64})
     assert res.status == 200, res.body
-    edited = res.json()["version"]
+    edited = res.json["version"]
     assert lh.stop() == 0
 
     # Unchanged file: the dashboard edit stays live, no new version.
@@ -129,7 +129,7 @@ def test_history_limit_prunes_but_never_the_live_version(procs: ProcessPool, tmp
     for i in range(8):
         res = http_util.change(lh.url, "PATCH", {f"k{i}": i, "last": i})
         assert res.status == 200, res.body
-        versions.append(res.json()["version"])
+        versions.append(res.json["version"])
         expected |= {f"k{i}": i, "last": i}
         hist = http_util.history(lh.url)
         assert len(hist) <= limit, [h["version"] for h in hist]
@@ -145,7 +145,7 @@ def test_history_limit_prunes_but_never_the_live_version(procs: ProcessPool, tmp
     back = http_util.change(lh.url, "POST", {"version": versions[-2]}, path="api/config/rollback")
     assert back.status == 200, back.body
     rolled = {k: v for k, v in expected.items() if k not in ("k7",)} | {"last": 6}
-    assert back.json()["config"] == rolled and back.json()["source"] == "rollback"
+    assert back.json["config"] == rolled and back.json["source"] == "rollback"
 
     # Limit 1 keeps exactly the live version, across a restart too.
     assert lh.stop() == 0
@@ -154,13 +154,13 @@ def test_history_limit_prunes_but_never_the_live_version(procs: ProcessPool, tmp
     res = http_util.change(lh.url, "PATCH", {"z": True})
     assert res.status == 200
     hist = http_util.history(lh.url)
-    assert [h["version"] for h in hist] == [res.json()["version"]]
+    assert [h["version"] for h in hist] == [res.json["version"]]
     assert hist[0]["config"] == rolled | {"z": True} == http_util.live(lh.url)["config"]
     assert lh.stop() == 0
     lh = procs.lighthouse(config_path=path, state_dir=state, extra=["--history-limit", "1"])
     http_util.wait_healthy(lh.url)
     view = http_util.live(lh.url)
-    assert view["version"] == res.json()["version"] and view["config"] == rolled | {"z": True}
+    assert view["version"] == res.json["version"] and view["config"] == rolled | {"z": True}
 
     # A pending scheduled change is not live yet: pruning must keep what the live config depends on.
     sched = http_util.call(lh.url, "PUT", "api/config?effective_step=1000000", {"sched": 1})
@@ -170,8 +170,8 @@ def test_history_limit_prunes_but_never_the_live_version(procs: ProcessPool, tmp
     live_now = rolled | {"z": True, "after": 1}
     view = http_util.live(lh.url)
     assert view["config"] == live_now, view
-    assert sched.json()["version"] in [s["version"] for s in view["scheduled"]]
-    assert sched.json()["version"] in [h["version"] for h in http_util.history(lh.url)]
+    assert sched.json["version"] in [s["version"] for s in view["scheduled"]]
+    assert sched.json["version"] in [h["version"] for h in http_util.history(lh.url)]
     assert lh.stop() == 0
     lh = procs.lighthouse(config_path=path, state_dir=state, extra=["--history-limit", "1"])
     http_util.wait_healthy(lh.url)

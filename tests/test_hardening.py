@@ -18,7 +18,8 @@ from manager import ManagerServer
 from manager.pinning import StepPins
 from manager.snapshot import Snapshot
 from protos import lighthouse_config_pb2 as pb
-from tests.helpers_lighthouse import http, start_lighthouse
+from tests.helpers_lighthouse import start_lighthouse
+from tests.http_util import call
 from tests.procs import ROOT, ProcessPool, poll, worker_records
 from worker_client import ManagerClient
 
@@ -66,11 +67,11 @@ def test_manager_get_looks_without_pinning_or_moving_the_step(procs: ProcessPool
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["pinned"] is False
-    http(lh.url, "PATCH", "/api/config", {"lr": 0.5})
-    poll(lambda: http(lh.url, "GET", "/api/managers").json["managers"][0]["version"] == 2, 10, what="v2")
+    call(lh.url, "PATCH", "/api/config", {"lr": 0.5})
+    poll(lambda: call(lh.url, "GET", "/api/managers").json["managers"][0]["version"] == 2, 10, what="v2")
     again = worker_records(procs.worker(manager.address, group="g", rank=1, first_step=100, steps=1))
     assert again[0]["pinned"] and again[0]["config"] == {"lr": "0.1"}, "step 100 lost its pin"
-    assert http(lh.url, "GET", "/api/config").json["current_step"] < 5000
+    assert call(lh.url, "GET", "/api/config").json["current_step"] < 5000
 
 
 def test_prefetch_does_not_follow_an_irregular_jump() -> None:
@@ -125,32 +126,32 @@ def test_patches_cannot_grow_the_config_past_the_limit() -> None:
 def test_patch_over_the_limit_is_413_and_changes_nothing(tmp_path: Path) -> None:
     with start_lighthouse(tmp_path, config={"lr": 0.1}) as lh:
         chunk = "x" * (MAX_CONFIG_BYTES // 2)
-        assert http(lh.url, "PATCH", "/api/config", {"a": chunk}).status == 200
-        answer = http(lh.url, "PATCH", "/api/config", {"b": chunk})
+        assert call(lh.url, "PATCH", "/api/config", {"a": chunk}).status == 200
+        answer = call(lh.url, "PATCH", "/api/config", {"b": chunk})
         assert answer.status == 413 and "max" in answer.json["error"]
-        assert http(lh.url, "GET", "/api/config").json["version"] == 2
+        assert call(lh.url, "GET", "/api/config").json["version"] == 2
 
 
 def test_an_oversized_config_file_is_a_file_error_not_a_crash(procs: ProcessPool) -> None:
     big = {"blob": "x" * (MAX_CONFIG_BYTES + 10)}
     lh = procs.lighthouse(big)
-    view = http(lh.url, "GET", "/api/config").json
+    view = call(lh.url, "GET", "/api/config").json
     assert view["config"] == {} and "max" in view["file"]["error"]
 
 
 def test_changes_under_a_foreign_host_name_need_a_token(tmp_path: Path) -> None:
     with start_lighthouse(tmp_path, config={"lr": 0.1}, args=("--allowed-host", "lighthouse.internal")) as lh:
-        rebound = http(lh.url, "PATCH", "/api/config", {"lr": 9}, headers={"Host": "evil.example:29511"})
+        rebound = call(lh.url, "PATCH", "/api/config", {"lr": 9}, headers={"Host": "evil.example:29511"})
         assert rebound.status == 403 and "--allowed-host" in rebound.json["error"]
         assert (
-            http(lh.url, "GET", "/api/config", headers={"Host": "evil.example"}).status == 200
+            call(lh.url, "GET", "/api/config", headers={"Host": "evil.example"}).status == 200
         )  # reads open
-        named = http(lh.url, "PATCH", "/api/config", {"lr": 2}, headers={"Host": "lighthouse.internal:1"})
+        named = call(lh.url, "PATCH", "/api/config", {"lr": 2}, headers={"Host": "lighthouse.internal:1"})
         assert named.status == 200
-        assert http(lh.url, "PATCH", "/api/config", {"lr": 3}).status == 200  # Host is an IP literal
-        assert http(lh.url, "GET", "/api/config").json["config"] == {"lr": 3}
+        assert call(lh.url, "PATCH", "/api/config", {"lr": 3}).status == 200  # Host is an IP literal
+        assert call(lh.url, "GET", "/api/config").json["config"] == {"lr": 3}
     with start_lighthouse(tmp_path, config={"lr": 0.1}, token="t") as lh:
-        with_token = http(
+        with_token = call(
             lh.url,
             "PATCH",
             "/api/config",
@@ -162,7 +163,7 @@ def test_changes_under_a_foreign_host_name_need_a_token(tmp_path: Path) -> None:
 
 def test_metrics_print_counters_exactly(tmp_path: Path) -> None:
     with start_lighthouse(tmp_path, config={"lr": 0.1}) as lh:
-        text = http(lh.url, "GET", "/metrics").body.decode()
+        text = call(lh.url, "GET", "/metrics").body.decode()
     values = [line.split()[-1] for line in text.splitlines() if line and not line.startswith("#")]
     assert values and all("e+" not in v for v in values)
 

@@ -14,6 +14,7 @@ import pytest
 
 from lighthouse import LighthouseClient
 from protos import lighthouse_config_pb2 as pb
+from tests import http_util
 from tests.helpers_lighthouse import LighthouseProc, start_lighthouse
 
 INITIAL = {"lr": 0.001, "name": "base", "nested": {"a": [1, 2]}}
@@ -40,14 +41,7 @@ def live(lh: LighthouseProc) -> tuple[int, dict[str, Any]]:
 
 def raw_exchange(url: str, data: bytes) -> bytes:
     """Send raw bytes (then end our side) and read whatever comes back until the server closes."""
-    parts = urlsplit(url)
-    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
-        sock.sendall(data)
-        sock.shutdown(socket.SHUT_WR)
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks)
+    return http_util.raw_exchange(*http_util.host_port(url), data, timeout=10)
 
 
 # ---------------------------------------------------------------- pages

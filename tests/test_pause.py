@@ -58,7 +58,7 @@ def test_paused_lighthouse_costs_workers_at_most_a_deadline(procs: ProcessPool) 
     # A change after the pause must reach every worker.
     res = http_util.change(lh.url, "PATCH", {"name": "after"}, timeout=10)
     assert res.status == 200, res.body
-    v2 = res.json()["version"]
+    v2 = res.json["version"]
     assert v2 > v1
 
     groups: dict[str, list[dict[str, Any]]] = {"g0": [], "g1": []}

@@ -3,24 +3,14 @@ the group's pinned snapshot for exactly the step asked for, within the same dead
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
+from tests.http_util import change
 from tests.procs import ROOT, ProcessPool, worker_records
 from worker_client import ManagerClient
-
-
-def patch(url: str, body: dict[str, object]) -> None:
-    req = urllib.request.Request(
-        url + "api/config", json.dumps(body).encode(), {"Content-Type": "application/json"}, method="PATCH"
-    )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(req, timeout=10) as reply:
-        assert reply.status == 200
 
 
 def test_prefetched_answers_are_the_pinned_snapshot_of_their_own_step(procs: ProcessPool) -> None:
@@ -32,7 +22,7 @@ def test_prefetched_answers_are_the_pinned_snapshot_of_their_own_step(procs: Pro
         i = 0
         while not stop.is_set():
             i += 1
-            patch(lh.url, {"lr": i})
+            assert change(lh.url, "PATCH", {"lr": i}).status == 200
             time.sleep(0.005)
 
     changer = threading.Thread(target=churn, daemon=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tests import http_util
-from tests.procs import ROOT, LighthouseProc, ProcessPool, _env, poll
+from tests.procs import ROOT, LighthouseProc, ProcessPool, child_env, poll
 
 MANAGER_TIMEOUT = 0.5
 
@@ -31,7 +31,7 @@ def _manager_get(addr: str) -> dict[str, Any]:
         capture_output=True,
         text=True,
         timeout=30,
-        env=_env(),
+        env=child_env(),
         cwd=str(ROOT),
     )
     assert out.returncode == 0, out.stderr
@@ -75,7 +75,7 @@ def test_manager_never_goes_back_unless_state_reset(procs: ProcessPool, tmp_path
     poll(lambda: "lighthouse restarted" in m.stderr(), 15, 0.1, "manager noticing the restart")
     poll(lambda: _serving(m.address, v4, cfg4), 15, 0.1, f"manager serving version {v4} after restart")
     res = http_util.change(lh.url, "PATCH", {"step": 10})
-    assert res.status == 200 and res.json()["version"] == v4 + 1
+    assert res.status == 200 and res.json["version"] == v4 + 1
     poll(lambda: _serving(m.address, v4 + 1, cfg4 | {"step": "10"}), 15, 0.1, "new version after restart")
 
     # 2. A stored state restored from an older copy (same state id, older head): the manager keeps

@@ -28,9 +28,9 @@ from tests.http_steps import (
     call,
     change,
     scheduled,
-    wait_healthy,
     wait_managers_serve,
 )
+from tests.http_util import wait_healthy
 from tests.procs import ManagerProc, Proc, ProcessPool, poll, wait_ready, worker_records
 
 Record = dict[str, Any]
