@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.procs import Child, Children
+from lighthouse.admin_client import AdminClient
 
 # A typical training config: ~30 keys, mostly scalars, a few small JSON values (~1 KiB encoded).
 CONFIG: dict[str, Any] = {
@@ -111,14 +112,7 @@ def start_manager(
 
 def patch_config(url: str, body: dict[str, Any], timeout: float = 10.0) -> int:
     """PATCH /api/config; returns the acknowledged version."""
-    request = urllib.request.Request(
-        f"{url}/api/config",
-        data=json.dumps(body).encode(),
-        method="PATCH",
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return int(json.loads(response.read())["version"])
+    return int(AdminClient(url, timeout=timeout).patch(body)["version"])
 
 
 def lighthouse_calls(url: str, timeout: float = 10.0) -> int:
@@ -136,6 +130,5 @@ def lighthouse_calls(url: str, timeout: float = 10.0) -> int:
             return int(total)
     except OSError:
         pass
-    with urllib.request.urlopen(f"{url}/api/managers", timeout=timeout) as response:
-        managers = json.loads(response.read())["managers"]
+    managers = AdminClient(url, timeout=timeout).managers()["managers"]
     return sum(int(m.get("fetches", 0)) for m in managers)

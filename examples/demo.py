@@ -9,7 +9,6 @@ on Ctrl-C, and leaves no process behind.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -18,8 +17,9 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
+
+from lighthouse.admin_client import AdminClient
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -47,14 +47,7 @@ def relay(proc: subprocess.Popen[str]) -> None:
 
 
 def change_lr(url: str, lr: float) -> None:
-    request = urllib.request.Request(
-        url + "api/config",
-        data=json.dumps({"lr": lr}).encode(),
-        method="PATCH",
-        headers={"Content-Type": "application/json", "X-Author": "demo"},
-    )
-    with urllib.request.urlopen(request, timeout=5) as reply:
-        version = json.load(reply)["version"]
+    version = AdminClient(url, timeout=5).patch({"lr": lr}, comment="the demo, halfway")["version"]
     print(
         f"==> demo changed lr to {lr} (version {version}); every rank switches at the same step", flush=True
     )

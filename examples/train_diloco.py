@@ -33,9 +33,10 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from lighthouse.admin_client import AdminClient
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -168,24 +169,12 @@ def run_rank(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------- the launcher
-def admin(url: str, method: str, path: str, body: Any = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method)
-    req.add_header("Content-Type", "application/json")
-    token = os.environ.get("LIGHTHOUSE_ADMIN_TOKEN")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
-    with opener.open(req, timeout=10) as resp:
-        return json.loads(resp.read())
-
-
 def schedule_lr_drop(url: str, step: int) -> tuple[float, float, int]:
     """PATCH lr = lr / 10 at ``step``; returns (old lr, new lr, version)."""
-    live = admin(url, "GET", "/api/config")["config"]
-    old = float(live.get("lr", DEFAULT_LR))
+    admin = AdminClient(url, token=os.environ.get("LIGHTHOUSE_ADMIN_TOKEN"))
+    old = float(admin.show()["config"].get("lr", DEFAULT_LR))
     new = old / 10
-    answer = admin(url, "PATCH", f"/api/config?effective_step={step}&comment=lr+drop", {"lr": new})
+    answer = admin.patch({"lr": new}, effective_step=step, comment="lr drop")
     return old, new, int(answer["version"])
 
 

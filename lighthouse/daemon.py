@@ -7,7 +7,6 @@ torchrun, systemd, Kubernetes or a test harness.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
@@ -49,8 +48,3 @@ class Termination:
         while not self._done.wait(1.0):
             pass
         return self._received[0]
-
-
-def env_default(name: str) -> str | None:
-    value = os.environ.get(name)
-    return value if value else None

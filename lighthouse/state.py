@@ -86,7 +86,6 @@ class LighthouseState:
         self.instance_id = uuid.uuid4().hex
         self.config_path = config_path.resolve() if config_path is not None else None
         self.file_error: str | None = None
-        self.started_at = time.time()
         self.get_config_calls = 0
         self.heartbeat_calls = 0
         self._get_config_count = itertools.count(1)  # next() is atomic: no call lost across threads
@@ -273,10 +272,9 @@ class LighthouseState:
         store = self.store
         with store.lock:  # version and config from the same instant
             latest = store.latest()
-            version = latest.version if latest else 0
-            config = store.resolve(version, store.current_step)
+            config = store.live()
         return {
-            "version": version,
+            "version": latest.version if latest else 0,
             "config": config,
             "updated_at": latest.created_at if latest else None,
             "source": latest.source if latest else None,

@@ -20,6 +20,7 @@ same step to the same content, and the history can replay any (version, step).
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -317,7 +318,7 @@ class ConfigStore:
             rows = [*self._rows, draft]
             config = self._resolve(rows, version, FOREVER)
             self._check_size(rows, version, config, effective_step)
-            row = Change(**{**draft.__dict__, "config": config})
+            row = dataclasses.replace(draft, config=config)
             self._write(row)
             self._rows.append(row)
             self._next_version = version + 1
@@ -525,12 +526,11 @@ class ConfigStore:
             if not base or base[-1][1] != config:
                 base.append((point, config))
         gone = {r.version for r in prefix}
-        pruned_cancels = cancels
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany("DELETE FROM versions WHERE version = ?", [(v,) for v in gone])
             self._set_meta("base", json.dumps(base, ensure_ascii=False))
-            self._set_meta("pruned_cancels", json.dumps(sorted(pruned_cancels)))
+            self._set_meta("pruned_cancels", json.dumps(sorted(cancels)))
             # Step switches to pruned versions go too, but for each group's latest one: it still
             # tells which (pruned) version the group served from that step on.
             oldest = min(r.version for r in self._rows if r.version not in gone)
@@ -540,5 +540,5 @@ class ConfigStore:
                 (oldest,),
             )
         self._base = base
-        self._pruned_cancels = pruned_cancels
+        self._pruned_cancels = cancels
         self._rows = [r for r in self._rows if r.version not in gone]

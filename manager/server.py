@@ -95,8 +95,6 @@ class ManagerServer:
     # --------------------------------------------------------- worker calls
     def _get_config(self, request: pb.ManagerConfigRequest, context: grpc.ServicerContext) -> bytes:
         self.requests = next(self._request_count)  # atomic: no increment lost across threads
-        if request.peek:
-            return self._peek(request)
         if not request.HasField("step"):
             answer = self._cache.get()
             snapshot = answer.snapshot
@@ -114,23 +112,12 @@ class ManagerServer:
         answer = self._cache.get()
         snapshot = answer.snapshot
         segment = snapshot.segment(step)
-        if self._pins.outside_window(step):
+        if request.peek or self._pins.outside_window(step):  # peek: look, pin nothing, move no step
             return snapshot.reply(segment, False)
         if not answer.fetched:
             self.cache_hits = next(self._hit_count)
         pinned = self._pins.pin(step, snapshot, snapshot.reply(segment, True))
         return pinned if pinned is not None else snapshot.reply(segment, False)
-
-    def _peek(self, request: pb.ManagerConfigRequest) -> bytes:
-        """What a worker would get, without pinning or moving the group's step (``manager get``)."""
-        step = request.step if request.HasField("step") else None
-        if step is not None:
-            pinned = self._pins.get(step)
-            if pinned is not None:
-                return pinned
-        snapshot = self._cache.get().snapshot
-        job_step = max(self._pins.max_step, self._lighthouse_step)
-        return snapshot.reply(snapshot.segment(job_step if step is None else step), False)
 
     # ------------------------------------------------------------ upstream
     def _status(self) -> pb.ManagerStatus:
