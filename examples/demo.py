@@ -135,6 +135,8 @@ def main() -> None:
     except KeyboardInterrupt:
         pass
     finally:
+        # A second Ctrl-C (or the terminal's SIGINT to the whole group) must not cut the cleanup short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for proc in reversed(procs):
             if proc.poll() is None:
                 proc.terminate()
