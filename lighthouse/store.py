@@ -1,4 +1,4 @@
-"""Versioned config store: every change is a committed row in an embedded SQLite database.
+"""Versioned config store of one job: every change is a committed record in a backend (SQLite or etcd).
 
 A version is an operation, not only a snapshot, because changes can be
 scheduled at a training step. The config a group gets for step N from the state
@@ -21,47 +21,25 @@ same step to the same content, and the history can replay any (version, step).
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
-import os
-import socket
-import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from lighthouse.backend import Change, HeadMoved, StoreBackend, Switch
+from lighthouse.sqlite_backend import SqliteBackend, StateInUse
 from lighthouse.values import MAX_CONFIG_BYTES, ConfigError, ConfigTooLarge
+from protos.jobs import DEFAULT_JOB
+
+__all__ = ["FOREVER", "Change", "ConfigStore", "NotFound", "Segment", "StateInUse", "VersionConflict"]
 
 FOREVER = 2**62  # a step later than any real step
 STEP_SAVE_INTERVAL = 1.0
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS versions (
-    version INTEGER PRIMARY KEY,
-    op TEXT NOT NULL CHECK (op IN ('put', 'patch', 'cancel')),
-    change TEXT NOT NULL,
-    config TEXT NOT NULL,
-    effective_step INTEGER,
-    order_step INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    source TEXT NOT NULL,
-    author TEXT NOT NULL,
-    comment TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS switches (
-    replica_id TEXT NOT NULL,
-    version INTEGER NOT NULL,
-    step INTEGER NOT NULL,
-    previous_step INTEGER NOT NULL,
-    recorded_at REAL NOT NULL,
-    PRIMARY KEY (replica_id, step, version)
-);
-"""
+MAX_COMMIT_RETRIES = 20  # another lighthouse appending first, again and again
 
 
 class VersionConflict(Exception):
@@ -77,67 +55,11 @@ class NotFound(LookupError):
 
 
 @dataclass(frozen=True)
-class Change:
-    """One committed version."""
-
-    version: int
-    op: str
-    change: dict[str, Any]
-    config: dict[str, Any]  # resolve(version, FOREVER): the config once everything known applies
-    effective_step: int | None
-    order_step: int
-    created_at: float
-    source: str
-    author: str
-    comment: str
-
-    @property
-    def scheduled(self) -> bool:
-        return self.effective_step is not None
-
-    def to_json(self, cancelled: bool = False) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "config": self.config,
-            "created_at": self.created_at,
-            "source": self.source,
-            "author": self.author,
-            "comment": self.comment,
-            "op": self.op,
-            "change": self.change,
-            "effective_step": self.effective_step,
-            "cancelled": cancelled,
-        }
-
-
-@dataclass(frozen=True)
 class Segment:
     """``config`` holds for steps from ``from_step`` up to the next segment's."""
 
     from_step: int
     config: dict[str, Any]
-
-
-class StateInUse(OSError):
-    """Another lighthouse holds this state directory."""
-
-
-def _lock_exclusively(path: Path) -> IO[str]:
-    """Hold an exclusive lock on ``path`` for the process's life: two lighthouses writing one
-    database would interleave version numbers and break each other's commits."""
-    handle = path.open("a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise StateInUse(f"state directory {path.parent} is in use by {holder}") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"lighthouse pid {os.getpid()} on {socket.gethostname()}\n")
-    handle.flush()
-    return handle
 
 
 def _apply(config: dict[str, Any], row: Change) -> dict[str, Any]:
@@ -153,34 +75,41 @@ def _apply(config: dict[str, Any], row: Change) -> dict[str, Any]:
 
 
 class ConfigStore:
-    """Thread-safe store; ``path=None`` keeps everything in memory (lost on exit)."""
+    """One job's versions; thread-safe.
 
-    def __init__(self, path: Path | None = None, history_limit: int | None = None) -> None:
+    ``ConfigStore(path)`` opens a SQLite file of its own (``path=None``: in memory,
+    lost on exit); a lighthouse serving many jobs passes one shared ``backend``.
+    """
+
+    def __init__(
+        self,
+        path: Path | None = None,
+        history_limit: int | None = None,
+        *,
+        job: str = DEFAULT_JOB,
+        backend: StoreBackend | None = None,
+    ) -> None:
         if history_limit is not None and history_limit < 1:
             raise ValueError("history_limit must be at least 1")
         self.path = path
+        self.job = job
         self.history_limit = history_limit
+        self._owns_backend = backend is None
+        self.backend: StoreBackend = backend if backend is not None else SqliteBackend(path)
         self._lock = threading.RLock()
         self._closed = False
-        self._lock_file: IO[str] | None = None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._lock_file = _lock_exclusively(path.with_name(path.name + ".lock"))
-        self._db = sqlite3.connect(
-            str(path) if path is not None else ":memory:", check_same_thread=False, isolation_level=None
-        )
-        # WAL + FULL: a commit is on disk before we acknowledge it; readers never block the writer.
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
-        self._rows: list[Change] = [
-            self._row(r) for r in self._db.execute("SELECT * FROM versions ORDER BY version")
-        ]
-        meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        self._load()
+
+    def _load(self) -> None:
+        """(Re)read the job's records: at open, and when another writer appended first."""
+        records = self.backend.load(self.job)
+        meta = records.meta
+        self._meta = meta
+        self._rows: list[Change] = records.rows
         if "state_id" not in meta:
             meta["state_id"] = uuid.uuid4().hex
-            self._set_meta("state_id", meta["state_id"])
+            if self._rows:  # a stored job keeps its state id; a new one stores it with its first version
+                self.backend.set_meta(self.job, {"state_id": meta["state_id"]})
         self.state_id: str = meta["state_id"]
         # What pruned versions folded into, per step range: [(from_step, config)], first from -inf.
         self._base: list[tuple[int, dict[str, Any]]] = [
@@ -189,7 +118,7 @@ class ConfigStore:
         self._next_version = (
             max(int(meta.get("last_version", "0")), self._rows[-1].version if self._rows else 0) + 1
         )
-        self._current_step = int(meta.get("current_step", "-1"))
+        self._current_step = max(int(meta.get("current_step", "-1")), getattr(self, "_current_step", -1))
         self._cancelled = {int(r.change["version"]) for r in self._rows if r.op == "cancel"}
         self._pruned_cancels: set[int] = set(json.loads(meta.get("pruned_cancels", "[]")))
         self._cancelled.update(self._pruned_cancels)
@@ -268,10 +197,7 @@ class ConfigStore:
             switches = None
             for row in self._rows:
                 if row.effective_step is not None and switches is None:
-                    switches = self._db.execute(
-                        "SELECT replica_id, version, step, previous_step FROM switches"
-                        " ORDER BY replica_id, step, version"
-                    ).fetchall()
+                    switches = self.backend.switches(self.job)
                 if row.effective_step is None or switches is None:
                     continue
                 if row.version in self._cancelled:
@@ -303,29 +229,41 @@ class ConfigStore:
             raise ValueError(f"unknown op {op!r}")
         if effective_step is not None and effective_step < 0:
             raise ConfigError("effective_step must be a step >= 0")
-        with self._lock:
-            if if_match is not None and if_match != self.head:
-                raise VersionConflict(if_match, self.head)
-            if op == "cancel":
-                self._check_cancellable(int(change["version"]))
-            order_step = self._current_step
-            if effective_step is not None:
-                order_step = max(order_step, effective_step)
-            version = self._next_version
-            draft = Change(
-                version, op, change, {}, effective_step, order_step, time.time(), source, author, comment
-            )
-            rows = [*self._rows, draft]
-            config = self._resolve(rows, version, FOREVER)
-            self._check_size(rows, version, config, effective_step)
-            row = dataclasses.replace(draft, config=config)
-            self._write(row)
-            self._rows.append(row)
-            self._next_version = version + 1
-            if op == "cancel":
-                self._cancelled.add(int(change["version"]))
-            self._prune()
-            return row
+        for _ in range(MAX_COMMIT_RETRIES):
+            with self._lock:
+                if if_match is not None and if_match != self.head:
+                    raise VersionConflict(if_match, self.head)
+                if op == "cancel":
+                    self._check_cancellable(int(change["version"]))
+                order_step = self._current_step
+                if effective_step is not None:
+                    order_step = max(order_step, effective_step)
+                version = self._next_version
+                draft = Change(
+                    version, op, change, {}, effective_step, order_step, time.time(), source, author, comment
+                )
+                rows = [*self._rows, draft]
+                config = self._resolve(rows, version, FOREVER)
+                self._check_size(rows, version, config, effective_step)
+                row = dataclasses.replace(draft, config=config)
+                meta = {
+                    "current_step": str(self._current_step),
+                    "last_version": str(version),
+                    "state_id": self.state_id,
+                }
+                try:
+                    self.backend.append(self.job, row, meta, expected_head=self.head)
+                except HeadMoved:
+                    self._load()  # another lighthouse committed first: order after it
+                    continue
+                self._meta.update(meta)
+                self._rows.append(row)
+                self._next_version = version + 1
+                if op == "cancel":
+                    self._cancelled.add(int(change["version"]))
+                self._prune()
+                return row
+        raise VersionConflict(version, self.head)
 
     def advance_step(self, step: int) -> bool:
         """Note that some group reached ``step``; True when that moved the job's current step.
@@ -342,77 +280,48 @@ class ConfigStore:
             now = time.monotonic()
             if now - self._step_saved_at >= STEP_SAVE_INTERVAL:
                 self._step_saved_at = now
-                self._set_meta("current_step", str(step))
+                self.backend.set_meta(self.job, {"current_step": str(step)})
             return True
 
     def record_switches(self, replica_id: str, switches: Iterable[tuple[int, int, int]]) -> None:
         """Remember that ``replica_id`` started serving ``version`` at ``step`` after serving up to
         ``previous_step`` (for replay and lateness)."""
-        rows = [(replica_id, v, s, p, time.time()) for v, s, p in switches]
-        if not rows:
-            return
-        with self._lock:
-            self._db.executemany("INSERT OR IGNORE INTO switches VALUES (?, ?, ?, ?, ?)", rows)
+        rows: list[Switch] = [(replica_id, v, s, p) for v, s, p in switches]
+        if rows:
+            self.backend.add_switches(self.job, rows)
 
     def served_at(self, step: int) -> dict[str, int]:
         """For each group, the version it served at ``step`` (from its reported switches)."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT replica_id, version FROM switches s WHERE step = ("
-                " SELECT MAX(step) FROM switches t WHERE t.replica_id = s.replica_id AND t.step <= ?)"
-                " ORDER BY replica_id, version",
-                (step,),
-            ).fetchall()
-        return {replica: version for replica, version in rows}
+        latest: dict[str, tuple[int, int]] = {}  # replica -> (step, version) of its last switch <= step
+        for replica, version, at, _ in self.backend.switches(self.job):
+            if at <= step and (replica not in latest or (at, version) >= latest[replica]):
+                latest[replica] = (at, version)
+        return {replica: version for replica, (_, version) in sorted(latest.items())}
 
     def file_hash(self, path: str) -> str | None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (f"file:{path}",)).fetchone()
-        return row[0] if row else None
+        return self._meta.get(f"file:{path}")
 
     def set_file_hash(self, path: str, digest: str) -> None:
         with self._lock:
-            self._set_meta(f"file:{path}", digest)
+            self._meta[f"file:{path}"] = digest
+            self.backend.set_meta(self.job, {f"file:{path}": digest})
+
+    def discard(self) -> None:
+        """Stop using this store without writing anything more (its job is being deleted)."""
+        with self._lock:
+            self._closed = True
 
     def close(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._set_meta("current_step", str(self._current_step))
-            self._db.close()
-            if self._lock_file is not None:
-                self._lock_file.close()  # releases the lock
+            if self._current_step >= 0:
+                self.backend.set_meta(self.job, {"current_step": str(self._current_step)})
+            if self._owns_backend:
+                self.backend.close()
 
     # -------------------------------------------------------------- internals
-    @staticmethod
-    def _row(r: tuple[Any, ...]) -> Change:
-        return Change(r[0], r[1], json.loads(r[2]), json.loads(r[3]), r[4], r[5], r[6], r[7], r[8], r[9])
-
-    def _set_meta(self, key: str, value: str) -> None:
-        self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
-
-    def _write(self, row: Change) -> None:
-        dumps = json.dumps
-        with self._db:  # one transaction: the row and the step it was ordered at
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute(
-                "INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    row.version,
-                    row.op,
-                    dumps(row.change, ensure_ascii=False),
-                    dumps(row.config, ensure_ascii=False),
-                    row.effective_step,
-                    row.order_step,
-                    row.created_at,
-                    row.source,
-                    row.author,
-                    row.comment,
-                ),
-            )
-            self._set_meta("current_step", str(self._current_step))
-            self._set_meta("last_version", str(row.version))
-
     def _cancelled_at(self, rows: list[Change], version: int) -> set[int]:
         cancelled = {int(r.change["version"]) for r in rows if r.op == "cancel" and r.version <= version}
         return cancelled | self._pruned_cancels
@@ -526,19 +435,12 @@ class ConfigStore:
             if not base or base[-1][1] != config:
                 base.append((point, config))
         gone = {r.version for r in prefix}
-        with self._db:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany("DELETE FROM versions WHERE version = ?", [(v,) for v in gone])
-            self._set_meta("base", json.dumps(base, ensure_ascii=False))
-            self._set_meta("pruned_cancels", json.dumps(sorted(cancels)))
-            # Step switches to pruned versions go too, but for each group's latest one: it still
-            # tells which (pruned) version the group served from that step on.
-            oldest = min(r.version for r in self._rows if r.version not in gone)
-            self._db.execute(
-                "DELETE FROM switches WHERE version < ?1 AND step < (SELECT MAX(step) FROM switches t"
-                " WHERE t.replica_id = switches.replica_id AND t.version < ?1)",
-                (oldest,),
-            )
+        meta = {"base": json.dumps(base, ensure_ascii=False), "pruned_cancels": json.dumps(sorted(cancels))}
+        # Step switches to pruned versions go too, but for each group's latest one: it still
+        # tells which (pruned) version the group served from that step on.
+        oldest = min(r.version for r in self._rows if r.version not in gone)
+        self.backend.prune(self.job, gone, meta, oldest)
+        self._meta.update(meta)
         self._base = base
         self._pruned_cancels = cancels
         self._rows = [r for r in self._rows if r.version not in gone]

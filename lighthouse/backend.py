@@ -1,0 +1,101 @@
+"""What a config store persists, and the interface every persistence backend implements.
+
+``ConfigStore`` (one per job) keeps the logic (resolve, scheduling, pruning,
+late groups); a backend only stores and returns records, so the logic never
+knows whether it runs on the embedded SQLite file or on etcd.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Change:
+    """One committed version."""
+
+    version: int
+    op: str
+    change: dict[str, Any]
+    config: dict[str, Any]  # resolve(version, FOREVER): the config once everything known applies
+    effective_step: int | None
+    order_step: int
+    created_at: float
+    source: str
+    author: str
+    comment: str
+
+    @property
+    def scheduled(self) -> bool:
+        return self.effective_step is not None
+
+    def to_json(self, cancelled: bool = False) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "config": self.config,
+            "created_at": self.created_at,
+            "source": self.source,
+            "author": self.author,
+            "comment": self.comment,
+            "op": self.op,
+            "change": self.change,
+            "effective_step": self.effective_step,
+            "cancelled": cancelled,
+        }
+
+
+# (replica_id, version, step, previous_step): a group began serving `version` at `step`.
+Switch = tuple[str, int, int, int]
+
+
+@dataclass
+class JobRecords:
+    """Everything stored for one job, as loaded when its store opens."""
+
+    rows: list[Change] = field(default_factory=list)
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+class HeadMoved(Exception):
+    """Another writer (another lighthouse on the same store) appended a version first."""
+
+
+class StoreUnavailable(Exception):
+    """The backend cannot commit now (etcd without quorum); nothing was stored."""
+
+
+class StoreBackend(Protocol):
+    """Durable records of every job. ``append`` returns only once the record is committed."""
+
+    def jobs(self) -> list[str]:
+        """Jobs with at least one stored version, sorted."""
+        ...
+
+    def load(self, job: str) -> JobRecords: ...
+
+    def append(self, job: str, row: Change, meta: dict[str, str], expected_head: int) -> None:
+        """Store ``row`` and ``meta`` atomically if the job's head is still ``expected_head``,
+        else raise HeadMoved (and store nothing)."""
+        ...
+
+    def set_meta(self, job: str, items: dict[str, str]) -> None: ...
+
+    def add_switches(self, job: str, switches: list[Switch]) -> None:
+        """Remember step switches (duplicates are ignored)."""
+        ...
+
+    def switches(self, job: str) -> list[Switch]:
+        """Every stored switch of the job, ordered by (replica_id, step, version)."""
+        ...
+
+    def prune(self, job: str, gone: set[int], meta: dict[str, str], oldest_kept: int) -> None:
+        """Delete versions ``gone`` and store ``meta``; drop switches to versions before
+        ``oldest_kept`` except each group's latest one (it still says what the group served)."""
+        ...
+
+    def delete_job(self, job: str) -> None:
+        """Forget the job: its versions, meta and switches."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,231 @@
+"""The embedded store backend: every job's versions in one SQLite file, committed with fsync.
+
+A state directory written before jobs existed (tables without a job column)
+is migrated in one transaction on open: its versions become the job
+``default``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from lighthouse.backend import Change, HeadMoved, JobRecords, Switch
+
+FORMAT_VERSION = 2  # PRAGMA user_version: 0 = the single-job layout, 2 = per-job tables
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS job_meta (
+    job TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (job, key)
+);
+CREATE TABLE IF NOT EXISTS job_versions (
+    job TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    op TEXT NOT NULL CHECK (op IN ('put', 'patch', 'cancel')),
+    change TEXT NOT NULL,
+    config TEXT NOT NULL,
+    effective_step INTEGER,
+    order_step INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    source TEXT NOT NULL,
+    author TEXT NOT NULL,
+    comment TEXT NOT NULL,
+    PRIMARY KEY (job, version)
+);
+CREATE TABLE IF NOT EXISTS job_switches (
+    job TEXT NOT NULL,
+    replica_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    previous_step INTEGER NOT NULL,
+    recorded_at REAL NOT NULL,
+    PRIMARY KEY (job, replica_id, step, version)
+);
+"""
+
+LEGACY_DEFAULT_JOB = "default"
+
+
+class StateInUse(OSError):
+    """Another lighthouse holds this state directory."""
+
+
+def _lock_exclusively(path: Path) -> IO[str]:
+    """Hold an exclusive lock on ``path`` for the process's life: two lighthouses writing one
+    database would interleave version numbers and break each other's commits."""
+    handle = path.open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise StateInUse(f"state directory {path.parent} is in use by {holder}") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"lighthouse pid {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    return handle
+
+
+class SqliteBackend:
+    """One SQLite database for every job; ``path=None`` keeps it in memory (lost on exit)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._lock = threading.Lock()  # one connection, used by every job's store
+        self._closed = False
+        self._lock_file: IO[str] | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock_file = _lock_exclusively(path.with_name(path.name + ".lock"))
+        try:
+            self._db = sqlite3.connect(
+                str(path) if path is not None else ":memory:", check_same_thread=False, isolation_level=None
+            )
+            # WAL + FULL: a commit is on disk before we acknowledge it; readers never block the writer.
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._open_schema()
+        except BaseException:
+            if self._lock_file is not None:
+                self._lock_file.close()
+            raise
+
+    def _open_schema(self) -> None:
+        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        (user_version,) = self._db.execute("PRAGMA user_version").fetchone()
+        if user_version > FORMAT_VERSION:
+            raise OSError(
+                f"{self.path} was written by a newer lighthouse (format {user_version}, "
+                f"this one reads up to {FORMAT_VERSION})"
+            )
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
+            if "versions" in tables:  # the single-job layout: its state is the job "default"
+                job = LEGACY_DEFAULT_JOB
+                self._db.execute("INSERT INTO job_versions SELECT ?, * FROM versions", (job,))
+                self._db.execute("INSERT INTO job_meta SELECT ?, key, value FROM meta", (job,))
+                self._db.execute("INSERT INTO job_switches SELECT ?, * FROM switches", (job,))
+                for table in ("versions", "meta", "switches"):
+                    self._db.execute(f"DROP TABLE {table}")
+            self._db.execute(f"PRAGMA user_version = {FORMAT_VERSION}")
+
+    # ------------------------------------------------------------------ reads
+    def jobs(self) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self._db.execute("SELECT DISTINCT job FROM job_versions ORDER BY job")]
+
+    def load(self, job: str) -> JobRecords:
+        with self._lock:
+            rows = [
+                _row(r)
+                for r in self._db.execute(
+                    "SELECT version, op, change, config, effective_step, order_step, created_at, source,"
+                    " author, comment FROM job_versions WHERE job = ? ORDER BY version",
+                    (job,),
+                )
+            ]
+            meta = dict(self._db.execute("SELECT key, value FROM job_meta WHERE job = ?", (job,)).fetchall())
+        return JobRecords(rows, meta)
+
+    def switches(self, job: str) -> list[Switch]:
+        with self._lock:
+            return [
+                (r[0], r[1], r[2], r[3])
+                for r in self._db.execute(
+                    "SELECT replica_id, version, step, previous_step FROM job_switches WHERE job = ?"
+                    " ORDER BY replica_id, step, version",
+                    (job,),
+                )
+            ]
+
+    # ----------------------------------------------------------------- writes
+    def append(self, job: str, row: Change, meta: dict[str, str], expected_head: int) -> None:
+        dumps = json.dumps
+        with self._lock, self._db:  # one transaction: the row and its meta
+            self._db.execute("BEGIN IMMEDIATE")
+            (head,) = self._db.execute(
+                "SELECT COALESCE(MAX(version), 0) FROM job_versions WHERE job = ?", (job,)
+            ).fetchone()
+            if head != expected_head:
+                raise HeadMoved(f"job {job}: head is {head}, expected {expected_head}")
+            self._db.execute(
+                "INSERT INTO job_versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    job,
+                    row.version,
+                    row.op,
+                    dumps(row.change, ensure_ascii=False),
+                    dumps(row.config, ensure_ascii=False),
+                    row.effective_step,
+                    row.order_step,
+                    row.created_at,
+                    row.source,
+                    row.author,
+                    row.comment,
+                ),
+            )
+            self._set_meta(job, meta)
+
+    def set_meta(self, job: str, items: dict[str, str]) -> None:
+        with self._lock:
+            if not self._closed:
+                self._set_meta(job, items)
+
+    def add_switches(self, job: str, switches: list[Switch]) -> None:
+        now = time.time()
+        with self._lock:
+            self._db.executemany(
+                "INSERT OR IGNORE INTO job_switches VALUES (?, ?, ?, ?, ?, ?)",
+                [(job, r, v, s, p, now) for r, v, s, p in switches],
+            )
+
+    def prune(self, job: str, gone: set[int], meta: dict[str, str], oldest_kept: int) -> None:
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(
+                "DELETE FROM job_versions WHERE job = ? AND version = ?", [(job, v) for v in gone]
+            )
+            self._set_meta(job, meta)
+            self._db.execute(
+                "DELETE FROM job_switches WHERE job = ?1 AND version < ?2 AND step < ("
+                " SELECT MAX(step) FROM job_switches t"
+                " WHERE t.job = ?1 AND t.replica_id = job_switches.replica_id AND t.version < ?2)",
+                (job, oldest_kept),
+            )
+
+    def delete_job(self, job: str) -> None:
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            for table in ("job_versions", "job_meta", "job_switches"):
+                self._db.execute(f"DELETE FROM {table} WHERE job = ?", (job,))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._db.close()
+            if self._lock_file is not None:
+                self._lock_file.close()  # releases the lock
+
+    def _set_meta(self, job: str, items: dict[str, str]) -> None:
+        self._db.executemany(
+            "INSERT OR REPLACE INTO job_meta VALUES (?, ?, ?)", [(job, k, v) for k, v in items.items()]
+        )
+
+
+def _row(r: tuple[Any, ...]) -> Change:
+    return Change(r[0], r[1], json.loads(r[2]), json.loads(r[3]), r[4], r[5], r[6], r[7], r[8], r[9])
