@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ManagerStatus(_message.Message):
-    __slots__ = ("replica_id", "address", "version", "requests", "cache_hits", "step", "switches")
+    __slots__ = ("replica_id", "address", "version", "requests", "cache_hits", "step", "switches", "job")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class ManagerStatus(_message.Message):
     CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     version: int
@@ -22,7 +23,8 @@ class ManagerStatus(_message.Message):
     cache_hits: int
     step: int
     switches: _containers.RepeatedCompositeFieldContainer[StepSwitch]
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[int] = ..., requests: _Optional[int] = ..., cache_hits: _Optional[int] = ..., step: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[StepSwitch, _Mapping]]] = ...) -> None: ...
+    job: str
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[int] = ..., requests: _Optional[int] = ..., cache_hits: _Optional[int] = ..., step: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[StepSwitch, _Mapping]]] = ..., job: _Optional[str] = ...) -> None: ...
 
 class StepSwitch(_message.Message):
     __slots__ = ("version", "step", "previous_step")
@@ -35,16 +37,18 @@ class StepSwitch(_message.Message):
     def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., previous_step: _Optional[int] = ...) -> None: ...
 
 class LighthouseConfigRequest(_message.Message):
-    __slots__ = ("replica_id", "known_version", "known_state_id", "status")
+    __slots__ = ("replica_id", "known_version", "known_state_id", "status", "job")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
     KNOWN_STATE_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     known_version: int
     known_state_id: str
     status: ManagerStatus
-    def __init__(self, replica_id: _Optional[str] = ..., known_version: _Optional[int] = ..., known_state_id: _Optional[str] = ..., status: _Optional[_Union[ManagerStatus, _Mapping]] = ...) -> None: ...
+    job: str
+    def __init__(self, replica_id: _Optional[str] = ..., known_version: _Optional[int] = ..., known_state_id: _Optional[str] = ..., status: _Optional[_Union[ManagerStatus, _Mapping]] = ..., job: _Optional[str] = ...) -> None: ...
 
 class ConfigSegment(_message.Message):
     __slots__ = ("from_step", "config_data")
@@ -113,7 +117,7 @@ class ManagerConfigRequest(_message.Message):
     def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., known_version: _Optional[int] = ..., peek: _Optional[bool] = ...) -> None: ...
 
 class ManagerConfigResponse(_message.Message):
-    __slots__ = ("config_data", "version", "source", "pinned")
+    __slots__ = ("config_data", "version", "source", "pinned", "job")
     class ConfigDataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -125,8 +129,10 @@ class ManagerConfigResponse(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     config_data: _containers.ScalarMap[str, str]
     version: int
     source: str
     pinned: bool
-    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., pinned: _Optional[bool] = ...) -> None: ...
+    job: str
+    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., pinned: _Optional[bool] = ..., job: _Optional[str] = ...) -> None: ...
