@@ -1,14 +1,16 @@
-"""The admin API and the pages: one route table over the lighthouse's state.
+"""The admin API and the pages: one route table over every job's state.
 
-Reads are open; changes need the admin token when one is set, a JSON body,
-and they act through ``LighthouseState`` exactly like gRPC sees them.
+Every per-job route exists twice: ``/api/config...`` is the job ``default``,
+``/api/jobs/{job}/config...`` any job (and ``/jobs/{job}`` its pages); the
+prefix is taken off before routing, so both run the same handler.
+Reads are open; changes need a token when one is set (see ``access``), a JSON
+body, and they act through ``LighthouseState`` exactly like gRPC sees them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import hmac
 import ipaddress
 import re
 import socket
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from lighthouse.access import Access
 from lighthouse.http_messages import (
     HttpError,
     Request,
@@ -26,9 +29,11 @@ from lighthouse.http_messages import (
     json_response,
     parse_int,
 )
+from lighthouse.jobs import JobBusy, JobRegistry
 from lighthouse.state import LighthouseState
-from lighthouse.store import Change, NotFound
+from lighthouse.store import Change, ConfigStore, NotFound
 from lighthouse.values import ConfigError
+from protos.jobs import DEFAULT_JOB, InvalidJobId, check_job_id
 
 MAX_AUTHOR_CHARS = 64
 MAX_COMMENT_CHARS = 500
@@ -42,6 +47,8 @@ CONTENT_TYPES = {
     ".png": "image/png",
 }
 PAGES = {"/": "dashboard.html", "/config": "config.html"}
+JOBS_PAGE = "jobs.html"
+_JOB_PREFIX = re.compile(r"/(api/)?jobs/([^/]+)(/.*)?")
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -58,13 +65,18 @@ class AdminApi:
     """Routes and their handlers, independent of the socket plumbing."""
 
     def __init__(
-        self, state: LighthouseState, admin_token: str | None, allowed_hosts: Iterable[str] = ()
+        self,
+        jobs: JobRegistry,
+        admin_token: str | None,
+        allowed_hosts: Iterable[str] = (),
+        job_tokens: dict[str, list[str]] | None = None,
     ) -> None:
-        self.state = state
-        self._token = admin_token.encode() if admin_token else None
+        self.jobs = jobs
+        self.access = Access(admin_token, job_tokens)
         self._allowed_hosts = {h.lower() for h in allowed_hosts} | _own_names()
         self.assets = load_assets()
         table: list[tuple[str, dict[str, Handler]]] = [
+            (r"/api/jobs", {"GET": self.list_jobs}),
             (r"/", {"GET": self.page}),
             (r"/config", {"GET": self.page}),
             (r"/static/([A-Za-z0-9_.-]+)", {"GET": self.static}),
@@ -79,9 +91,28 @@ class AdminApi:
             (r"/api/managers", {"GET": self.managers}),
         ]
         self.routes = [Route(re.compile(p), m) for p, m in table]
+        self._job_routes = [
+            Route(re.compile(r"/api/jobs/([^/]+)"), {"GET": self.get_job, "DELETE": self.delete_job})
+        ]
 
     def dispatch(self, req: Request) -> Response:
-        for route in self.routes:
+        routes = self.routes
+        prefixed = _JOB_PREFIX.fullmatch(req.path)
+        if prefixed is not None:
+            try:
+                req.job = check_job_id(prefixed.group(2))
+            except InvalidJobId as exc:
+                raise HttpError(400, str(exc)) from None
+            rest = prefixed.group(3) or ""
+            if prefixed.group(1) is None:  # a job's pages: /jobs/{job} and /jobs/{job}/config
+                req.path = rest or "/"
+                if req.path not in PAGES:
+                    raise HttpError(404, f"no such page: {req.path[:200]}")
+            elif rest in ("", "/"):
+                routes = self._job_routes
+            else:
+                req.path = "/api" + rest if rest != "/schema" else "/api/config/schema"
+        for route in routes:
             match = route.pattern.fullmatch(req.path)
             if match is None:
                 continue
@@ -96,19 +127,25 @@ class AdminApi:
             return handler(req)
         raise HttpError(404, f"no such path: {req.path[:200]}")
 
+    # ------------------------------------------------------------ jobs
+    def state(self, req: Request) -> LighthouseState:
+        """The request's job; 404 when it does not exist."""
+        return self.jobs.existing(req.job)
+
+    def state_to_change(self, req: Request) -> LighthouseState:
+        """The request's job, created by this change when it does not exist yet."""
+        return self.jobs.serve(req.job)
+
     # ------------------------------------------------------------ auth
-    def authorize(self, req: Request) -> str:
-        """The author recorded for a change; raises 401 when a token is set and not presented."""
-        if self._token is None:
+    def authorize(self, req: Request, admin_only: bool = False) -> str:
+        """The author recorded for a change to ``req.job``; raises 401/403 when not allowed."""
+        if not self.access.enforced(req.job):
             self._check_host(req)
-        if self._token is not None:
-            scheme, _, presented = req.headers.get("Authorization", "").strip().partition(" ")
-            if scheme.lower() != "bearer" or not presented.strip():
-                raise self._unauthorized("admin token required: send 'Authorization: Bearer <token>'")
-            if not hmac.compare_digest(presented.strip().encode("utf-8", "replace"), self._token):
-                raise self._unauthorized("wrong admin token")
+        scheme, _, presented = req.headers.get("Authorization", "").strip().partition(" ")
+        token = presented.strip() if scheme.lower() == "bearer" else ""
+        who = self.access.check(req.job, token, admin_only=admin_only)
         author = clean_text(req.headers.get("X-Author", ""), MAX_AUTHOR_CHARS)
-        return author or ("token" if self._token is not None else "-")
+        return author or who
 
     def _check_host(self, req: Request) -> None:
         """Without a token, changes are taken only under a Host this lighthouse answers to.
@@ -126,13 +163,12 @@ class AdminApi:
             f"{host[:100]}, or set --admin-token",
         )
 
-    @staticmethod
-    def _unauthorized(message: str) -> HttpError:
-        return HttpError(401, message, headers={"WWW-Authenticate": 'Bearer realm="lighthouse"'})
-
     # ------------------------------------------------------------ pages
     def page(self, req: Request) -> Response:
-        return self._asset(PAGES[req.path], req)
+        name = PAGES[req.path]
+        if req.path == "/" and req.job == DEFAULT_JOB and self.jobs.names() != [DEFAULT_JOB]:
+            name = JOBS_PAGE  # several jobs: / lists them; with only "default", / is its dashboard
+        return self._asset(name, req)
 
     def static(self, req: Request) -> Response:
         return self._asset(req.params[0], req)
@@ -149,75 +185,96 @@ class AdminApi:
 
     # ------------------------------------------------------------ reads
     def healthz(self, req: Request) -> Response:
-        return json_response({"status": "ok", "version": self.state.store.head})
+        return json_response({"status": "ok", "version": self.jobs.default.store.head})
+
+    def list_jobs(self, req: Request) -> Response:
+        return json_response({"jobs": self.jobs.overview()})
+
+    def get_job(self, req: Request) -> Response:
+        state = self.state(req)
+        (line,) = [j for j in self.jobs.overview() if j["job"] == state.job] or [{"job": state.job}]
+        return json_response(line)
+
+    def delete_job(self, req: Request) -> Response:
+        author = self.authorize(req, admin_only=True)
+        try:
+            self.jobs.delete(req.job)
+        except JobBusy as exc:
+            raise HttpError(409, str(exc)) from None
+        return json_response({"deleted": req.job, "author": author})
 
     def get_config(self, req: Request) -> Response:
-        return json_response(self.state.view())
+        return json_response(self.state(req).view())
 
     def history(self, req: Request) -> Response:
         limit = req.int_arg("limit", minimum=1) or DEFAULT_HISTORY_LIMIT
-        return json_response({"versions": self.state.store.history(min(limit, MAX_HISTORY_LIMIT))})
+        return json_response({"versions": self.state(req).store.history(min(limit, MAX_HISTORY_LIMIT))})
 
     def scheduled(self, req: Request) -> Response:
-        return json_response({"scheduled": self.state.store.scheduled()})
+        return json_response({"scheduled": self.state(req).store.scheduled()})
 
     def at_step(self, req: Request) -> Response:
         step = parse_int(req.params[0], "step")
-        store = self.state.store
+        store = self.state(req).store
         head = store.head
         groups: dict[str, dict[str, Any]] = {}
         for replica, version in store.served_at(step).items():
-            groups[replica] = {"version": version, "config": self._resolve_or_none(version, step)}
+            groups[replica] = {"version": version, "config": _resolve_or_none(store, version, step)}
         return json_response(
-            {"step": step, "version": head, "config": self._resolve_or_none(head, step), "groups": groups}
+            {"step": step, "version": head, "config": _resolve_or_none(store, head, step), "groups": groups}
         )
 
-    def _resolve_or_none(self, version: int, step: int) -> dict[str, Any] | None:
-        try:
-            return self.state.store.resolve(version, step)
-        except NotFound:
-            return None
-
     def managers(self, req: Request) -> Response:
-        return json_response({"managers": self.state.managers(), "version": self.state.store.head})
+        state = self.state(req)
+        return json_response({"managers": state.managers(), "version": state.store.head})
 
     def metrics(self, req: Request) -> Response:
-        state = self.state
-        managers = state.managers()
         lines: list[str] = []
+        states = self.jobs.states()
 
         def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
             lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
             # Integers exactly (":g" would round counters past a million); floats as repr.
             lines.extend(f"{name}{labels} {value!r}" for labels, value in samples)
 
-        metric("lighthouse_config_version", "gauge", "Latest config version.", [("", state.store.head)])
-        metric(
+        per_job = [(f'{{job="{_label(st.job)}"}}', st) for st in states]
+
+        def job_metric(
+            name: str, kind: str, help_text: str, value: Callable[[LighthouseState], float]
+        ) -> None:
+            metric(name, kind, help_text, [(labels, value(st)) for labels, st in per_job])
+
+        job_metric("lighthouse_config_version", "gauge", "Latest config version.", lambda st: st.store.head)
+        job_metric(
             "lighthouse_get_config_calls_total",
             "counter",
             "GetConfig calls served.",
-            [("", state.get_config_calls)],
+            lambda st: st.get_config_calls,
         )
-        metric(
+        job_metric(
             "lighthouse_heartbeat_calls_total",
             "counter",
             "Heartbeats received.",
-            [("", state.heartbeat_calls)],
+            lambda st: st.heartbeat_calls,
         )
-        metric("lighthouse_managers", "gauge", "Managers ever heard from.", [("", len(managers))])
-        metric(
+        job_metric("lighthouse_managers", "gauge", "Managers ever heard from.", lambda st: len(st.managers()))
+        job_metric(
             "lighthouse_config_file_error",
             "gauge",
             "1 while the config file cannot be loaded.",
-            [("", int(state.file_error is not None))],
+            lambda st: int(st.file_error is not None),
         )
-        metric(
+        job_metric(
             "lighthouse_current_step",
             "gauge",
             "Highest step any manager reported.",
-            [("", state.store.current_step)],
+            lambda st: st.store.current_step,
         )
-        per_manager = [(f'{{replica_id="{_label(m["replica_id"])}"}}', m) for m in managers]
+        per_manager = [
+            (f'{{job="{_label(st.job)}",replica_id="{_label(m["replica_id"])}"}}', m)
+            for st in states
+            for m in st.managers()
+        ]
         metric(
             "lighthouse_manager_version",
             "gauge",
@@ -246,7 +303,7 @@ class AdminApi:
         if_match = if_match_version(req.headers.get("If-Match"))
         comment = self._comment(req)
         body = req.json_body()
-        row = self.state.change(
+        row = self.state_to_change(req).change(
             op,
             body,
             source="api",
@@ -255,7 +312,7 @@ class AdminApi:
             effective_step=effective_step,
             if_match=if_match,
         )
-        return self._changed(row)
+        return self._changed(req, row)
 
     def rollback(self, req: Request) -> Response:
         author = self.authorize(req)
@@ -266,29 +323,31 @@ class AdminApi:
             raise HttpError(400, 'body must be {"version": <integer>}')
         if isinstance(body, dict) and isinstance(body.get("comment"), str):
             comment = comment or clean_text(str(body["comment"]), MAX_COMMENT_CHARS)
-        return self._changed(self.state.rollback(version, author=author, comment=comment))
+        return self._changed(req, self.state(req).rollback(version, author=author, comment=comment))
 
     def cancel(self, req: Request) -> Response:
         author = self.authorize(req)
         version = parse_int(req.params[0], "version", minimum=1)
+        state = self.state(req)
         try:
-            row = self.state.cancel(version, author=author, comment=self._comment(req))
+            row = state.cancel(version, author=author, comment=self._comment(req))
         except ConfigError as exc:  # not scheduled, already cancelled or already in effect
-            raise HttpError(409, str(exc), version=self.state.store.head) from None
-        return self._changed(row)
+            raise HttpError(409, str(exc), version=state.store.head) from None
+        return self._changed(req, row)
 
     @staticmethod
     def _comment(req: Request) -> str:
         return clean_text(req.arg("comment") or req.headers.get("X-Change-Comment") or "", MAX_COMMENT_CHARS)
 
-    def _changed(self, row: Change) -> Response:
-        store = self.state.store
+    def _changed(self, req: Request, row: Change) -> Response:
+        store = self.jobs.serve(req.job).store
         try:  # this version's config, even if later changes already landed
             config = store.resolve(row.version, store.current_step)
         except NotFound:  # pruned by a later change already
             config = row.config
         return json_response(
             {
+                "job": store.job,
                 "version": row.version,
                 "config": config,
                 "op": row.op,
@@ -299,6 +358,13 @@ class AdminApi:
                 "comment": row.comment,
             }
         )
+
+
+def _resolve_or_none(store: ConfigStore, version: int, step: int) -> dict[str, Any] | None:
+    try:
+        return store.resolve(version, step)
+    except NotFound:
+        return None
 
 
 def _label(value: str) -> str:

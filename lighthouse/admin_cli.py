@@ -17,12 +17,13 @@ import click
 
 from lighthouse.admin_client import DEFAULT_URL, AdminClient, AdminError
 from lighthouse.values import ConfigError, decode_cli_value, parse_config
+from protos.jobs import DEFAULT_JOB, JOB_ENV, InvalidJobId
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def connection_options(func: F) -> F:
-    """``--url``/``--token``/``--timeout`` on every subcommand; the client arrives as ``client``."""
+    """``--url``/``--token``/``--timeout``/``--job`` on every subcommand; the client arrives as ``client``."""
 
     @click.option(
         "--url",
@@ -40,9 +41,19 @@ def connection_options(func: F) -> F:
     @click.option(
         "--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds."
     )
+    @click.option(
+        "--job",
+        envvar=JOB_ENV,
+        default=DEFAULT_JOB,
+        show_default=True,
+        help=f"The training job whose config to read or change (env {JOB_ENV}).",
+    )
     @functools.wraps(func)
-    def wrapper(url: str, token: str | None, timeout: float, **kwargs: Any) -> Any:
-        client = AdminClient(url, token=token or None, timeout=timeout)
+    def wrapper(url: str, token: str | None, timeout: float, job: str, **kwargs: Any) -> Any:
+        try:
+            client = AdminClient(url, token=token or None, timeout=timeout, job=job)
+        except InvalidJobId as exc:
+            raise click.BadParameter(str(exc), param_hint="--job") from None
         try:
             return func(client=client, **kwargs)
         except AdminError as exc:
@@ -189,3 +200,10 @@ def at_step(client: AdminClient, step: int) -> None:
 def managers(client: AdminClient) -> None:
     """Print the managers the lighthouse hears from, as JSON."""
     print_json(client.managers())
+
+
+@click.command()
+@connection_options
+def jobs(client: AdminClient) -> None:
+    """List the jobs of the lighthouse: version, last change, managers, job step, scheduled changes."""
+    print_json(client.jobs())

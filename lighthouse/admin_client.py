@@ -9,6 +9,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from protos.jobs import DEFAULT_JOB, check_job_id
 from protos.rpc import DEFAULT_DASHBOARD_PORT
 
 DEFAULT_URL = f"http://localhost:{DEFAULT_DASHBOARD_PORT}"
@@ -34,8 +35,13 @@ def normalize_url(url: str) -> str:
 class AdminClient:
     """One method per admin endpoint; every method returns the decoded JSON answer."""
 
-    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, timeout: float = 10.0) -> None:
+    def __init__(
+        self, url: str = DEFAULT_URL, token: str | None = None, timeout: float = 10.0, job: str = DEFAULT_JOB
+    ) -> None:
         self.url = normalize_url(url)
+        self.job = check_job_id(job)
+        # The job default keeps the unprefixed routes: they work on every lighthouse release.
+        self._api = "/api" if self.job == DEFAULT_JOB else f"/api/jobs/{self.job}"
         self.token = token
         self.timeout = timeout
         # Admin traffic stays inside the cluster: an http_proxy meant for the internet must not capture it.
@@ -43,19 +49,26 @@ class AdminClient:
 
     # ------------------------------------------------------------ reads
     def show(self) -> dict[str, Any]:
-        return self._call("GET", "/api/config")
+        return self._call("GET", f"{self._api}/config")
 
     def history(self, limit: int = 100) -> dict[str, Any]:
-        return self._call("GET", "/api/config/history", query={"limit": limit})
+        return self._call("GET", f"{self._api}/config/history", query={"limit": limit})
 
     def scheduled(self) -> dict[str, Any]:
-        return self._call("GET", "/api/config/scheduled")
+        return self._call("GET", f"{self._api}/config/scheduled")
 
     def at_step(self, step: int) -> dict[str, Any]:
-        return self._call("GET", f"/api/config/at-step/{int(step)}")
+        return self._call("GET", f"{self._api}/config/at-step/{int(step)}")
 
     def managers(self) -> dict[str, Any]:
-        return self._call("GET", "/api/managers")
+        return self._call("GET", f"{self._api}/managers")
+
+    def jobs(self) -> dict[str, Any]:
+        return self._call("GET", "/api/jobs")
+
+    def delete_job(self) -> dict[str, Any]:
+        """Remove this client's job and its history (admin token)."""
+        return self._call("DELETE", f"/api/jobs/{self.job}")
 
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/healthz")
@@ -83,11 +96,11 @@ class AdminClient:
 
     def rollback(self, version: int, comment: str | None = None) -> dict[str, Any]:
         return self._call(
-            "POST", "/api/config/rollback", body={"version": version}, query={"comment": comment}
+            "POST", f"{self._api}/config/rollback", body={"version": version}, query={"comment": comment}
         )
 
     def cancel(self, version: int) -> dict[str, Any]:
-        return self._call("DELETE", f"/api/config/scheduled/{int(version)}")
+        return self._call("DELETE", f"{self._api}/config/scheduled/{int(version)}")
 
     # ------------------------------------------------------------ plumbing
     def _change(
@@ -100,7 +113,7 @@ class AdminClient:
     ) -> dict[str, Any]:
         headers = {"If-Match": str(if_match)} if if_match is not None else {}
         query = {"effective_step": effective_step, "comment": comment}
-        return self._call(method, "/api/config", body=body, query=query, headers=headers)
+        return self._call(method, f"{self._api}/config", body=body, query=query, headers=headers)
 
     def _call(
         self,

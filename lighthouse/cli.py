@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from lighthouse.admin_cli import config
+from lighthouse.access import load_job_tokens
+from lighthouse.admin_cli import config, jobs
 from lighthouse.daemon import Termination, announce, configure_logging
 from lighthouse.values import ConfigError
 from protos.rpc import DEFAULT_DASHBOARD_PORT, DEFAULT_LIGHTHOUSE_PORT
@@ -51,7 +52,20 @@ def main() -> None:
     "config_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="JSON object file with the initial config; watched for edits while running.",
+    help="JSON object file with the initial config of the job 'default'; watched for edits while running.",
+)
+@click.option(
+    "--config-dir",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Folder of DIR/<job>.json files, one per job; watched: a new file creates its job.",
+)
+@click.option(
+    "--tokens",
+    "tokens_path",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help='JSON file {"job": ["token", ...]}: editor tokens that change only their job.',
 )
 @click.option(
     "--state-dir",
@@ -90,6 +104,8 @@ def serve(
     strict: bool,
     history_limit: int | None,
     log_level: str,
+    config_dir: Path | None,
+    tokens_path: Path | None,
 ) -> None:
     """Serve the config. Prints the gRPC address (line 1) and dashboard URL (line 2)."""
     configure_logging(log_level)
@@ -98,6 +114,7 @@ def serve(
 
     state_dir = state_dir or default_state_dir()
     try:
+        job_tokens = load_job_tokens(tokens_path) if tokens_path is not None else None
         server = LighthouseServer(
             bind,
             config_path,
@@ -107,6 +124,8 @@ def serve(
             allowed_hosts=allowed_hosts,
             strict=strict,
             history_limit=history_limit,
+            config_dir=config_dir,
+            job_tokens=job_tokens,
         )
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
@@ -127,3 +146,4 @@ def serve(
 
 
 main.add_command(config)
+main.add_command(jobs)

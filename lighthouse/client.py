@@ -11,6 +11,7 @@ from datetime import timedelta
 import grpc
 
 from protos import lighthouse_config_pb2 as pb
+from protos.jobs import DEFAULT_JOB, check_job_id
 from protos.rpc import LIGHTHOUSE_GET_CONFIG, LIGHTHOUSE_HEARTBEAT, make_channel, seconds
 
 
@@ -18,11 +19,16 @@ class LighthouseClient:
     """One reusable channel to a lighthouse; thread-safe.
 
     ``addr`` accepts ``host:port``, ``[v6]:port`` and ``http://host:port``.
+    ``job`` is the training job whose config it asks for (default: the job ``default``).
     Calls raise ``grpc.RpcError`` when the lighthouse does not answer in time.
     """
 
-    def __init__(self, addr: str, connect_timeout: timedelta | float | None = None) -> None:
+    def __init__(
+        self, addr: str, connect_timeout: timedelta | float | None = None, *, job: str = DEFAULT_JOB
+    ) -> None:
         self.addr = addr
+        self.job = check_job_id(job)
+        self._wire_job = "" if self.job == DEFAULT_JOB else self.job  # what every lighthouse release reads
         self._channel = make_channel(addr)
         self._get_config = self._channel.unary_unary(
             LIGHTHOUSE_GET_CONFIG,
@@ -61,6 +67,7 @@ class LighthouseClient:
             known_version=known_version,
             known_state_id=known_state_id,
             status=status,
+            job=self._wire_job,
         )
         reply: pb.LighthouseConfigResponse = self._get_config(request, timeout=seconds(timeout, 5.0))
         return reply

@@ -1,4 +1,4 @@
-"""Loading the ``--config`` JSON file, and watching it for edits while the lighthouse runs.
+"""Loading the ``--config`` JSON file (or every job's file in ``--config-dir``), and watching for edits.
 
 Torchft's config-sharing proposal fixes the lenient behaviour: no file gives an
 empty config; an unreadable or invalid file gives an empty config and a warning
@@ -7,6 +7,7 @@ naming the file and the error. ``strict`` turns those into errors instead.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lighthouse.values import ConfigError, parse_config
+from protos.jobs import InvalidJobId, check_job_id
 
 logger = logging.getLogger(__name__)
 
@@ -110,3 +112,68 @@ class FileWatcher:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.poll()
+
+
+class ConfigDirWatcher:
+    """Watches ``DIR/<job>.json`` files: a new file is reported at once, an edited one like FileWatcher.
+
+    ``<job>.schema.json`` files are not configs and are skipped; a file name that is not a
+    valid job id is logged once and skipped. A removed file changes nothing (the live config stays).
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        on_file: Callable[[str, Path, FileContent, bool], object],
+        interval: float = 1.0,
+    ) -> None:
+        self.folder = folder
+        self.interval = interval
+        self._on_file = on_file
+        self._watchers: dict[str, FileWatcher] = {}
+        self._refused: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="config-dir-watcher", daemon=True)
+
+    def scan(self, startup: bool = False) -> None:
+        """Report new files, then poll known ones (the thread calls it every ``interval``)."""
+        try:
+            names = sorted(p.name for p in self.folder.iterdir() if p.is_file())
+        except OSError as exc:
+            logger.error("cannot list the config folder %s: %s", self.folder, exc.strerror or exc)
+            return
+        for name in names:
+            if not name.endswith(".json") or name.endswith(".schema.json") or name in self._watchers:
+                continue
+            job = name[: -len(".json")]
+            try:
+                check_job_id(job)
+            except InvalidJobId as exc:
+                if name not in self._refused:
+                    self._refused.add(name)
+                    logger.error("config file %s skipped: %s", self.folder / name, exc)
+                continue
+            path = self.folder / name
+            watcher = FileWatcher(path, functools.partial(self._report, job, path, startup=False))
+            self._watchers[name] = watcher
+            self._report(job, path, read_config_file(path), startup)
+        for watcher in list(self._watchers.values()):
+            watcher.poll()
+
+    def _report(self, job: str, path: Path, content: FileContent, startup: bool) -> None:
+        try:
+            self._on_file(job, path, content, startup)
+        except Exception:
+            logger.exception("applying the config file %s failed", path)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.scan()

@@ -31,9 +31,10 @@ from lighthouse.http_messages import (
     error_answer,
     error_response,
 )
-from lighthouse.state import LighthouseState
+from lighthouse.jobs import JobRegistry, TooManyJobs
 from lighthouse.store import NotFound, VersionConflict
 from lighthouse.values import ConfigError, ConfigTooLarge
+from protos.jobs import InvalidJobId
 from protos.rpc import dialable_address, parse_address
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,10 @@ class _RequestHandler(BaseHTTPRequestHandler):
             resp = error_response(HttpError(409, str(exc), version=exc.head))
         except NotFound as exc:
             resp = error_response(HttpError(404, str(exc)))
+        except InvalidJobId as exc:
+            resp = error_response(HttpError(400, str(exc)))
+        except TooManyJobs as exc:
+            resp = error_response(HttpError(507, str(exc)))
         except ConfigTooLarge as exc:
             resp = error_response(HttpError(413, str(exc)))
         except ConfigError as exc:
@@ -194,15 +199,16 @@ class DashboardServer:
 
     def __init__(
         self,
-        state: LighthouseState,
+        jobs: JobRegistry,
         bind: str,
         admin_token: str | None = None,
         allowed_hosts: Iterable[str] = (),
+        job_tokens: dict[str, list[str]] | None = None,
     ) -> None:
         host, port = parse_address(bind)
         if host in ("*", "[::]"):
             host = "::"
-        api = AdminApi(state, admin_token, allowed_hosts)
+        api = AdminApi(jobs, admin_token, allowed_hosts, job_tokens)
         try:
             self._server = _HttpServer(host, port, api)
         except OSError as exc:

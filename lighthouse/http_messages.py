@@ -58,6 +58,7 @@ class Request:
     rfile: io.BufferedIOBase
     params: tuple[str, ...] = ()
     body_read: bool = False
+    job: str = "default"  # from an /api/jobs/{job}/... or /jobs/{job}/... path
 
     def arg(self, name: str) -> str | None:
         values = self.query.get(name)

@@ -1,4 +1,4 @@
-"""``LighthouseServer``: serves the config over gRPC (and the dashboard over HTTP) from one state."""
+"""``LighthouseServer``: serves every job's config over gRPC (and the dashboard over HTTP)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,14 @@ from pathlib import Path
 
 import grpc
 
-from lighthouse.config_file import FileWatcher
+from lighthouse.backend import StoreBackend
+from lighthouse.config_file import ConfigDirWatcher, FileContent, FileWatcher
+from lighthouse.jobs import JobRegistry, TooManyJobs
+from lighthouse.sqlite_backend import SqliteBackend
 from lighthouse.state import LighthouseState
 from lighthouse.store import ConfigStore
 from protos import lighthouse_config_pb2 as pb
+from protos.jobs import DEFAULT_JOB, InvalidJobId
 from protos.rpc import DEFAULT_LIGHTHOUSE_PORT, dialable_address, start_server
 
 logger = logging.getLogger(__name__)
@@ -24,6 +28,8 @@ class LighthouseServer:
 
     ``state_dir=None`` keeps the versions in memory only (lost on exit); the CLI
     always passes a directory. ``http_bind=None`` serves no dashboard.
+    ``config_path`` is the file of the job ``default``; ``config_dir`` holds one
+    ``<job>.json`` per job.
     """
 
     def __init__(
@@ -39,15 +45,28 @@ class LighthouseServer:
         history_limit: int | None = None,
         watch_interval: float = 1.0,
         max_workers: int = 16,
+        config_dir: str | Path | None = None,
+        job_tokens: dict[str, list[str]] | None = None,
+        backend: StoreBackend | None = None,
     ) -> None:
         path = Path(config_path) if config_path is not None else None
         store_path = Path(state_dir) / STORE_FILE if state_dir is not None else None
-        self.store = ConfigStore(store_path, history_limit=history_limit)
         self._watcher: FileWatcher | None = None
+        self._dir_watcher: ConfigDirWatcher | None = None
         self._http = None
         self._server: grpc.Server | None = None
+        self.jobs = JobRegistry(
+            backend if backend is not None else SqliteBackend(store_path),
+            history_limit=history_limit,
+            default_config_path=path,
+            strict=strict,
+        )
         try:
-            self.state = LighthouseState(self.store, path, strict=strict)
+            if config_dir is not None:
+                self._dir_watcher = ConfigDirWatcher(
+                    Path(config_dir), self.jobs.apply_file, interval=watch_interval
+                )
+                self._dir_watcher.scan(startup=True)
             handler = grpc.method_handlers_generic_handler(
                 "lighthouse_config.LighthouseService",
                 {
@@ -67,15 +86,34 @@ class LighthouseServer:
                 from lighthouse.http_api import DashboardServer
 
                 self._http = DashboardServer(
-                    self.state, http_bind, admin_token=admin_token, allowed_hosts=allowed_hosts
+                    self.jobs,
+                    http_bind,
+                    admin_token=admin_token,
+                    allowed_hosts=allowed_hosts,
+                    job_tokens=job_tokens,
                 )
             if path is not None:
-                self._watcher = FileWatcher(path, self.state.apply_file, interval=watch_interval)
+                self._watcher = FileWatcher(path, self._apply_default_file, interval=watch_interval)
                 self._watcher.start()
+            if self._dir_watcher is not None:
+                self._dir_watcher.start()
         except BaseException:
             self.shutdown()
             raise
-        logger.info("lighthouse serving version %d on %s", self.store.head, self._address)
+        logger.info("lighthouse serving %d job(s) on %s", len(self.jobs.names()), self._address)
+
+    @property
+    def state(self) -> LighthouseState:
+        """The job ``default``'s state (single-job use)."""
+        return self.jobs.default
+
+    @property
+    def store(self) -> ConfigStore:
+        """The job ``default``'s store (single-job use)."""
+        return self.jobs.default.store
+
+    def _apply_default_file(self, content: FileContent) -> None:
+        self.jobs.default.apply_file(content)
 
     def address(self) -> str:
         """``host:port`` a client can dial."""
@@ -86,27 +124,41 @@ class LighthouseServer:
 
     def _get_config(self, request: pb.LighthouseConfigRequest, context: grpc.ServicerContext) -> bytes:
         # Returns the reply already serialized: no per-call protobuf work on the hot path.
-        return self.state.get_config_reply(request, context.peer())
+        state = self.jobs.get(request.job or DEFAULT_JOB) or self._job_state(request.job, context)
+        return state.get_config_reply(request, context.peer())
 
     def _heartbeat(
         self, request: pb.LighthouseHeartbeatRequest, context: grpc.ServicerContext
     ) -> pb.LighthouseHeartbeatResponse:
-        self.state.count_heartbeat()
-        self.state.observe(request.status, context.peer())
-        return pb.LighthouseHeartbeatResponse(version=self.store.head, instance_id=self.state.instance_id)
+        job = request.status.job
+        state = self.jobs.get(job or DEFAULT_JOB) or self._job_state(job, context)
+        state.count_heartbeat()
+        state.observe(request.status, context.peer())
+        return pb.LighthouseHeartbeatResponse(version=state.store.head, instance_id=state.instance_id)
+
+    def _job_state(self, job: str, context: grpc.ServicerContext) -> LighthouseState:
+        """A job this lighthouse does not hold yet: served (empty) from now on, or the call is refused."""
+        try:
+            return self.jobs.serve(job)
+        except InvalidJobId as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except TooManyJobs as exc:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        raise AssertionError("context.abort raises")
 
     def shutdown(self, grace: float | None = 1.0) -> None:
         """Stop serving and close the store; safe to call twice."""
-        if self._watcher is not None:
-            self._watcher.stop()
-            self._watcher = None
+        for watcher in (self._watcher, self._dir_watcher):
+            if watcher is not None:
+                watcher.stop()
+        self._watcher = self._dir_watcher = None
         if self._http is not None:
             self._http.shutdown()
             self._http = None
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None
-        self.store.close()
+        self.jobs.close()
 
     def __enter__(self) -> LighthouseServer:
         return self

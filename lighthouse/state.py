@@ -83,6 +83,7 @@ class LighthouseState:
         strict: bool = False,
     ) -> None:
         self.store = store
+        self.job = store.job
         self.instance_id = uuid.uuid4().hex
         self.config_path = config_path.resolve() if config_path is not None else None
         self.file_error: str | None = None

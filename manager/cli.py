@@ -9,6 +9,7 @@ import sys
 import click
 
 from lighthouse.daemon import Termination, announce, configure_logging
+from protos.jobs import DEFAULT_JOB, JOB_ENV
 
 logger = logging.getLogger("manager")
 
@@ -67,6 +68,13 @@ def main() -> None:
     show_default=True,
     help="How many recent steps stay pinned (all ranks get the same config for a step).",
 )
+@click.option(
+    "--job",
+    envvar=JOB_ENV,
+    default=DEFAULT_JOB,
+    show_default=True,
+    help=f"The training job this group belongs to (env {JOB_ENV}).",
+)
 @click.option("--log-level", default="info", show_default=True, help="debug, info, warning or error.")
 def serve(
     lighthouse_addr: str,
@@ -77,6 +85,7 @@ def serve(
     backoff: float,
     serve_stale: bool,
     step_window: int,
+    job: str,
     log_level: str,
 ) -> None:
     """Relay the config to this group's workers. Prints the bound address on line 1."""
@@ -94,6 +103,7 @@ def serve(
             backoff=backoff,
             serve_stale=serve_stale,
             step_window=step_window,
+            job=job,
         )
     except (OSError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
@@ -118,5 +128,11 @@ def get(addr: str, step: int | None, timeout: float) -> None:
     except (ConfigUnavailable, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
-    out = {"version": cfg.version, "source": cfg.source, "pinned": cfg.pinned, "config": dict(cfg)}
+    out = {
+        "job": cfg.job,
+        "version": cfg.version,
+        "source": cfg.source,
+        "pinned": cfg.pinned,
+        "config": dict(cfg),
+    }
     click.echo(json.dumps(out, indent=2, ensure_ascii=False))

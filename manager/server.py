@@ -20,6 +20,7 @@ from manager.pinning import StepPins
 from manager.snapshot import Snapshot
 from manager.upstream import FetchFailed, UpstreamCache
 from protos import lighthouse_config_pb2 as pb
+from protos.jobs import DEFAULT_JOB, check_job_id
 from protos.rpc import dialable_address, start_server
 
 logger = logging.getLogger(__name__)
@@ -46,16 +47,18 @@ class ManagerServer:
         serve_stale: bool = False,
         step_window: int = 1024,
         max_workers: int = 32,
+        job: str = DEFAULT_JOB,
     ) -> None:
         if cache_ttl <= 0 or lighthouse_timeout <= 0 or backoff <= 0:
             raise ValueError("cache_ttl, lighthouse_timeout and backoff must be positive")
+        self.job = check_job_id(job)
         self.lighthouse_timeout = lighthouse_timeout
         self.requests = 0
         self.cache_hits = 0
         self._request_count = itertools.count(1)
         self._hit_count = itertools.count(1)
         self._pins = StepPins(step_window)
-        self._lighthouse = LighthouseClient(lighthouse_addr)
+        self._lighthouse = LighthouseClient(lighthouse_addr, job=self.job)
         self._instance_id = ""
         self._lighthouse_step = -1  # the job's step as the lighthouse knows it
         self._last_contact = float("-inf")
@@ -65,6 +68,7 @@ class ManagerServer:
             backoff=backoff,
             wait_timeout=lighthouse_timeout + 0.5,
             serve_stale=serve_stale,
+            fallback=Snapshot.fallback(self.job),
         )
         handler = grpc.method_handlers_generic_handler(
             "lighthouse_config.ManagerService",
@@ -86,7 +90,11 @@ class ManagerServer:
         self._loop = threading.Thread(target=self._refresh_loop, name="manager-refresh", daemon=True)
         self._loop.start()
         logger.info(
-            "manager %s serving on %s, lighthouse %s", self.replica_id, self._address, lighthouse_addr
+            "manager %s of job %s serving on %s, lighthouse %s",
+            self.replica_id,
+            self.job,
+            self._address,
+            lighthouse_addr,
         )
 
     def address(self) -> str:
@@ -130,6 +138,7 @@ class ManagerServer:
             cache_hits=self.cache_hits,
             step=self._pins.max_step,
             switches=[pb.StepSwitch(version=v, step=s, previous_step=p) for v, s, p in switches],
+            job=self.job,
         )
 
     def serving_version(self) -> int:
@@ -160,7 +169,7 @@ class ManagerServer:
             self._instance_id = reply.instance_id
         if reply.not_modified and held is not None:
             return held
-        fresh = Snapshot.from_reply(reply)
+        fresh = Snapshot.from_reply(reply, self.job)
         if held is not None and held.state_id == fresh.state_id and fresh.version < held.version:
             logger.warning(
                 "lighthouse answered version %d, older than the served %d; keeping %d",

@@ -51,8 +51,10 @@ class UpstreamCache:
         wait_timeout: float,
         serve_stale: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        fallback: Snapshot | None = None,
     ) -> None:
         self._fetch = fetch
+        self._empty = fallback or Snapshot.fallback()
         self.ttl = ttl
         self.backoff = backoff
         self.wait_timeout = wait_timeout
@@ -106,7 +108,7 @@ class UpstreamCache:
     def _fallback(self) -> Snapshot:
         if self.serve_stale and self._good is not None:
             return self._good.as_stale()
-        return Snapshot.fallback()
+        return self._empty
 
     def _fetch_once(self, wait: bool) -> Answer:
         with self._cond:

@@ -271,14 +271,14 @@ def records_so_far(proc: Proc) -> list[dict[str, Any]]:
     return [json.loads(line) for line in proc.lines() if line.startswith("{")]
 
 
-def metric(base_url: str, name: str) -> float:
-    """One unlabelled sample from the lighthouse's Prometheus ``/metrics``."""
+def metric(base_url: str, name: str, job: str = "default") -> float:
+    """The sample of ``job`` from the lighthouse's Prometheus ``/metrics``."""
     from tests.http_util import call
 
     answer = call(base_url, "GET", "/metrics")
     body = answer.body.decode()
     assert answer.status == 200, body
     for line in body.splitlines():
-        if line.startswith(name + " "):
+        if line.startswith(f'{name}{{job="{job}"}} '):
             return float(line.split()[1])
     raise AssertionError(f"metric {name} not in /metrics:\n{body}")

@@ -110,13 +110,13 @@ def test_metrics(lh: LighthouseProc) -> None:
     assert answer.status == 200 and answer.headers["content-type"].startswith("text/plain")
     text = answer.body.decode()
     version = live(lh)[0]
-    assert f"lighthouse_config_version {version}\n" in text
+    assert f'lighthouse_config_version{{job="default"}} {version}\n' in text
     for name in (
         "lighthouse_get_config_calls_total",
         "lighthouse_heartbeat_calls_total",
         "lighthouse_managers",
     ):
-        assert re.search(rf"^{name} \d+$", text, re.MULTILINE), name
+        assert re.search(rf'^{name}{{job="default"}} \d+$', text, re.MULTILINE), name
 
 
 # ---------------------------------------------------------------- changes

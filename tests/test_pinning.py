@@ -181,8 +181,8 @@ def test_stale_view_keeps_content_and_says_stale() -> None:
 
 
 def test_fallback_is_empty_version_zero() -> None:
-    fb = Snapshot.fallback()
-    assert fb is Snapshot.fallback()
-    assert (fb.version, fb.kind, fb.configs) == (0, FALLBACK, ({},))
+    fb = Snapshot.fallback("job-a")
+    assert (fb.version, fb.kind, fb.configs, fb.job) == (0, FALLBACK, ({},), "job-a")
     msg = decode(fb.reply(fb.segment(77), True))
     assert (msg.source, msg.version, dict(msg.config_data), msg.pinned) == (FALLBACK, 0, {}, True)
+    assert msg.job == "job-a"  # a worker sees which job's manager answered, even in an outage

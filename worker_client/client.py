@@ -47,15 +47,22 @@ class _Decoder:
     __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self._last: tuple[bytes, dict[str, str], int, str, bool] | None = None
+        self._last: tuple[bytes, dict[str, str], int, str, bool, str] | None = None
 
     def __call__(self, raw: bytes, step: int | None) -> Config:
         last = self._last
         if last is None or last[0] != raw:
             reply = _Response.FromString(raw)
-            last = self._last = (raw, dict(reply.config_data), reply.version, reply.source, reply.pinned)
-        _, data, version, source, pinned = last
-        return Config(data, version=version, source=source, step=step, pinned=pinned)
+            last = self._last = (
+                raw,
+                dict(reply.config_data),
+                reply.version,
+                reply.source,
+                reply.pinned,
+                reply.job,
+            )
+        _, data, version, source, pinned, job = last
+        return Config(data, version=version, source=source, step=step, pinned=pinned, job=job)
 
 
 class _Prefetcher:

@@ -16,10 +16,11 @@ class Config(dict[str, str]):
 
     ``version``: the lighthouse version (0 for the fallback); ``source``:
     "lighthouse", "cache", "stale" or "fallback"; ``pinned``: whether this is
-    the group's snapshot for the step asked for.
+    the group's snapshot for the step asked for; ``job``: the training job the
+    manager serves ("" when the manager did not say: the fallback of an unreachable one).
     """
 
-    __slots__ = ("pinned", "source", "step", "version")
+    __slots__ = ("job", "pinned", "source", "step", "version")
 
     def __init__(
         self,
@@ -29,8 +30,10 @@ class Config(dict[str, str]):
         source: str = "fallback",
         step: int | None = None,
         pinned: bool = False,
+        job: str = "",
     ) -> None:
         super().__init__(data or {})
+        self.job = job
         self.version = version
         self.source = source
         self.step = step

@@ -4,6 +4,28 @@
 
 const LH = (() => {
   const TOKEN_KEY = "lighthouse-admin-token";
+  // On /jobs/{job} and /jobs/{job}/config the pages act on that job; elsewhere on the job "default".
+  const JOB = (() => {
+    const m = location.pathname.match(/^\/jobs\/([^/]+)/);
+    return m ? decodeURIComponent(m[1]) : null;
+  })();
+
+  // The per-job API routes of the page's job: /api/config... -> /api/jobs/{job}/config...
+  function jobPath(path) {
+    if (JOB === null || !(path.startsWith("/api/config") || path.startsWith("/api/managers"))) return path;
+    return `/api/jobs/${encodeURIComponent(JOB)}${path.slice(4)}`;
+  }
+
+  // The page links of the page's job.
+  function jobLinks() {
+    if (JOB === null) return;
+    const base = `/jobs/${encodeURIComponent(JOB)}`;
+    for (const a of document.querySelectorAll('a[href="/"], a[href="/config"]')) {
+      a.setAttribute("href", a.getAttribute("href") === "/" ? base : `${base}/config`);
+    }
+    const jobName = document.getElementById("job-name");
+    if (jobName) jobName.textContent = JOB;
+  }
 
   // A number whose JSON text a JS number cannot reproduce (1.0, 1e-05, 2**64): kept as written,
   // so an edit in the browser never changes the value workers receive for keys it did not touch.
@@ -178,7 +200,7 @@ const LH = (() => {
       sent["Content-Type"] = "application/json";
       init.body = typeof body === "string" ? body : JSON.stringify(body);
     }
-    const res = await fetch(path, init);
+    const res = await fetch(jobPath(path), init);
     const text = await res.text();
     let data;
     try {
@@ -233,6 +255,7 @@ const LH = (() => {
   }
 
   document.addEventListener("DOMContentLoaded", initTokenBar);
+  document.addEventListener("DOMContentLoaded", jobLinks);
 
-  return { RawNumber, parseJson, stringify, el, api, fmtTime, fmtAgo, confirmButton, setStatus };
+  return { JOB, RawNumber, parseJson, stringify, el, api, fmtTime, fmtAgo, confirmButton, setStatus };
 })();

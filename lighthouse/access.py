@@ -1,0 +1,80 @@
+"""Who may change which job: the cluster admin token (every job) and per-job editor tokens.
+
+``--admin-token`` edits every job; ``--tokens FILE`` (``{"job": ["token", ...]}``)
+gives a job's editors tokens that change that job only. A job covered by
+neither is open, as a lighthouse without tokens always was. Reads are open.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from pathlib import Path
+
+from lighthouse.http_messages import HttpError
+from protos.jobs import InvalidJobId, check_job_id
+
+
+class Access:
+    def __init__(self, admin_token: str | None, job_tokens: dict[str, list[str]] | None = None) -> None:
+        self._admin = admin_token.encode() if admin_token else None
+        self._jobs = {job: [t.encode() for t in tokens] for job, tokens in (job_tokens or {}).items()}
+
+    def enforced(self, job: str) -> bool:
+        """Whether changes to ``job`` need a token."""
+        return self._admin is not None or bool(self._jobs.get(job))
+
+    def check(self, job: str, token: str, admin_only: bool = False) -> str:
+        """Who is changing ``job`` for the history ("token": the admin token, "job token", or "-");
+        raises 401 (no or wrong token) or 403 (a token of another job)."""
+        if admin_only and self._admin is None:
+            if not self._jobs:
+                return "-"  # an open lighthouse: no admin to ask
+            raise HttpError(403, "only the admin token may do this, and this lighthouse has no --admin-token")
+        if not admin_only and not self.enforced(job):
+            return "-"
+        what = (
+            "admin token"
+            if admin_only or not self._jobs.get(job)
+            else f"token of job {job} (or the admin token)"
+        )
+        if not token:
+            raise _unauthorized(f"{what} required: send 'Authorization: Bearer <token>'")
+        presented = token.encode("utf-8", "replace")
+        if self._admin is not None and hmac.compare_digest(presented, self._admin):
+            return "token"
+        owners = [
+            j for j, tokens in self._jobs.items() if any(hmac.compare_digest(presented, t) for t in tokens)
+        ]
+        if job in owners and not admin_only:
+            return "job token"
+        if owners:
+            what = "this needs the admin token" if admin_only else f"it cannot change job {job!r}"
+            raise HttpError(403, f"this token edits job {', '.join(sorted(owners))} only: {what}")
+        raise _unauthorized(f"wrong {what.split(' (')[0]}")
+
+
+def _unauthorized(message: str) -> HttpError:
+    return HttpError(401, message, headers={"WWW-Authenticate": 'Bearer realm="lighthouse"'})
+
+
+def load_job_tokens(path: Path) -> dict[str, list[str]]:
+    """Read a ``--tokens`` file; raises ValueError naming what is wrong."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--tokens {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f'--tokens {path}: expected a JSON object {{"job": ["token", ...]}}')
+    out: dict[str, list[str]] = {}
+    for job, tokens in data.items():
+        try:
+            check_job_id(job)
+        except InvalidJobId as exc:
+            raise ValueError(f"--tokens {path}: {exc}") from None
+        if isinstance(tokens, str):
+            tokens = [tokens]
+        if not isinstance(tokens, list) or not all(isinstance(t, str) and t.strip() for t in tokens):
+            raise ValueError(f"--tokens {path}: job {job!r} must map to a list of non-empty token strings")
+        out[job] = [t.strip() for t in tokens]
+    return out

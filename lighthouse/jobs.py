@@ -1,0 +1,161 @@
+"""Every training job one lighthouse serves: one ``LighthouseState`` per job over one shared store backend.
+
+Jobs share nothing but the backend and this table: versions, history,
+scheduled changes, job step and managers are per job, so nothing done to one
+job is visible in another. A job exists once it stored a version; a job a
+manager asks for before that is served an empty config (version 0) and is
+listed, so an operator sees groups waiting for a config.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from lighthouse.backend import StoreBackend
+from lighthouse.config_file import FileContent, load_initial
+from lighthouse.state import LighthouseState
+from lighthouse.store import ConfigStore, NotFound
+from protos.jobs import DEFAULT_JOB, check_job_id
+
+logger = logging.getLogger(__name__)
+
+MAX_JOBS = 10_000  # jobs held in memory; a flood of made-up job ids must not exhaust it
+LIVE_MANAGER_SECONDS = 60.0  # a job with a manager heard from this recently cannot be deleted
+
+
+class TooManyJobs(Exception):
+    pass
+
+
+class JobBusy(Exception):
+    """The job cannot be deleted now (a manager is live, or a config file defines it)."""
+
+
+class JobRegistry:
+    def __init__(
+        self,
+        backend: StoreBackend,
+        *,
+        history_limit: int | None = None,
+        default_config_path: Path | None = None,
+        strict: bool = False,
+    ) -> None:
+        self.backend = backend
+        self._history_limit = history_limit
+        self._lock = threading.Lock()
+        self._states: dict[str, LighthouseState] = {}
+        for job in backend.jobs():
+            self._states[job] = self._new_state(job)
+        default = self._states.get(DEFAULT_JOB) or self._new_state(DEFAULT_JOB)
+        self._states[DEFAULT_JOB] = default
+        if default_config_path is not None:
+            default.config_path = default_config_path.resolve()
+            default.apply_file(load_initial(default_config_path, strict), startup=True)
+
+    def _new_state(self, job: str) -> LighthouseState:
+        store = ConfigStore(job=job, backend=self.backend, history_limit=self._history_limit)
+        return LighthouseState(store)
+
+    # ------------------------------------------------------------- lookup
+    @property
+    def default(self) -> LighthouseState:
+        return self._states[DEFAULT_JOB]
+
+    def get(self, job: str) -> LighthouseState | None:
+        """The job's state if this lighthouse holds it (the hot path: one dict lookup)."""
+        return self._states.get(job)
+
+    def serve(self, job: str) -> LighthouseState:
+        """The state a manager of ``job`` is served from, held from now on (empty until configured).
+
+        Raises InvalidJobId for a bad id and TooManyJobs past MAX_JOBS.
+        """
+        state = self._states.get(job)
+        if state is not None:
+            return state
+        job = check_job_id(job)
+        with self._lock:
+            state = self._states.get(job)
+            if state is None:
+                if len(self._states) >= MAX_JOBS:
+                    raise TooManyJobs(f"this lighthouse holds {MAX_JOBS} jobs already")
+                state = self._states[job] = self._new_state(job)
+                logger.info("job %s: first request", job)
+            return state
+
+    def existing(self, job: str) -> LighthouseState:
+        """A job that stored a version or has managers (the job ``default`` always exists); else NotFound."""
+        state = self._states.get(check_job_id(job))
+        if state is None or not (job == DEFAULT_JOB or state.store.head > 0 or state.managers()):
+            raise NotFound(f"no job {job!r} on this lighthouse")
+        return state
+
+    def names(self) -> list[str]:
+        """Jobs that exist, sorted (``default`` only when it has a config or managers, or is alone)."""
+        names = [job for job, state in list(self._states.items()) if state.store.head > 0 or state.managers()]
+        return sorted(names) or [DEFAULT_JOB]
+
+    def states(self) -> list[LighthouseState]:
+        return [self._states[job] for job in self.names() if job in self._states]
+
+    # ------------------------------------------------------------- changes
+    def apply_file(self, job: str, path: Path, content: FileContent, startup: bool = False) -> None:
+        """A ``--config-dir`` file of ``job``: creates the job when new, else a new version when changed."""
+        state = self.serve(job)
+        state.config_path = path.resolve()
+        state.apply_file(content, startup=startup)
+
+    def delete(self, job: str) -> None:
+        """Forget a job and its history; JobBusy while a manager of it is live or a file defines it."""
+        state = self.existing(job)
+        recent = [m for m in state.managers() if m["last_seen_s"] < LIVE_MANAGER_SECONDS]
+        if recent:
+            names = ", ".join(m["replica_id"] for m in recent[:5])
+            raise JobBusy(
+                f"job {job} has managers that reported in the last {LIVE_MANAGER_SECONDS:.0f} s ({names}):"
+                " stop them first"
+            )
+        if state.config_path is not None and state.config_path.exists():
+            raise JobBusy(f"job {job} is loaded from {state.config_path}: remove that file first")
+        with self._lock:
+            self._states.pop(job, None)
+            state.store.discard()
+            self.backend.delete_job(job)
+            if job == DEFAULT_JOB:
+                self._states[DEFAULT_JOB] = self._new_state(DEFAULT_JOB)
+        logger.info("job %s deleted", job)
+
+    def overview(self) -> list[dict[str, Any]]:
+        """GET /api/jobs: one line per job."""
+        out = []
+        for state in self.states():
+            store = state.store
+            latest = store.latest()
+            managers = state.managers()
+            out.append(
+                {
+                    "job": store.job,
+                    "version": store.head,
+                    "updated_at": latest.created_at if latest else None,
+                    "author": latest.author if latest else None,
+                    "source": latest.source if latest else None,
+                    "managers": len(managers),
+                    "managers_live": sum(1 for m in managers if m["last_seen_s"] < LIVE_MANAGER_SECONDS),
+                    "managers_behind": sum(1 for m in managers if m["version"] < store.head),
+                    "late_groups": len(
+                        {g["replica_id"] for s in store.scheduled() for g in s.get("late_groups", [])}
+                    ),
+                    "current_step": store.current_step,
+                    "scheduled": sum(1 for s in store.scheduled() if s["status"] == "pending"),
+                    "file_error": state.file_error,
+                }
+            )
+        return out
+
+    def close(self) -> None:
+        for state in list(self._states.values()):
+            state.store.close()
+        self.backend.close()
