@@ -31,7 +31,8 @@ def main() -> None:
     "lighthouse_addr",
     envvar="TORCHFT_LIGHTHOUSE",
     required=True,
-    help="Lighthouse address HOST:PORT (env TORCHFT_LIGHTHOUSE; http://HOST:PORT accepted).",
+    help="Lighthouse address HOST:PORT, or several as A,B,C (lighthouses on one etcd store: the "
+    "manager moves to the next when one fails). Env TORCHFT_LIGHTHOUSE; http://HOST:PORT accepted.",
 )
 @click.option(
     "--bind", default="[::]:0", show_default=True, help="Address workers connect to (0: free port)."

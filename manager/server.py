@@ -58,7 +58,8 @@ class ManagerServer:
         self._request_count = itertools.count(1)
         self._hit_count = itertools.count(1)
         self._pins = StepPins(step_window)
-        self._lighthouse = LighthouseClient(lighthouse_addr, job=self.job)
+        # Several lighthouses ("A,B,C"): start at one picked by the replica id, so groups spread.
+        self._lighthouse = LighthouseClient(lighthouse_addr, job=self.job, spread_key=replica_id or "")
         self._instance_id = ""
         self._lighthouse_step = -1  # the job's step as the lighthouse knows it
         self._last_contact = float("-inf")

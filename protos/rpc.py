@@ -154,3 +154,13 @@ def seconds(value: timedelta | float | None, default: float) -> float:
     if isinstance(value, timedelta):
         return value.total_seconds()
     return float(value)
+
+
+def split_addresses(addresses: str) -> list[str]:
+    """``"A,B,C"`` -> ``["A", "B", "C"]`` (each checked); raises ValueError for an empty or bad list."""
+    items = [a.strip() for a in addresses.split(",") if a.strip()]
+    if not items:
+        raise ValueError(f"no address in {addresses!r}")
+    for item in items:
+        parse_address(item)
+    return items
