@@ -108,7 +108,7 @@ class LighthouseState:
         store = self.store
         version = store.head
         segments = tuple(store.segments(version))
-        live = encode_config(store.resolve(version, store.current_step))
+        live = encode_config(store.resolve(version, max(store.current_step, 0)))
         reply = pb.LighthouseConfigResponse(
             config_data=live, version=version, instance_id=self.instance_id, state_id=store.state_id
         )

@@ -165,9 +165,9 @@ class ConfigStore:
             return self._resolve(self._rows, version, step)
 
     def live(self) -> dict[str, Any]:
-        """The config at the job's current step."""
+        """The config at the job's current step (step 0's before the job reported a step)."""
         with self._lock:
-            return self._resolve(self._rows, self.head, self._current_step)
+            return self._resolve(self._rows, self.head, max(self._current_step, 0))
 
     def segments(self, version: int | None = None) -> list[Segment]:
         """The config per step range at ``version`` (default head); one segment when nothing is scheduled."""
