@@ -32,6 +32,7 @@ from lighthouse.http_messages import (
 from lighthouse.jobs import JobBusy, JobRegistry
 from lighthouse.state import LighthouseState
 from lighthouse.store import Change, ConfigStore, NotFound
+from lighthouse.timeline import DEFAULT_SEGMENTS, timeline
 from lighthouse.values import ConfigError
 from protos.jobs import DEFAULT_JOB, InvalidJobId, check_job_id
 
@@ -88,6 +89,7 @@ class AdminApi:
             (r"/api/config/scheduled", {"GET": self.scheduled}),
             (r"/api/config/scheduled/([^/]+)", {"DELETE": self.cancel}),
             (r"/api/config/at-step/([^/]+)", {"GET": self.at_step}),
+            (r"/api/config/timeline", {"GET": self.timeline}),
             (r"/api/managers", {"GET": self.managers}),
         ]
         self.routes = [Route(re.compile(p), m) for p, m in table]
@@ -223,6 +225,10 @@ class AdminApi:
         return json_response(
             {"step": step, "version": head, "config": _resolve_or_none(store, head, step), "groups": groups}
         )
+
+    def timeline(self, req: Request) -> Response:
+        limit = req.int_arg("limit", minimum=1) or DEFAULT_SEGMENTS
+        return json_response(timeline(self.state(req).store, min(limit, MAX_HISTORY_LIMIT)))
 
     def managers(self, req: Request) -> Response:
         state = self.state(req)
