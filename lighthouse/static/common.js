@@ -16,15 +16,20 @@ const LH = (() => {
     return `/api/jobs/${encodeURIComponent(JOB)}${path.slice(4)}`;
   }
 
-  // The page links of the page's job.
+  // The page links of the page's job, its name in the header and a link back to the jobs list.
   function jobLinks() {
     if (JOB === null) return;
     const base = `/jobs/${encodeURIComponent(JOB)}`;
-    for (const a of document.querySelectorAll('a[href="/"], a[href="/config"]')) {
+    for (const a of document.querySelectorAll('a[href="/"]:not([data-nav="jobs"]), a[href="/config"]')) {
       a.setAttribute("href", a.getAttribute("href") === "/" ? base : `${base}/config`);
     }
+    for (const a of document.querySelectorAll('a[data-nav="jobs"]')) a.hidden = false;
     const jobName = document.getElementById("job-name");
-    if (jobName) jobName.textContent = JOB;
+    if (jobName) {
+      jobName.textContent = JOB;
+      jobName.closest(".job-badge").hidden = false;
+    }
+    document.title = `${JOB} · ${document.title}`;
   }
 
   // A number whose JSON text a JS number cannot reproduce (1.0, 1e-05, 2**64): kept as written,
@@ -208,7 +213,9 @@ const LH = (() => {
     } catch {
       data = { error: `${res.status} ${res.statusText}` };
     }
-    if (res.status === 401 && method !== "GET") {
+    // 401: no or a wrong token; 403 naming another job: a job token of another job (ask for this one's).
+    const otherJob = res.status === 403 && token && /^this token edits job/.test((data && data.error) || "");
+    if ((res.status === 401 || otherJob) && method !== "GET") {
       sessionStorage.removeItem(TOKEN_KEY);
       if (await askToken(data && data.error)) return api(method, path, body, headers);
     }
