@@ -96,6 +96,7 @@ class AdminApi:
         self._job_routes = [
             Route(re.compile(r"/api/jobs/([^/]+)"), {"GET": self.get_job, "DELETE": self.delete_job})
         ]
+        self._job_pages = [Route(re.compile(re.escape(p)), {"GET": self.job_page}) for p in PAGES]
 
     def dispatch(self, req: Request) -> Response:
         routes = self.routes
@@ -110,6 +111,7 @@ class AdminApi:
                 req.path = rest or "/"
                 if req.path not in PAGES:
                     raise HttpError(404, f"no such page: {req.path[:200]}")
+                routes = self._job_pages
             elif rest in ("", "/"):
                 routes = self._job_routes
             else:
@@ -171,6 +173,10 @@ class AdminApi:
         if req.path == "/" and req.job == DEFAULT_JOB and self.jobs.names() != [DEFAULT_JOB]:
             name = JOBS_PAGE  # several jobs: / lists them; with only "default", / is its dashboard
         return self._asset(name, req)
+
+    def job_page(self, req: Request) -> Response:
+        """/jobs/{job} and /jobs/{job}/config: that job's dashboard and editor (also for ``default``)."""
+        return self._asset(PAGES[req.path], req)
 
     def static(self, req: Request) -> Response:
         return self._asset(req.params[0], req)

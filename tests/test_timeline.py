@@ -69,3 +69,7 @@ def test_late_groups_and_job_alias_over_http(tmp_path: Path) -> None:
         assert spans(default) == [(1, 0, None, False)] and default["late_groups"] == []
         assert lh.http("GET", "/api/jobs/nope/config/timeline").status == 404
         assert lh.http("GET", "/api/config/timeline?limit=0").status == 400
+        # With several jobs / lists them, and /jobs/default is the dashboard the timeline is drawn on.
+        assert b"jobs.js" in lh.http("GET", "/").body
+        assert b"dashboard.js" in lh.http("GET", "/jobs/default").body
+        assert lh.http("POST", "/jobs/default", {}).status == 405
