@@ -31,6 +31,15 @@ def put(lh: LighthouseProc, job: str, config: dict[str, object], **kw: object) -
     return int(res.json["version"])
 
 
+def watch_csp(page: Page) -> list[str]:
+    """Content Security Policy violations the page reports (inline styles, scripts, foreign assets)."""
+    violations: list[str] = []
+    page.on(
+        "console", lambda msg: violations.append(msg.text) if "Content Security Policy" in msg.text else None
+    )
+    return violations
+
+
 def served(address: str) -> dict[str, str]:
     """The config a worker of this manager gets now."""
     with ManagerClient(address, timeout=timedelta(seconds=5)) as client:
@@ -47,6 +56,7 @@ def test_jobs_list_dashboard_and_editor_per_job(page: Page, procs: ProcessPool, 
         for job in ("alpha", "default"):
             poll(lambda job=job: lh.http("GET", f"/api/jobs/{job}/managers").json["managers"], 10, what=job)
 
+        csp = watch_csp(page)
         page.goto(lh.url)
         rows = page.locator("#jobs-body tr")
         expect(rows).to_have_count(3)
@@ -85,6 +95,7 @@ def test_jobs_list_dashboard_and_editor_per_job(page: Page, procs: ProcessPool, 
         page.wait_for_url(lh.url)
         expect(page.locator('#jobs-body tr[data-job="alpha"] td.version')).to_have_text("v3")
         expect(page.locator('#jobs-body tr[data-job="default"] td.version')).to_have_text("v1")
+        assert csp == []
 
 
 def test_timeline_draws_versions_now_scheduled_and_late_groups(page: Page, tmp_path: Path) -> None:
@@ -104,6 +115,7 @@ def test_timeline_draws_versions_now_scheduled_and_late_groups(page: Page, tmp_p
                 )
                 client.heartbeat(status, timeout=5)
 
+        csp = watch_csp(page)
         page.goto(lh.url + "jobs/alpha")
         svg = page.locator("#timeline svg")
         expect(svg.locator(".tl-seg")).to_have_count(4)
@@ -131,6 +143,7 @@ def test_timeline_draws_versions_now_scheduled_and_late_groups(page: Page, tmp_p
         page.goto(lh.url + "jobs/default")  # the job default has a timeline of its own
         expect(page.locator("#timeline .tl-seg")).to_have_count(1)
         expect(page.locator("#timeline .tl-now")).to_contain_text("no step reported")
+        assert csp == []
 
 
 def test_hostile_values_on_the_jobs_list_and_timeline_are_text(page: Page, tmp_path: Path) -> None:
