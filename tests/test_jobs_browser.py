@@ -199,3 +199,28 @@ def test_job_tokens_are_asked_once_per_job(page: Page, tmp_path: Path) -> None:
         save("beta", 5, None)
         assert lh.http("GET", "/api/jobs/alpha/config").json["config"] == {"lr": 4}
         assert lh.http("GET", "/api/jobs/beta/config").json["config"] == {"lr": 5}
+
+
+def test_jobs_list_follows_changes_and_marks_file_errors(page: Page, tmp_path: Path) -> None:
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    for job in ("alpha", "beta"):
+        (folder / f"{job}.json").write_text(json.dumps({"lr": 0.1}))
+    with start_lighthouse(tmp_path, args=("--config-dir", str(folder))) as lh:
+        page.goto(lh.url)
+        beta = page.locator('#jobs-body tr[data-job="beta"]')
+        expect(beta.locator("td.version")).to_have_text("v1")
+        expect(page.locator("#jobs-body .pill.error")).to_have_count(0)
+        # No reload: the list refreshes itself.
+        lh.http("PATCH", "/api/jobs/beta/config?effective_step=500", {"lr": 0.2})
+        expect(beta.locator("td.version")).to_have_text("v2", timeout=10_000)
+        expect(beta.locator("td.scheduled")).to_have_text("1 pending")
+        (folder / "alpha.json").write_text('{"lr": ')
+        alpha = page.locator('#jobs-body tr[data-job="alpha"]')
+        expect(alpha.locator(".pill.error")).to_have_text("file error", timeout=15_000)
+        expect(alpha.locator(".file-error")).to_contain_text("alpha.json")
+        expect(page.locator("#job-errors")).to_have_text("1 with a config file error")
+        expect(beta.locator(".pill.error")).to_have_count(0)
+        alpha.get_by_test_id("job-link").click()
+        expect(page.locator("#file-error")).to_be_visible()
+        expect(page.locator("#version")).to_have_text("v1")

@@ -133,6 +133,8 @@ const LHTimeline = (() => {
         row.append(svg("text", {
           class: "tl-bar-label", x: inside ? x0 + 6 : x0 - 6, y: y + ROW_H / 2 + 4, "text-anchor": inside ? "start" : "end",
         }, `scheduled · step ${s.from_step}`));
+      } else if (s.to_step === s.from_step) {
+        row.append(svg("text", { class: "tl-bar-label tl-superseded", x: x0 + 8, y: y + ROW_H / 2 + 4 }, `superseded at step ${s.from_step}`));
       } else if (s.version === liveVersion && x1 - x0 > 60) {
         row.append(svg("text", { class: "tl-bar-label on-bar", x: x0 + 6, y: y + ROW_H / 2 + 4 }, "live"));
       }
@@ -182,6 +184,10 @@ const LHTimeline = (() => {
       );
     }
     root.append(ahead);
+
+    if (data.earlier) {
+      root.append(svg("text", { class: "tl-earlier", x: 10, y: 12 }, `${data.earlier} earlier version${data.earlier === 1 ? "" : "s"} not shown`));
+    }
 
     // Now: the job's current step.
     const nx = x(now);
