@@ -32,6 +32,7 @@ from lighthouse.http_messages import (
 from lighthouse.jobs import JobBusy, JobRegistry
 from lighthouse.state import LighthouseState
 from lighthouse.store import Change, ConfigStore, NotFound
+from lighthouse.timeline import DEFAULT_SEGMENTS, timeline
 from lighthouse.values import ConfigError
 from protos.jobs import DEFAULT_JOB, InvalidJobId, check_job_id
 
@@ -88,12 +89,14 @@ class AdminApi:
             (r"/api/config/scheduled", {"GET": self.scheduled}),
             (r"/api/config/scheduled/([^/]+)", {"DELETE": self.cancel}),
             (r"/api/config/at-step/([^/]+)", {"GET": self.at_step}),
+            (r"/api/config/timeline", {"GET": self.timeline}),
             (r"/api/managers", {"GET": self.managers}),
         ]
         self.routes = [Route(re.compile(p), m) for p, m in table]
         self._job_routes = [
             Route(re.compile(r"/api/jobs/([^/]+)"), {"GET": self.get_job, "DELETE": self.delete_job})
         ]
+        self._job_pages = [Route(re.compile(re.escape(p)), {"GET": self.job_page}) for p in PAGES]
 
     def dispatch(self, req: Request) -> Response:
         routes = self.routes
@@ -108,6 +111,7 @@ class AdminApi:
                 req.path = rest or "/"
                 if req.path not in PAGES:
                     raise HttpError(404, f"no such page: {req.path[:200]}")
+                routes = self._job_pages
             elif rest in ("", "/"):
                 routes = self._job_routes
             else:
@@ -170,6 +174,10 @@ class AdminApi:
             name = JOBS_PAGE  # several jobs: / lists them; with only "default", / is its dashboard
         return self._asset(name, req)
 
+    def job_page(self, req: Request) -> Response:
+        """/jobs/{job} and /jobs/{job}/config: that job's dashboard and editor (also for ``default``)."""
+        return self._asset(PAGES[req.path], req)
+
     def static(self, req: Request) -> Response:
         return self._asset(req.params[0], req)
 
@@ -223,6 +231,10 @@ class AdminApi:
         return json_response(
             {"step": step, "version": head, "config": _resolve_or_none(store, head, step), "groups": groups}
         )
+
+    def timeline(self, req: Request) -> Response:
+        limit = req.int_arg("limit", minimum=1) or DEFAULT_SEGMENTS
+        return json_response(timeline(self.state(req).store, min(limit, MAX_HISTORY_LIMIT)))
 
     def managers(self, req: Request) -> Response:
         state = self.state(req)

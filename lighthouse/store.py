@@ -157,6 +157,13 @@ class ConfigStore:
             rows = self._rows[::-1][:limit]
             return [r.to_json(cancelled=r.version in self._cancelled) for r in rows]
 
+    def held_changes(self) -> list[Change]:
+        """The changes that apply (no cancels, none cancelled) in apply order: each holds from its
+        ``order_step`` until the next one's (the job's timeline)."""
+        with self._lock:
+            rows = [r for r in self._rows if r.op != "cancel" and r.version not in self._cancelled]
+            return sorted(rows, key=lambda r: (r.order_step, r.version))
+
     def resolve(self, version: int, step: int) -> dict[str, Any]:
         """The config the state at ``version`` gives for ``step``."""
         with self._lock:

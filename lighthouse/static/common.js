@@ -3,6 +3,8 @@
 "use strict";
 
 const LH = (() => {
+  // The token last entered in this tab (the admin token works for every job), and per job the one
+  // that job accepted, so a job editor moving between jobs is asked once per job.
   const TOKEN_KEY = "lighthouse-admin-token";
   // On /jobs/{job} and /jobs/{job}/config the pages act on that job; elsewhere on the job "default".
   const JOB = (() => {
@@ -16,15 +18,20 @@ const LH = (() => {
     return `/api/jobs/${encodeURIComponent(JOB)}${path.slice(4)}`;
   }
 
-  // The page links of the page's job.
+  // The page links of the page's job, its name in the header and a link back to the jobs list.
   function jobLinks() {
     if (JOB === null) return;
     const base = `/jobs/${encodeURIComponent(JOB)}`;
-    for (const a of document.querySelectorAll('a[href="/"], a[href="/config"]')) {
+    for (const a of document.querySelectorAll('a[href="/"]:not([data-nav="jobs"]), a[href="/config"]')) {
       a.setAttribute("href", a.getAttribute("href") === "/" ? base : `${base}/config`);
     }
+    for (const a of document.querySelectorAll('a[data-nav="jobs"]')) a.hidden = false;
     const jobName = document.getElementById("job-name");
-    if (jobName) jobName.textContent = JOB;
+    if (jobName) {
+      jobName.textContent = JOB;
+      jobName.closest(".job-badge").hidden = false;
+    }
+    document.title = `${JOB} · ${document.title}`;
   }
 
   // A number whose JSON text a JS number cannot reproduce (1.0, 1e-05, 2**64): kept as written,
@@ -156,6 +163,7 @@ const LH = (() => {
   }
 
   // ---- admin token: asked for once when the API answers 401, kept for this tab only
+  const jobTokenKey = () => `${TOKEN_KEY}:${JOB === null ? "default" : JOB}`;
   let tokenWaiter = null;
 
   function askToken(reason) {
@@ -178,7 +186,10 @@ const LH = (() => {
     if (!bar) return;
     const finish = (token) => {
       bar.hidden = true;
-      if (token) sessionStorage.setItem(TOKEN_KEY, token);
+      if (token) {
+        sessionStorage.setItem(TOKEN_KEY, token);
+        sessionStorage.setItem(jobTokenKey(), token);
+      }
       const waiter = tokenWaiter;
       tokenWaiter = null;
       if (waiter) waiter.resolve(token);
@@ -192,7 +203,7 @@ const LH = (() => {
 
   // Returns {ok, status, data}; throws only when the lighthouse cannot be reached.
   async function api(method, path, body, headers = {}) {
-    const token = sessionStorage.getItem(TOKEN_KEY);
+    const token = sessionStorage.getItem(jobTokenKey()) || sessionStorage.getItem(TOKEN_KEY);
     const sent = { ...headers };
     if (token) sent.Authorization = "Bearer " + token;
     const init = { method, headers: sent, cache: "no-store" };
@@ -208,8 +219,11 @@ const LH = (() => {
     } catch {
       data = { error: `${res.status} ${res.statusText}` };
     }
-    if (res.status === 401 && method !== "GET") {
-      sessionStorage.removeItem(TOKEN_KEY);
+    // 401: no or a wrong token; 403 naming another job: a job token of another job (ask for this one's).
+    const otherJob = res.status === 403 && token && /^this token edits job/.test((data && data.error) || "");
+    if ((res.status === 401 || otherJob) && method !== "GET") {
+      if (sessionStorage.getItem(TOKEN_KEY) === token) sessionStorage.removeItem(TOKEN_KEY);
+      sessionStorage.removeItem(jobTokenKey());
       if (await askToken(data && data.error)) return api(method, path, body, headers);
     }
     return { ok: res.ok, status: res.status, data };

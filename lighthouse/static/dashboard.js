@@ -1,10 +1,11 @@
-// The dashboard: live config, pending scheduled changes and the managers, refreshed every 1.5 s.
+// The dashboard: live config, timeline, pending scheduled changes and the managers, refreshed every 1.5 s.
 "use strict";
 
 (() => {
   const { el, api, stringify, fmtTime, fmtAgo, confirmButton, setStatus } = LH;
   const REFRESH_MS = 1500;
   const LATE_AFTER_S = 3;
+  const TIMELINE_ROWS = 20;
   const $ = (id) => document.getElementById(id);
 
   function renderConfig(view) {
@@ -108,18 +109,30 @@
     refresh();
   }
 
+  let shownTimeline = null;
+  let lastTimeline = null;
+  function renderTimeline(data, force = false) {
+    const key = stringify(data);
+    if (key === shownTimeline && !force) return; // keep the picture (and an open tooltip) as it is
+    shownTimeline = key;
+    lastTimeline = data;
+    LHTimeline.render($("timeline"), data, LH.JOB || "default");
+  }
+
   let timer = null;
   async function refresh() {
     clearTimeout(timer);
     try {
-      const [view, managers, scheduled] = await Promise.all([
+      const [view, managers, scheduled, timeline] = await Promise.all([
         api("GET", "/api/config"),
         api("GET", "/api/managers"),
         api("GET", "/api/config/scheduled"),
+        api("GET", `/api/config/timeline?limit=${TIMELINE_ROWS}`),
       ]);
       renderConfig(view.data);
       renderManagers(managers.data.managers, view.data.version);
       renderScheduled(scheduled.data.scheduled);
+      renderTimeline(timeline.data);
       $("conn").className = "conn ok";
       $("conn").textContent = "live";
     } catch (err) {
@@ -131,4 +144,9 @@
   }
 
   document.addEventListener("DOMContentLoaded", refresh);
+  let resizeTimer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => { if (lastTimeline) renderTimeline(lastTimeline, true); }, 200);
+  });
 })();

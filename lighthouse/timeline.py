@@ -1,0 +1,53 @@
+"""A job's timeline for the dashboard picture: which version held from which step, the scheduled
+changes ahead, and the groups that switched late.
+
+A change holds from the step the job had reached when it was made (a scheduled
+change: from its step) until the next change in apply order; several changes
+made at the same step leave all but the last with an empty range. The page
+draws this; computing it here keeps the apply order in one place (the store).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lighthouse.store import ConfigStore
+
+DEFAULT_SEGMENTS = 50
+
+
+def timeline(store: ConfigStore, limit: int = DEFAULT_SEGMENTS) -> dict[str, Any]:
+    """GET /api/config/timeline: the last ``limit`` segments (pending ones included) and late groups."""
+    with store.lock:  # one instant: rows, step and schedule agree
+        held = store.held_changes()
+        current = store.current_step
+        head = store.head
+        scheduled = store.scheduled()
+    segments = []
+    for row, following in zip(held, [*held[1:], None], strict=True):
+        segments.append(
+            {
+                "version": row.version,
+                "from_step": max(row.order_step, 0),
+                "to_step": None if following is None else max(following.order_step, 0),
+                "scheduled": row.effective_step is not None,
+                "pending": row.order_step > current,
+                "created_at": row.created_at,
+                "source": row.source,
+                "author": row.author,
+                "comment": row.comment,
+            }
+        )
+    late = [
+        {"version": s["version"], "effective_step": s["effective_step"], **group}
+        for s in scheduled
+        for group in s["late_groups"]
+    ]
+    return {
+        "job": store.job,
+        "version": head,
+        "current_step": current,
+        "segments": segments[-limit:],
+        "earlier": max(0, len(segments) - limit),
+        "late_groups": late,
+    }
