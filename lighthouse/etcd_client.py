@@ -6,8 +6,9 @@ with a deadline and failover across the cluster's endpoints; a maintained
 Python client that fits grpcio threads and protobuf>=7 does not exist.
 
 Failover: every call goes to the current endpoint; when it fails with
-UNAVAILABLE or DEADLINE_EXCEEDED the client moves to the next endpoint and
-retries until the call's deadline, then raises ``StoreUnavailable``. A retried
+UNAVAILABLE or DEADLINE_EXCEEDED (or takes longer than ``attempt_timeout``) the
+client moves to the next endpoint and retries until the call's deadline, then
+raises ``StoreUnavailable``. A retried
 write may have been applied by the first attempt: put and delete are
 idempotent, and a transaction's compare must let its caller recognise its own
 earlier success (the failure branch can read the head it compared).
@@ -34,6 +35,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT = 5.0
+# A request that reached a follower while the leader died is lost inside etcd and only
+# answered after etcd's own request timeout (5 s + 2 elections): give up on one
+# endpoint after this long and retry, so an election costs about this much, not 7 s.
+DEFAULT_ATTEMPT_TIMEOUT = 2.0
 
 # etcd refuses requests above --max-request-bytes (1.5 MiB by default); a range
 # over a job's history can be much larger than one request.
@@ -246,10 +251,12 @@ class EtcdClient:
         endpoints: str | Sequence[str],
         *,
         timeout: timedelta | float = DEFAULT_TIMEOUT,
+        attempt_timeout: timedelta | float = DEFAULT_ATTEMPT_TIMEOUT,
         tls: EtcdTLS | None = None,
     ) -> None:
         self.endpoints = parse_endpoints(endpoints)
         self.timeout = seconds(timeout, DEFAULT_TIMEOUT)
+        self.attempt_timeout = seconds(attempt_timeout, DEFAULT_ATTEMPT_TIMEOUT)
         self._tls = tls
         self._lock = threading.Lock()
         self._stubs: dict[int, _Stubs] = {}
@@ -301,8 +308,7 @@ class EtcdClient:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            # Leave time for the other endpoints when this one hangs (alive but without a leader).
-            attempt = remaining if remaining < 0.2 or len(self.endpoints) == 1 else remaining / 2
+            attempt = min(remaining, self.attempt_timeout)
             try:
                 return fn(self._stubs_for(index), attempt)
             except grpc.RpcError as exc:
@@ -329,11 +335,18 @@ class EtcdClient:
         *,
         prefix: bool = False,
         revision: int = 0,
+        serializable: bool = False,
         timeout: timedelta | float | None = None,
     ) -> GetResult:
-        """The key (or every key under the prefix, sorted by key) at ``revision`` (0: latest)."""
+        """The key (or every key under the prefix, sorted by key) at ``revision`` (0: latest).
+
+        ``serializable`` reads the answering member's local copy: it works without a
+        quorum but may be stale; the default read is linearizable (needs a quorum).
+        """
         k = _bytes(key)
-        request = rpc_pb2.RangeRequest(key=k, range_end=_range_end(k, prefix), revision=revision)
+        request = rpc_pb2.RangeRequest(
+            key=k, range_end=_range_end(k, prefix), revision=revision, serializable=serializable
+        )
         reply = self._call(lambda s, t: s.kv.Range(request, timeout=t), timeout)
         return GetResult([KeyValue.from_pb(kv) for kv in reply.kvs], reply.header.revision)
 

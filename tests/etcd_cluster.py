@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lighthouse.etcd_client import EtcdClient, EtcdError, StoreUnavailable
+from lighthouse.etcd_client import EtcdClient, EtcdError, EtcdTLS, StoreUnavailable
 from tests.procs import child_env, poll
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
@@ -27,6 +27,51 @@ def require_etcd() -> None:
     """Skip when the etcd binary is missing (.ci/run installs it; a dev box may not have it)."""
     if not Path(ETCD).exists():
         pytest.skip("etcd not installed (apt-get install etcd-server)")
+
+
+@dataclass(frozen=True)
+class CertFiles:
+    """A throwaway CA with one server certificate (for 127.0.0.1) and one client certificate."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+    @property
+    def client(self) -> EtcdTLS:
+        return EtcdTLS(ca=str(self.ca), cert=str(self.client_cert), key=str(self.client_key))
+
+
+def make_certs(directory: Path) -> CertFiles:
+    """Issue the certificates with the openssl CLI (skip when it is missing)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl CLI not installed")
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=directory, check=True, capture_output=True, timeout=30)
+
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=test-ca")
+    for name, usage in (("server", "serverAuth"), ("client", "clientAuth")):
+        (directory / f"{name}.ext").write_text(
+            f"subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage={usage}\n"
+        )
+        run("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        run(
+            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext",
+        )  # fmt: skip
+    return CertFiles(
+        directory / "ca.crt",
+        directory / "server.crt",
+        directory / "server.key",
+        directory / "client.crt",
+        directory / "client.key",
+    )
 
 
 def free_port() -> int:
@@ -62,7 +107,10 @@ class Member:
 class EtcdCluster:
     """``size`` etcd members on 127.0.0.1 with data under ``tmp``."""
 
-    def __init__(self, tmp: Path, size: int = 3) -> None:
+    def __init__(self, tmp: Path, size: int = 3, tls: CertFiles | None = None) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.tls = tls
+        self.client_tls = tls.client if tls else None
         self.members = [
             Member(f"m{i}", free_port(), free_port(), tmp / f"m{i}", tmp / f"m{i}.log") for i in range(size)
         ]
@@ -85,12 +133,13 @@ class EtcdCluster:
 
     def start_member(self, m: Member, wait: bool = True) -> None:
         """Start (or restart, on its existing data dir) one member."""
+        scheme = "https" if self.tls else "http"
         args = [
             ETCD,
             f"--name={m.name}",
             f"--data-dir={m.data_dir}",
-            f"--listen-client-urls=http://{m.endpoint}",
-            f"--advertise-client-urls=http://{m.endpoint}",
+            f"--listen-client-urls={scheme}://{m.endpoint}",
+            f"--advertise-client-urls={scheme}://{m.endpoint}",
             f"--listen-peer-urls={m.peer_url}",
             f"--initial-advertise-peer-urls={m.peer_url}",
             f"--initial-cluster={self._initial}",
@@ -101,6 +150,13 @@ class EtcdCluster:
             "--logger=zap",
             "--log-outputs=stderr",
         ]
+        if self.tls:
+            args += [
+                f"--cert-file={self.tls.server_cert}",
+                f"--key-file={self.tls.server_key}",
+                f"--trusted-ca-file={self.tls.ca}",
+                "--client-cert-auth",
+            ]
         with m.log_path.open("ab") as log:
             m.popen = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_env()
@@ -118,7 +174,7 @@ class EtcdCluster:
         """The member answers and knows a leader, and a linearizable read through it succeeds."""
         if not m.running():
             raise AssertionError(f"etcd {m.name} exited ({m.popen and m.popen.poll()})\n{m.log()}")
-        with EtcdClient(m.endpoint, timeout=1.0) as client:
+        with EtcdClient(m.endpoint, timeout=1.0, tls=self.client_tls) as client:
             try:
                 if client.status(0).leader == 0:
                     return False
@@ -140,7 +196,7 @@ class EtcdCluster:
             for m in self.members:
                 if not m.running():
                     continue
-                with EtcdClient(m.endpoint, timeout=1.0) as client:
+                with EtcdClient(m.endpoint, timeout=1.0, tls=self.client_tls) as client:
                     try:
                         status = client.status(0)
                     except StoreUnavailable:
@@ -152,18 +208,10 @@ class EtcdCluster:
         return poll(find, timeout, interval=0.1, what="an etcd leader")
 
     def stop(self) -> None:
-        """SIGTERM every member, SIGKILL the ones that do not go."""
+        """SIGKILL every member: the data is throwaway, and a graceful stop of a cluster
+        losing its quorum member by member takes seconds (leader transfer, timeouts)."""
         for m in self.members:
-            if m.running():
-                assert m.popen is not None
-                m.popen.terminate()
-        for m in self.members:
-            if m.popen is not None:
-                try:
-                    m.popen.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    m.popen.kill()
-                    m.popen.wait(timeout=10)
+            self.kill(m)
 
     def __enter__(self) -> EtcdCluster:
         return self.start()

@@ -16,6 +16,7 @@ from lighthouse.etcd_client import (
     Delete,
     EtcdClient,
     EtcdError,
+    EtcdTLS,
     Event,
     Get,
     KeyValue,
@@ -24,7 +25,7 @@ from lighthouse.etcd_client import (
     prefix_end,
 )
 from protos.etcd import rpc_pb2, rpc_pb2_grpc
-from tests.etcd_cluster import EtcdCluster, free_port, require_etcd
+from tests.etcd_cluster import EtcdCluster, free_port, make_certs, require_etcd
 from tests.procs import poll
 
 
@@ -279,8 +280,25 @@ def test_quorum_loss_fails_within_the_deadline_and_the_same_client_recovers(clus
             with pytest.raises(StoreUnavailable, match="no quorum"):
                 call()
             assert time.monotonic() - started < 2.0 + 3.0  # the deadline, plus a margin: no hang
+        # The survivor still answers from its local copy when asked for a possibly stale read.
+        assert client.get("/q/a", serializable=True).kvs[0].value == b"1"
         for m in dead:
             cluster.start_member(m, wait=False)
         cluster.wait_healthy()
         client.put("/q/b", "2", timeout=10)
         assert [kv.value for kv in client.get("/q/", prefix=True).kvs] == [b"1", b"2"]
+
+
+def test_mutual_tls_on_a_single_member(tmp_path: Path) -> None:
+    require_etcd()
+    certs = make_certs(tmp_path / "certs")
+    with EtcdCluster(tmp_path / "etcd", size=1, tls=certs) as cluster:
+        with EtcdClient(cluster.endpoints, tls=certs.client) as client:
+            client.put("/tls/a", "1")
+            assert client.get("/tls/a").kvs[0].value == b"1"
+        for refused in (None, EtcdTLS(ca=str(certs.ca))):  # plaintext; TLS without a client cert
+            with (
+                EtcdClient(cluster.endpoints, timeout=1.0, tls=refused) as client,
+                pytest.raises(StoreUnavailable),
+            ):
+                client.get("/tls/a")
