@@ -233,8 +233,14 @@ def test_lease_keepalive_keeps_keys_and_expiry_removes_them(client: EtcdClient) 
 
     short = client.lease_grant(5)
     client.put("/lease/b", "1", lease=short)
-    client.lease_revoke(short)
-    assert client.get("/lease/b").kvs == []
+    revoked = threading.Event()
+    keeper = client.keep_alive(short, ttl=0.6, on_lost=revoked.set)
+    try:
+        client.lease_revoke(short)
+        assert client.get("/lease/b").kvs == []
+        assert revoked.wait(10), "the keepalive did not notice that its lease is gone"
+    finally:
+        keeper.stop()
 
 
 @pytest.mark.slow
