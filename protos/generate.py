@@ -1,4 +1,7 @@
-"""Generate the Python code for every ``protos/*.proto`` (one script, one truth).
+"""Generate the Python code for every ``protos/**/*.proto`` (one script, one truth).
+
+``protos/etcd/`` holds etcd's own v3 API protos (vendored, see their headers), so
+the etcd client runs on stubs from the same protoc as the project's own.
 
 Run ``python protos/generate.py`` after editing a .proto file; ``--check``
 exits 1 when the committed generated code differs from a fresh generation
@@ -22,9 +25,8 @@ GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 def generate(out_dir: Path) -> list[Path]:
     """Compile every .proto into ``out_dir/protos`` and return the files written."""
-    protos = sorted(PROTO_DIR.glob("*.proto"))
-    (out_dir / "protos").mkdir(parents=True, exist_ok=True)
-    for proto in protos:
+    for proto in sorted(PROTO_DIR.rglob("*.proto")):
+        (out_dir / proto.parent.relative_to(ROOT)).mkdir(parents=True, exist_ok=True)
         # Include path = repo root, so generated imports read `from protos import ...`.
         args = [
             "grpc_tools.protoc",
@@ -36,14 +38,20 @@ def generate(out_dir: Path) -> list[Path]:
         ]
         if protoc.main(args) != 0:
             raise SystemExit(f"protoc failed on {proto}")
-    return sorted(p for p in (out_dir / "protos").iterdir() if p.name.endswith(GENERATED_SUFFIXES))
+    return generated_files(out_dir / "protos")
+
+
+def generated_files(proto_dir: Path) -> list[Path]:
+    """Every generated file under ``proto_dir``, at any depth."""
+    return sorted(p for p in proto_dir.rglob("*") if p.name.endswith(GENERATED_SUFFIXES))
 
 
 def stale_files() -> list[str]:
     """Names of generated files that are missing, extra or different from a fresh run."""
     with tempfile.TemporaryDirectory() as tmp:
-        fresh = {p.name: p for p in generate(Path(tmp))}
-        committed = {p.name: p for p in PROTO_DIR.iterdir() if p.name.endswith(GENERATED_SUFFIXES)}
+        fresh_dir = Path(tmp) / "protos"
+        fresh = {str(p.relative_to(fresh_dir)): p for p in generate(Path(tmp))}
+        committed = {str(p.relative_to(PROTO_DIR)): p for p in generated_files(PROTO_DIR)}
         names = sorted(set(fresh) | set(committed))
         return [
             n

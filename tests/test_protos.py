@@ -55,6 +55,14 @@ def test_check_detects_stale_generated_code(tmp_path: Path) -> None:
     assert "lighthouse_config_pb2_grpc.py" in run_check(tmp_path).stderr
 
 
+def test_check_covers_the_vendored_etcd_protos(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "protos", tmp_path / "protos", ignore=shutil.ignore_patterns("__pycache__"))
+    assert run_check(tmp_path).returncode == 0
+    (tmp_path / "protos" / "etcd" / "rpc_pb2.pyi").unlink()
+    result = run_check(tmp_path)
+    assert result.returncode == 1 and "etcd/rpc_pb2.pyi" in result.stderr
+
+
 def test_method_paths_match_the_proto() -> None:
     services = pb.DESCRIPTOR.services_by_name
     paths = {

@@ -1,0 +1,220 @@
+"""A real etcd cluster on loopback for the tests (Debian's ``etcd-server``, never a fake).
+
+etcd needs explicit ports, so free ones are picked by binding port 0 first. Elections
+are tuned fast (50 ms heartbeat, 500 ms election timeout) so tests that kill the leader
+stay short. ``EtcdCluster.stop`` always ends every member; use it as a context manager.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lighthouse.etcd_client import EtcdClient, EtcdError, EtcdTLS, StoreUnavailable
+from tests.procs import child_env, poll
+
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+START_TIMEOUT = 30.0
+
+
+def require_etcd() -> None:
+    """Skip when the etcd binary is missing (.ci/run installs it; a dev box may not have it)."""
+    if not Path(ETCD).exists():
+        pytest.skip("etcd not installed (apt-get install etcd-server)")
+
+
+@dataclass(frozen=True)
+class CertFiles:
+    """A throwaway CA with one server certificate (for 127.0.0.1) and one client certificate."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+    @property
+    def client(self) -> EtcdTLS:
+        return EtcdTLS(ca=str(self.ca), cert=str(self.client_cert), key=str(self.client_key))
+
+
+def make_certs(directory: Path) -> CertFiles:
+    """Issue the certificates with the openssl CLI (skip when it is missing)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl CLI not installed")
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=directory, check=True, capture_output=True, timeout=30)
+
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=test-ca")
+    for name, usage in (("server", "serverAuth"), ("client", "clientAuth")):
+        (directory / f"{name}.ext").write_text(
+            f"subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage={usage}\n"
+        )
+        run("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        run(
+            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext",
+        )  # fmt: skip
+    return CertFiles(
+        directory / "ca.crt",
+        directory / "server.crt",
+        directory / "server.key",
+        directory / "client.crt",
+        directory / "client.key",
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Member:
+    name: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
+
+
+class EtcdCluster:
+    """``size`` etcd members on 127.0.0.1 with data under ``tmp``."""
+
+    def __init__(self, tmp: Path, size: int = 3, tls: CertFiles | None = None) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.tls = tls
+        self.client_tls = tls.client if tls else None
+        self.members = [
+            Member(f"m{i}", free_port(), free_port(), tmp / f"m{i}", tmp / f"m{i}.log") for i in range(size)
+        ]
+        self._initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+
+    @property
+    def endpoints(self) -> str:
+        """``host:port,host:port,...``: what a client is given."""
+        return ",".join(m.endpoint for m in self.members)
+
+    def start(self) -> EtcdCluster:
+        try:
+            for m in self.members:
+                self.start_member(m, wait=False)
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_member(self, m: Member, wait: bool = True) -> None:
+        """Start (or restart, on its existing data dir) one member."""
+        scheme = "https" if self.tls else "http"
+        args = [
+            ETCD,
+            f"--name={m.name}",
+            f"--data-dir={m.data_dir}",
+            f"--listen-client-urls={scheme}://{m.endpoint}",
+            f"--advertise-client-urls={scheme}://{m.endpoint}",
+            f"--listen-peer-urls={m.peer_url}",
+            f"--initial-advertise-peer-urls={m.peer_url}",
+            f"--initial-cluster={self._initial}",
+            "--initial-cluster-state=new",
+            "--initial-cluster-token=lighthouse-test",
+            "--heartbeat-interval=50",
+            "--election-timeout=500",
+            "--logger=zap",
+            "--log-outputs=stderr",
+        ]
+        if self.tls:
+            args += [
+                f"--cert-file={self.tls.server_cert}",
+                f"--key-file={self.tls.server_key}",
+                f"--trusted-ca-file={self.tls.ca}",
+                "--client-cert-auth",
+            ]
+        with m.log_path.open("ab") as log:
+            m.popen = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_env()
+            )
+        if wait:
+            self.wait_healthy()
+
+    def kill(self, m: Member) -> None:
+        """SIGKILL one member (no clean shutdown) and reap it."""
+        if m.popen is not None and m.popen.poll() is None:
+            m.popen.send_signal(signal.SIGKILL)
+            m.popen.wait(timeout=10)
+
+    def _healthy(self, m: Member) -> bool:
+        """The member answers and knows a leader, and a linearizable read through it succeeds."""
+        if not m.running():
+            raise AssertionError(f"etcd {m.name} exited ({m.popen and m.popen.poll()})\n{m.log()}")
+        with EtcdClient(m.endpoint, timeout=1.0, tls=self.client_tls) as client:
+            try:
+                if client.status(0).leader == 0:
+                    return False
+                client.get("health")
+            except (StoreUnavailable, EtcdError):
+                return False
+        return True
+
+    def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
+        """Every running member is healthy (poll with a deadline)."""
+        for m in self.members:
+            if m.running():
+                poll(lambda m=m: self._healthy(m), timeout, interval=0.1, what=f"etcd {m.name} healthy")
+
+    def leader(self, timeout: float = START_TIMEOUT) -> Member:
+        """The member the running members agree is the leader."""
+
+        def find() -> Member | None:
+            for m in self.members:
+                if not m.running():
+                    continue
+                with EtcdClient(m.endpoint, timeout=1.0, tls=self.client_tls) as client:
+                    try:
+                        status = client.status(0)
+                    except StoreUnavailable:
+                        continue
+                if status.leader and status.leader == status.header.member_id:
+                    return m
+            return None
+
+        return poll(find, timeout, interval=0.1, what="an etcd leader")
+
+    def stop(self) -> None:
+        """SIGKILL every member: the data is throwaway, and a graceful stop of a cluster
+        losing its quorum member by member takes seconds (leader transfer, timeouts)."""
+        for m in self.members:
+            self.kill(m)
+
+    def __enter__(self) -> EtcdCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
