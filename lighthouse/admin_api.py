@@ -26,8 +26,9 @@ from lighthouse.http_messages import (
     json_response,
     parse_int,
 )
+from lighthouse.schema import SchemaViolation
 from lighthouse.state import LighthouseState
-from lighthouse.store import Change, NotFound
+from lighthouse.store import NotFound, Plan
 from lighthouse.values import ConfigError
 
 MAX_AUTHOR_CHARS = 64
@@ -72,6 +73,11 @@ class AdminApi:
             (r"/metrics", {"GET": self.metrics}),
             (r"/api/config", {"GET": self.get_config, "PUT": self.put_config, "PATCH": self.patch_config}),
             (r"/api/config/history", {"GET": self.history}),
+            (
+                r"/api/config/schema",
+                {"GET": self.get_schema, "PUT": self.put_schema, "DELETE": self.delete_schema},
+            ),
+            (r"/api/config/schema/history", {"GET": self.schema_history}),
             (r"/api/config/rollback", {"POST": self.rollback}),
             (r"/api/config/scheduled", {"GET": self.scheduled}),
             (r"/api/config/scheduled/([^/]+)", {"DELETE": self.cancel}),
@@ -246,7 +252,7 @@ class AdminApi:
         if_match = if_match_version(req.headers.get("If-Match"))
         comment = self._comment(req)
         body = req.json_body()
-        row = self.state.change(
+        plan = self.state.change(
             op,
             body,
             source="api",
@@ -254,8 +260,9 @@ class AdminApi:
             comment=comment,
             effective_step=effective_step,
             if_match=if_match,
+            dry_run=_flag(req, "dry_run"),
         )
-        return self._changed(row)
+        return self._changed(plan, _flag(req, "dry_run"))
 
     def rollback(self, req: Request) -> Response:
         author = self.authorize(req)
@@ -266,39 +273,79 @@ class AdminApi:
             raise HttpError(400, 'body must be {"version": <integer>}')
         if isinstance(body, dict) and isinstance(body.get("comment"), str):
             comment = comment or clean_text(str(body["comment"]), MAX_COMMENT_CHARS)
-        return self._changed(self.state.rollback(version, author=author, comment=comment))
+        dry_run = _flag(req, "dry_run")
+        return self._changed(self.state.rollback(version, author=author, comment=comment, dry_run=dry_run))
 
     def cancel(self, req: Request) -> Response:
         author = self.authorize(req)
         version = parse_int(req.params[0], "version", minimum=1)
         try:
-            row = self.state.cancel(version, author=author, comment=self._comment(req))
+            plan = self.state.cancel(version, author=author, comment=self._comment(req))
+        except SchemaViolation:
+            raise
         except ConfigError as exc:  # not scheduled, already cancelled or already in effect
             raise HttpError(409, str(exc), version=self.state.store.head) from None
-        return self._changed(row)
+        return self._changed(plan)
+
+    # ------------------------------------------------------------ schema
+    def get_schema(self, req: Request) -> Response:
+        latest = self.state.store.schema()
+        return json_response(latest or {"schema": None})
+
+    def schema_history(self, req: Request) -> Response:
+        limit = req.int_arg("limit", minimum=1) or DEFAULT_HISTORY_LIMIT
+        return json_response({"schemas": self.state.store.schema_history(min(limit, MAX_HISTORY_LIMIT))})
+
+    def put_schema(self, req: Request) -> Response:
+        author = self.authorize(req)
+        return self._set_schema(req, author, req.json_body())
+
+    def delete_schema(self, req: Request) -> Response:
+        return self._set_schema(req, self.authorize(req), None)
+
+    def _set_schema(self, req: Request, author: str, document: Any) -> Response:
+        answer = self.state.set_schema(
+            document,
+            source="api",
+            author=author,
+            comment=self._comment(req),
+            force=_flag(req, "force"),
+            dry_run=_flag(req, "dry_run"),
+        )
+        return json_response(answer)
 
     @staticmethod
     def _comment(req: Request) -> str:
         return clean_text(req.arg("comment") or req.headers.get("X-Change-Comment") or "", MAX_COMMENT_CHARS)
 
-    def _changed(self, row: Change) -> Response:
-        store = self.state.store
-        try:  # this version's config, even if later changes already landed
-            config = store.resolve(row.version, store.current_step)
-        except NotFound:  # pruned by a later change already
-            config = row.config
+    @staticmethod
+    def _changed(plan: Plan, dry_run: bool = False) -> Response:
+        """The answer to a change, real or dry run alike: built from the one plan both use."""
+        row = plan.row
         return json_response(
             {
                 "version": row.version,
-                "config": config,
+                "config": plan.live,  # this version's config at the job's step, as planned
+                "changes": plan.changes(),
                 "op": row.op,
                 "effective_step": row.effective_step,
                 "created_at": row.created_at,
                 "source": row.source,
                 "author": row.author,
                 "comment": row.comment,
+                "dry_run": dry_run,
             }
         )
+
+
+def _flag(req: Request, name: str) -> bool:
+    """``?name=1`` (or true/yes); absent, empty or 0: off."""
+    value = (req.arg(name) or "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise HttpError(400, f"{name} must be 1 or 0, got {value[:20]!r}")
 
 
 def _label(value: str) -> str:

@@ -54,6 +54,13 @@ def main() -> None:
     help="JSON object file with the initial config; watched for edits while running.",
 )
 @click.option(
+    "--schema",
+    "schema_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="JSON Schema (draft 2020-12) every config change must satisfy; watched for edits while running.",
+)
+@click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -84,6 +91,7 @@ def serve(
     bind: str,
     http_bind: str,
     config_path: Path | None,
+    schema_path: Path | None,
     state_dir: Path | None,
     admin_token: str | None,
     allowed_hosts: tuple[str, ...],
@@ -107,6 +115,7 @@ def serve(
             allowed_hosts=allowed_hosts,
             strict=strict,
             history_limit=history_limit,
+            schema_path=schema_path,
         )
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)

@@ -1,4 +1,4 @@
-"""Loading the ``--config`` JSON file, and watching it for edits while the lighthouse runs.
+"""Loading the ``--config`` (and ``--schema``) JSON file, and watching it for edits while the lighthouse runs.
 
 Torchft's config-sharing proposal fixes the lenient behaviour: no file gives an
 empty config; an unreadable or invalid file gives an empty config and a warning
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lighthouse.values import ConfigError, parse_config
+from lighthouse.values import ConfigError, json_type, parse_config, parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -26,13 +26,29 @@ MAX_FILE_BYTES = 16 * 1024 * 1024
 class FileContent:
     """What one read of the file gave: a config, or the error that prevented one."""
 
-    config: dict[str, Any] | None
+    config: Any  # the config object (or the schema document); None when unreadable or invalid
     digest: str | None  # sha256 of the bytes; None when the file could not be read
     error: str | None
 
 
 def read_config_file(path: Path) -> FileContent:
     """Read and parse ``path``; never raises for a bad file, the error is in the result."""
+    return _read(path, lambda data: parse_config(data, what=str(path)))
+
+
+def read_schema_file(path: Path) -> FileContent:
+    """Read a ``--schema`` file: a JSON object (checked as a schema where it is applied)."""
+
+    def parse(data: bytes) -> Any:
+        document = parse_json(data, str(path))
+        if not isinstance(document, dict):
+            raise ConfigError(f"{path} must hold a JSON Schema object, got {json_type(document)}")
+        return document
+
+    return _read(path, parse)
+
+
+def _read(path: Path, parse: Callable[[bytes], Any]) -> FileContent:
     try:
         with path.open("rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
@@ -44,7 +60,7 @@ def read_config_file(path: Path) -> FileContent:
     if len(data) > MAX_FILE_BYTES:
         return FileContent(None, digest, f"{path}: larger than {MAX_FILE_BYTES} bytes")
     try:
-        return FileContent(parse_config(data, what=str(path)), digest, None)
+        return FileContent(parse(data), digest, None)
     except ConfigError as exc:
         return FileContent(None, digest, str(exc))
 
@@ -68,13 +84,20 @@ def load_initial(path: Path | None, strict: bool) -> FileContent:
 class FileWatcher:
     """Polls the file's mtime and size (and hash when they move) and reports each new content once."""
 
-    def __init__(self, path: Path, on_change: Callable[[FileContent], object], interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        on_change: Callable[[FileContent], object],
+        interval: float = 1.0,
+        read: Callable[[Path], FileContent] = read_config_file,
+    ) -> None:
         self.path = path
         self.interval = interval
         self._on_change = on_change
+        self._read = read
         self._stop = threading.Event()
         self._last_stat: tuple[float, int] | None = self._stat()
-        self._last_digest: str | None = read_config_file(path).digest
+        self._last_digest: str | None = read(path).digest
         self._thread = threading.Thread(target=self._run, name="config-file-watcher", daemon=True)
 
     def start(self) -> None:
@@ -98,7 +121,7 @@ class FileWatcher:
         if stat == self._last_stat or stat is None:
             return
         self._last_stat = stat
-        content = read_config_file(self.path)
+        content = self._read(self.path)
         if content.digest == self._last_digest:
             return
         self._last_digest = content.digest

@@ -31,6 +31,7 @@ from lighthouse.http_messages import (
     error_answer,
     error_response,
 )
+from lighthouse.schema import SchemaViolation
 from lighthouse.state import LighthouseState
 from lighthouse.store import NotFound, VersionConflict
 from lighthouse.values import ConfigError, ConfigTooLarge
@@ -88,6 +89,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
             resp = error_response(HttpError(404, str(exc)))
         except ConfigTooLarge as exc:
             resp = error_response(HttpError(413, str(exc)))
+        except SchemaViolation as exc:
+            resp = error_response(HttpError(422, str(exc), violations=exc.violations))
         except ConfigError as exc:
             resp = error_response(HttpError(400, str(exc)))
         except (TimeoutError, ConnectionError):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import grpc
 
-from lighthouse.config_file import FileWatcher
+from lighthouse.config_file import FileWatcher, read_schema_file
 from lighthouse.state import LighthouseState
 from lighthouse.store import ConfigStore
 from protos import lighthouse_config_pb2 as pb
@@ -39,15 +39,17 @@ class LighthouseServer:
         history_limit: int | None = None,
         watch_interval: float = 1.0,
         max_workers: int = 16,
+        schema_path: str | Path | None = None,
     ) -> None:
         path = Path(config_path) if config_path is not None else None
+        schema_file = Path(schema_path) if schema_path is not None else None
         store_path = Path(state_dir) / STORE_FILE if state_dir is not None else None
         self.store = ConfigStore(store_path, history_limit=history_limit)
-        self._watcher: FileWatcher | None = None
+        self._watchers: list[FileWatcher] = []
         self._http = None
         self._server: grpc.Server | None = None
         try:
-            self.state = LighthouseState(self.store, path, strict=strict)
+            self.state = LighthouseState(self.store, path, strict=strict, schema_path=schema_file)
             handler = grpc.method_handlers_generic_handler(
                 "lighthouse_config.LighthouseService",
                 {
@@ -70,8 +72,18 @@ class LighthouseServer:
                     self.state, http_bind, admin_token=admin_token, allowed_hosts=allowed_hosts
                 )
             if path is not None:
-                self._watcher = FileWatcher(path, self.state.apply_file, interval=watch_interval)
-                self._watcher.start()
+                self._watchers.append(FileWatcher(path, self.state.apply_file, interval=watch_interval))
+            if schema_file is not None:
+                self._watchers.append(
+                    FileWatcher(
+                        schema_file,
+                        self.state.apply_schema_file,
+                        interval=watch_interval,
+                        read=read_schema_file,
+                    )
+                )
+            for watcher in self._watchers:
+                watcher.start()
         except BaseException:
             self.shutdown()
             raise
@@ -97,9 +109,8 @@ class LighthouseServer:
 
     def shutdown(self, grace: float | None = 1.0) -> None:
         """Stop serving and close the store; safe to call twice."""
-        if self._watcher is not None:
-            self._watcher.stop()
-            self._watcher = None
+        while self._watchers:
+            self._watchers.pop().stop()
         if self._http is not None:
             self._http.shutdown()
             self._http = None

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lighthouse.config_file import FileContent, load_initial
-from lighthouse.store import Change, ConfigStore, Segment
+from lighthouse.config_file import FileContent, load_initial, read_schema_file
+from lighthouse.schema import Schema, SchemaViolation, load_schema
+from lighthouse.store import ConfigStore, Edit, Plan, Segment
 from lighthouse.values import ConfigError, encode_config, validate_object
 from protos import lighthouse_config_pb2 as pb
 
@@ -81,11 +82,18 @@ class LighthouseState:
         store: ConfigStore,
         config_path: Path | None = None,
         strict: bool = False,
+        schema_path: Path | None = None,
     ) -> None:
         self.store = store
         self.instance_id = uuid.uuid4().hex
         self.config_path = config_path.resolve() if config_path is not None else None
+        self.schema_path = schema_path.resolve() if schema_path is not None else None
         self.file_error: str | None = None
+        self.schema_error: str | None = None
+        stored = store.schema()
+        self.schema: Schema | None = (
+            load_schema(stored["schema"]) if stored and stored["schema"] is not None else None
+        )
         self.get_config_calls = 0
         self.heartbeat_calls = 0
         self._get_config_count = itertools.count(1)  # next() is atomic: no call lost across threads
@@ -95,8 +103,11 @@ class LighthouseState:
         self._refresh_lock = threading.Lock()
         self._snapshot = self._build_snapshot()
         self._step_field = _CURRENT_STEP_TAG + _varint(store.current_step)
-        if config_path is not None:
-            self.apply_file(load_initial(config_path, strict), startup=True)
+        initial = load_initial(config_path, strict) if config_path is not None else None
+        if schema_path is not None:
+            self._apply_initial_schema(read_schema_file(schema_path), initial, strict)
+        if initial is not None:
+            self.apply_file(initial, startup=True)
 
     # ------------------------------------------------------------ serving
     @property
@@ -200,51 +211,146 @@ class LighthouseState:
         comment: str = "",
         effective_step: int | None = None,
         if_match: int | None = None,
-    ) -> Change:
-        """Validate and durably commit a put/patch; the reply served to managers follows at once."""
-        config = validate_object(body, allow_null=op == "patch")
-        row = self.store.commit(
-            op,
-            config,
-            source=source,
-            author=author,
-            comment=comment,
-            effective_step=effective_step,
-            if_match=if_match,
-        )
-        self.refresh()
-        logger.info("config version %d (%s by %s, %s)", row.version, op, author, source)
-        return row
+        dry_run: bool = False,
+    ) -> Plan:
+        """Validate, check against the schema and durably commit a put/patch (a dry run stops
+        before writing); the reply served to managers follows at once."""
+        config = validate_object(body)
+        edit = Edit(op, config, source, author, comment, effective_step)
+        return self._apply([edit], if_match=if_match, dry_run=dry_run)
 
-    def rollback(self, version: int, *, author: str = "-", comment: str = "") -> Change:
-        """A new version with ``version``'s content; cancels pending scheduled changes made after it."""
-        self.store.get(version)  # NotFound when it never existed or was pruned
-        for item in self.store.scheduled():
-            if item["status"] == "pending" and item["version"] > version:
-                self.cancel(item["version"], author=author, comment=f"cancelled by rollback to {version}")
-        # What that version gave at the job's current step: its own pending scheduled changes
-        # stay scheduled (they apply at their step, on top), they are not applied now.
-        content = self.store.resolve(version, self.store.current_step)
-        return self.change(
-            "put",
-            content,
-            source="rollback",
-            author=author,
-            comment=comment or f"rollback to {version}",
-        )
+    def rollback(self, version: int, *, author: str = "-", comment: str = "", dry_run: bool = False) -> Plan:
+        """A new version with ``version``'s content; cancels pending scheduled changes made after it.
 
-    def cancel(self, version: int, *, author: str = "-", comment: str = "") -> Change:
-        row = self.store.commit(
-            "cancel",
-            {"version": version},
-            source="api",
-            author=author,
-            comment=comment or f"cancel {version}",
-        )
-        self.refresh()
-        return row
+        The cancels and the new version are one commit: refused (or dry run) all together.
+        """
+        store = self.store
+        with store.lock:
+            store.get(version)  # NotFound when it never existed or was pruned
+            edits = [
+                Edit(
+                    "cancel",
+                    {"version": item["version"]},
+                    "api",
+                    author,
+                    f"cancelled by rollback to {version}",
+                )
+                for item in store.scheduled()
+                if item["status"] == "pending" and item["version"] > version
+            ]
+            # What that version gave at the job's current step: its own pending scheduled changes
+            # stay scheduled (they apply at their step, on top), they are not applied now.
+            content = store.resolve(version, store.current_step)
+            edits.append(Edit("put", content, "rollback", author, comment or f"rollback to {version}"))
+            return self._apply(edits, dry_run=dry_run)
 
-    def apply_file(self, content: FileContent, startup: bool = False) -> Change | None:
+    def cancel(self, version: int, *, author: str = "-", comment: str = "") -> Plan:
+        edit = Edit("cancel", {"version": version}, "api", author, comment or f"cancel {version}")
+        return self._apply([edit])
+
+    def _apply(self, edits: list[Edit], *, if_match: int | None = None, dry_run: bool = False) -> Plan:
+        plan = self.store.apply(edits, if_match=if_match, check=self.check_plan, dry_run=dry_run)
+        if not dry_run:
+            self.refresh()
+            row = plan.row
+            logger.info("config version %d (%s by %s, %s)", row.version, row.op, row.author, row.source)
+        return plan
+
+    def check_plan(self, plan: Plan) -> None:
+        """Refuse a change when a config it makes, live or at a later step, breaks the schema.
+
+        Only segments whose content is new are checked: a change never fails for a
+        scheduled config it leaves as it was.
+        """
+        old = [s.config for s in plan.segments_before]
+        changed = [s for s in plan.segments_after if s.config not in old]
+        violations = self._violations(changed, plan.step)
+        if violations:
+            raise SchemaViolation(violations)
+
+    def _violations(
+        self, segments: list[Segment], step: int, schema: Schema | None = None
+    ) -> list[dict[str, str]]:
+        """The schema's violations in every segment still ahead of (or at) ``step``."""
+        schema = schema or self.schema
+        if schema is None:
+            return []
+        out: list[dict[str, str]] = []
+        for seg, following in zip(segments, [*segments[1:], None], strict=True):
+            if following is not None and following.from_step <= step:
+                continue  # only steps the job has passed
+            at = "" if seg.from_step <= max(step, 0) else f" (from step {seg.from_step})"
+            out.extend(
+                {"path": v["path"], "message": v["message"] + at} for v in schema.violations(seg.config)
+            )
+        return out
+
+    def set_schema(
+        self,
+        document: Any,
+        *,
+        source: str,
+        author: str = "-",
+        comment: str = "",
+        force: bool = False,
+        dry_run: bool = False,
+        against: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Replace the job's schema (None removes it); refused while the live config or a pending
+        scheduled config (or ``against``, a config about to load) violates it, unless ``force``."""
+        schema = load_schema(document) if document is not None else None
+        with self.store.lock:
+            if against is not None:
+                violations = schema.violations(against) if schema else []
+            else:
+                segments = self.store.segments()
+                violations = self._violations(segments, self.store.current_step, schema) if schema else []
+            if violations and not force:
+                raise SchemaViolation(violations, "the live config")
+            if dry_run:
+                return {"schema": document, "violations": violations, "dry_run": True}
+            row = self.store.set_schema(document, source=source, author=author, comment=comment)
+            self.schema = schema
+        logger.info("schema changed (%s by %s)", source, author)
+        return {**row, "violations": violations, "dry_run": False}
+
+    def apply_schema_file(
+        self, content: FileContent, against: dict[str, Any] | None = None, force: bool = False
+    ) -> None:
+        """A new schema from the --schema file when its content is new; a bad one only sets schema_error."""
+        path = self.schema_path
+        assert path is not None
+        if content.error is not None:
+            self.schema_error = content.error
+            logger.error("schema file not loaded, schema unchanged: %s", content.error)
+            return
+        assert content.digest is not None
+        if self.store.file_hash(str(path)) == content.digest:
+            self.schema_error = None
+            return  # unchanged since last loaded: the stored (maybe edited) schema stays
+        try:
+            self.set_schema(content.config, source="file", comment=str(path), against=against, force=force)
+        except ConfigError as exc:  # not a schema, or the live config violates it
+            self.schema_error = f"{path}: {exc}"
+            logger.error("schema file not loaded, schema unchanged: %s", self.schema_error)
+            return
+        self.schema_error = None
+        self.store.set_file_hash(str(path), content.digest)
+
+    def _apply_initial_schema(self, content: FileContent, initial: FileContent | None, strict: bool) -> None:
+        """At startup the schema file is checked against the config file about to load (when that
+        is new), so a schema and a config edited together while the lighthouse was down both load."""
+        if content.error is not None and strict:
+            raise ConfigError(content.error)
+        path = self.config_path
+        against = None
+        new_file = initial is not None and initial.config is not None and path is not None
+        if new_file and initial and path and self.store.file_hash(str(path)) != initial.digest:
+            against = initial.config
+        # A job with no version yet has nothing to protect: its first config is checked instead.
+        self.apply_schema_file(content, against, force=against is None and self.store.head == 0)
+
+    def apply_file(self, content: FileContent, startup: bool = False) -> Plan | None:
         """A new version from the config file when its content is new; a bad file only sets file_error."""
         path = self.config_path
         assert path is not None
@@ -258,13 +364,13 @@ class LighthouseState:
         if self.store.file_hash(str(path)) == content.digest:
             return None  # unchanged since last loaded: the stored (maybe edited) version stays live
         try:
-            row = self.change("put", content.config, source="file", author="-", comment=str(path))
-        except ConfigError as exc:  # too large, bad key: like any other bad file
+            plan = self.change("put", content.config, source="file", author="-", comment=str(path))
+        except ConfigError as exc:  # too large, bad key, violates the schema: like any other bad file
             self.file_error = f"{path}: {exc}"
             logger.error("config file not loaded, live config unchanged: %s", self.file_error)
             return None
         self.store.set_file_hash(str(path), content.digest)
-        return row
+        return plan
 
     # -------------------------------------------------------------- views
     def view(self) -> dict[str, Any]:
@@ -284,8 +390,10 @@ class LighthouseState:
             "scheduled": [s for s in self.store.scheduled() if s["status"] == "pending"],
             "file": {
                 "path": str(self.config_path) if self.config_path else None,
-                "error": self.file_error,
+                "error": "; ".join(e for e in (self.file_error, self.schema_error) if e) or None,
+                "schema_path": str(self.schema_path) if self.schema_path else None,
             },
+            "schema": self.schema is not None,
             "instance_id": self.instance_id,
             "state_id": self.store.state_id,
         }

@@ -29,7 +29,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -60,6 +60,14 @@ CREATE TABLE IF NOT EXISTS switches (
     previous_step INTEGER NOT NULL,
     recorded_at REAL NOT NULL,
     PRIMARY KEY (replica_id, step, version)
+);
+CREATE TABLE IF NOT EXISTS schemas (
+    id INTEGER PRIMARY KEY,
+    schema TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    source TEXT NOT NULL,
+    author TEXT NOT NULL,
+    comment TEXT NOT NULL
 );
 """
 
@@ -108,6 +116,49 @@ class Change:
             "effective_step": self.effective_step,
             "cancelled": cancelled,
         }
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One change asked for; a commit is a list of them, stored together or not at all."""
+
+    op: str
+    change: dict[str, Any]
+    source: str
+    author: str = "-"
+    comment: str = ""
+    effective_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a commit makes (or, planned without writing, would make): the same for a dry run."""
+
+    rows: tuple[Change, ...]
+    step: int  # the job's step when planned
+    live: dict[str, Any]  # the config at that step once the rows apply
+    before: dict[str, Any]  # at the step the change is about (its effective step, else the job's)
+    after: dict[str, Any]
+    segments_before: tuple[Segment, ...]
+    segments_after: tuple[Segment, ...]
+
+    @property
+    def row(self) -> Change:
+        return self.rows[-1]
+
+    @property
+    def version(self) -> int:
+        return self.row.version
+
+    def changes(self) -> dict[str, dict[str, Any]]:
+        """Per key ``{"before": .., "after": ..}``; a key added has no "before", one removed no "after"."""
+        out: dict[str, dict[str, Any]] = {}
+        for key in [*self.before, *(k for k in self.after if k not in self.before)]:
+            sides = (("before", self.before), ("after", self.after))
+            change = {side: config[key] for side, config in sides if key in config}
+            if change.get("before", out) != change.get("after", out):
+                out[key] = change
+        return out
 
 
 @dataclass(frozen=True)
@@ -243,23 +294,7 @@ class ConfigStore:
     def segments(self, version: int | None = None) -> list[Segment]:
         """The config per step range at ``version`` (default head); one segment when nothing is scheduled."""
         with self._lock:
-            head = self.head if version is None else version
-            cancelled = self._cancelled_at(self._rows, head)
-            points = sorted(
-                {
-                    r.effective_step
-                    for r in self._rows
-                    if r.version <= head and r.effective_step is not None and r.version not in cancelled
-                }
-            )
-            segments = [Segment(0, self._resolve(self._rows, head, 0))]
-            for point in points:
-                if point <= 0:
-                    continue
-                config = self._resolve(self._rows, head, point)
-                if config != segments[-1].config:
-                    segments.append(Segment(point, config))
-            return segments
+            return self._segments(self._rows, self.head if version is None else version)
 
     def scheduled(self) -> list[dict[str, Any]]:
         """Every scheduled change with its status: pending, in_effect or cancelled."""
@@ -299,33 +334,57 @@ class ConfigStore:
         if_match: int | None = None,
     ) -> Change:
         """Store one change durably and return it; raises VersionConflict, ConfigError or NotFound."""
-        if op not in ("put", "patch", "cancel"):
-            raise ValueError(f"unknown op {op!r}")
-        if effective_step is not None and effective_step < 0:
-            raise ConfigError("effective_step must be a step >= 0")
+        edit = Edit(op, change, source, author, comment, effective_step)
+        return self.apply([edit], if_match=if_match).row
+
+    def plan(self, edits: list[Edit], *, if_match: int | None = None) -> Plan:
+        """What committing ``edits`` would store, without storing it; raises what the commit would."""
+        if not edits:
+            raise ValueError("nothing to plan")
         with self._lock:
             if if_match is not None and if_match != self.head:
                 raise VersionConflict(if_match, self.head)
-            if op == "cancel":
-                self._check_cancellable(int(change["version"]))
-            order_step = self._current_step
-            if effective_step is not None:
-                order_step = max(order_step, effective_step)
-            version = self._next_version
-            draft = Change(
-                version, op, change, {}, effective_step, order_step, time.time(), source, author, comment
+            rows = list(self._rows)
+            for offset, edit in enumerate(edits):
+                rows.append(self._draft(rows, self._next_version + offset, edit))
+            new = rows[len(self._rows) :]
+            last = new[-1]
+            step = self._current_step
+            focus = step if last.effective_step is None else max(step, last.effective_step)
+            return Plan(
+                rows=tuple(new),
+                step=step,
+                live=self._resolve(rows, last.version, step),
+                before=self._resolve(self._rows, self.head, focus),
+                after=self._resolve(rows, last.version, focus),
+                segments_before=tuple(self._segments(self._rows, self.head)),
+                segments_after=tuple(self._segments(rows, last.version)),
             )
-            rows = [*self._rows, draft]
-            config = self._resolve(rows, version, FOREVER)
-            self._check_size(rows, version, config, effective_step)
-            row = dataclasses.replace(draft, config=config)
-            self._write(row)
-            self._rows.append(row)
-            self._next_version = version + 1
-            if op == "cancel":
-                self._cancelled.add(int(change["version"]))
+
+    def apply(
+        self,
+        edits: list[Edit],
+        *,
+        if_match: int | None = None,
+        check: Callable[[Plan], None] | None = None,
+        dry_run: bool = False,
+    ) -> Plan:
+        """Plan ``edits``, let ``check`` refuse the plan (by raising), then store it in one transaction.
+
+        A dry run stops before writing, so it answers exactly what the commit would.
+        """
+        with self._lock:
+            plan = self.plan(edits, if_match=if_match)
+            if check is not None:
+                check(plan)
+            if dry_run:
+                return plan
+            self._write(plan.rows)
+            self._rows.extend(plan.rows)
+            self._next_version = plan.version + 1
+            self._cancelled.update(int(r.change["version"]) for r in plan.rows if r.op == "cancel")
             self._prune()
-            return row
+            return plan
 
     def advance_step(self, step: int) -> bool:
         """Note that some group reached ``step``; True when that moved the job's current step.
@@ -373,6 +432,37 @@ class ConfigStore:
         with self._lock:
             self._set_meta(f"file:{path}", digest)
 
+    def schema(self) -> dict[str, Any] | None:
+        """The latest schema change (``schema`` None when the schema was removed), None if never set."""
+        rows = self.schema_history(1)
+        return rows[0] if rows else None
+
+    def set_schema(self, schema: Any, *, source: str, author: str = "-", comment: str = "") -> dict[str, Any]:
+        """Store a new schema (None: no schema) durably, kept in its own history."""
+        with self._lock:
+            text = json.dumps(schema, ensure_ascii=False)
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute(
+                    "INSERT INTO schemas (schema, created_at, source, author, comment)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (text, time.time(), source, author, comment),
+                )
+            latest = self.schema()
+            assert latest is not None
+            return latest
+
+    def schema_history(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Every schema change with who and when, newest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, schema, created_at, source, author, comment FROM schemas"
+                " ORDER BY id DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        keys = ("id", "schema", "created_at", "source", "author", "comment")
+        return [{**dict(zip(keys, r, strict=True)), "schema": json.loads(r[1])} for r in rows]
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -391,27 +481,75 @@ class ConfigStore:
     def _set_meta(self, key: str, value: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
-    def _write(self, row: Change) -> None:
+    def _write(self, rows: Iterable[Change]) -> None:
         dumps = json.dumps
-        with self._db:  # one transaction: the row and the step it was ordered at
+        with self._db:  # one transaction: the rows and the step they were ordered at
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute(
-                "INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    row.version,
-                    row.op,
-                    dumps(row.change, ensure_ascii=False),
-                    dumps(row.config, ensure_ascii=False),
-                    row.effective_step,
-                    row.order_step,
-                    row.created_at,
-                    row.source,
-                    row.author,
-                    row.comment,
-                ),
-            )
+            for row in rows:
+                self._db.execute(
+                    "INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        row.version,
+                        row.op,
+                        dumps(row.change, ensure_ascii=False),
+                        dumps(row.config, ensure_ascii=False),
+                        row.effective_step,
+                        row.order_step,
+                        row.created_at,
+                        row.source,
+                        row.author,
+                        row.comment,
+                    ),
+                )
+                self._set_meta("last_version", str(row.version))
             self._set_meta("current_step", str(self._current_step))
-            self._set_meta("last_version", str(row.version))
+
+    def _segments(self, rows: list[Change], head: int) -> list[Segment]:
+        cancelled = self._cancelled_at(rows, head)
+        points = sorted(
+            {
+                r.effective_step
+                for r in rows
+                if r.version <= head and r.effective_step is not None and r.version not in cancelled
+            }
+        )
+        segments = [Segment(0, self._resolve(rows, head, 0))]
+        for point in points:
+            if point <= 0:
+                continue
+            config = self._resolve(rows, head, point)
+            if config != segments[-1].config:
+                segments.append(Segment(point, config))
+        return segments
+
+    def _draft(self, rows: list[Change], version: int, edit: Edit) -> Change:
+        """The row ``edit`` makes on top of ``rows``, with its resolved config; raises when refused."""
+        op, effective_step = edit.op, edit.effective_step
+        if op not in ("put", "patch", "cancel"):
+            raise ValueError(f"unknown op {op!r}")
+        if effective_step is not None and effective_step < 0:
+            raise ConfigError("effective_step must be a step >= 0")
+        if op == "cancel":
+            self._check_cancellable(int(edit.change["version"]), rows)
+        order_step = self._current_step
+        if effective_step is not None:
+            order_step = max(order_step, effective_step)
+        draft = Change(
+            version,
+            op,
+            edit.change,
+            {},
+            effective_step,
+            order_step,
+            time.time(),
+            edit.source,
+            edit.author,
+            edit.comment,
+        )
+        candidate = [*rows, draft]
+        config = self._resolve(candidate, version, FOREVER)
+        self._check_size(candidate, version, config, effective_step)
+        return dataclasses.replace(draft, config=config)
 
     def _cancelled_at(self, rows: list[Change], version: int) -> set[int]:
         cancelled = {int(r.change["version"]) for r in rows if r.op == "cancel" and r.version <= version}
@@ -454,11 +592,11 @@ class ConfigStore:
             config = segment
         return dict(config)
 
-    def _check_cancellable(self, target: int) -> None:
+    def _check_cancellable(self, target: int, rows: list[Change]) -> None:
         row = self.get(target)
         if row.effective_step is None:
             raise ConfigError(f"version {target} is not a scheduled change")
-        if target in self._cancelled:
+        if target in self._cancelled or any(r.op == "cancel" and r.change["version"] == target for r in rows):
             raise ConfigError(f"version {target} is already cancelled")
         if row.effective_step <= self._current_step:
             raise ConfigError(
