@@ -61,10 +61,24 @@ def print_json(obj: Any) -> None:
 
 
 def print_change(answer: dict[str, Any]) -> None:
+    """``version N`` for a change; for a dry run, the version it would make and its diff, key by key."""
     step = answer.get("effective_step")
-    click.echo(
-        f"version {answer['version']}" + (f" (takes effect at step {step})" if step is not None else "")
-    )
+    when = f" (takes effect at step {step})" if step is not None else ""
+    if not answer.get("dry_run"):
+        click.echo(f"version {answer['version']}{when}")
+        return
+    click.echo(f"dry run, nothing stored: would make version {answer['version']}{when}")
+    changes: dict[str, dict[str, Any]] = answer.get("changes") or {}
+    if not changes:
+        click.echo("  no key changes")
+    show = functools.partial(json.dumps, ensure_ascii=False)
+    for key, change in changes.items():
+        if "before" not in change:
+            click.echo(f"+ {key}: {show(change['after'])}")
+        elif "after" not in change:
+            click.echo(f"- {key}: {show(change['before'])}")
+        else:
+            click.echo(f"~ {key}: {show(change['before'])} -> {show(change['after'])}")
 
 
 def parse_assignments(assignments: tuple[str, ...]) -> dict[str, Any]:
@@ -85,6 +99,9 @@ at_step_option = click.option(
     help="Take effect at this training step in every replica group instead of now.",
 )
 comment_option = click.option("--comment", default=None, help="Why; shown in the history.")
+dry_run_option = click.option(
+    "--dry-run", is_flag=True, help="Print what would change (or why it is refused) and store nothing."
+)
 
 
 @click.group()
@@ -104,6 +121,7 @@ def show(client: AdminClient) -> None:
 @at_step_option
 @comment_option
 @click.option("--if-match", type=int, default=None, help="Refuse the change unless VERSION is still live.")
+@dry_run_option
 @connection_options
 def set_(
     client: AdminClient,
@@ -111,6 +129,7 @@ def set_(
     at_step: int | None,
     comment: str | None,
     if_match: int | None,
+    dry_run: bool,
 ) -> None:
     """Change keys, keeping the others.
 
@@ -119,7 +138,11 @@ def set_(
     KEY=null deletes the key.
     """
     answer = client.patch(
-        parse_assignments(assignments), if_match=if_match, effective_step=at_step, comment=comment
+        parse_assignments(assignments),
+        if_match=if_match,
+        effective_step=at_step,
+        comment=comment,
+        dry_run=dry_run,
     )
     print_change(answer)
 
@@ -129,9 +152,15 @@ def set_(
 @at_step_option
 @comment_option
 @click.option("--if-match", type=int, default=None, help="Refuse the change unless VERSION is still live.")
+@dry_run_option
 @connection_options
 def load(
-    client: AdminClient, file: Path, at_step: int | None, comment: str | None, if_match: int | None
+    client: AdminClient,
+    file: Path,
+    at_step: int | None,
+    comment: str | None,
+    if_match: int | None,
+    dry_run: bool,
 ) -> None:
     """Replace the whole config with FILE's JSON object."""
     try:
@@ -140,7 +169,10 @@ def load(
         fail(str(exc))
     except OSError as exc:
         fail(f"{file}: {exc.strerror or exc}")
-    print_change(client.put(new, if_match=if_match, effective_step=at_step, comment=comment or str(file)))
+    answer = client.put(
+        new, if_match=if_match, effective_step=at_step, comment=comment or str(file), dry_run=dry_run
+    )
+    print_change(answer)
 
 
 @config.command()
@@ -154,10 +186,11 @@ def history(client: AdminClient, limit: int) -> None:
 @config.command()
 @click.argument("version", type=click.IntRange(min=1))
 @comment_option
+@dry_run_option
 @connection_options
-def rollback(client: AdminClient, version: int, comment: str | None) -> None:
+def rollback(client: AdminClient, version: int, comment: str | None, dry_run: bool) -> None:
     """Make a new version with the content of VERSION."""
-    print_change(client.rollback(version, comment=comment))
+    print_change(client.rollback(version, comment=comment, dry_run=dry_run))
 
 
 @config.command()

@@ -60,6 +60,9 @@ class AdminClient:
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/healthz")
 
+    def schema(self) -> dict[str, Any]:
+        return self._call("GET", "/api/config/schema")
+
     # ------------------------------------------------------------ changes
     def put(
         self,
@@ -67,9 +70,10 @@ class AdminClient:
         if_match: int | None = None,
         effective_step: int | None = None,
         comment: str | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
-        """Replace the whole config (at ``effective_step`` if given)."""
-        return self._change("PUT", config, if_match, effective_step, comment)
+        """Replace the whole config (at ``effective_step`` if given); ``dry_run`` stores nothing."""
+        return self._change("PUT", config, if_match, effective_step, comment, dry_run)
 
     def patch(
         self,
@@ -77,14 +81,14 @@ class AdminClient:
         if_match: int | None = None,
         effective_step: int | None = None,
         comment: str | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
         """Merge ``changes`` into the config; a ``None`` value deletes the key."""
-        return self._change("PATCH", changes, if_match, effective_step, comment)
+        return self._change("PATCH", changes, if_match, effective_step, comment, dry_run)
 
-    def rollback(self, version: int, comment: str | None = None) -> dict[str, Any]:
-        return self._call(
-            "POST", "/api/config/rollback", body={"version": version}, query={"comment": comment}
-        )
+    def rollback(self, version: int, comment: str | None = None, dry_run: bool = False) -> dict[str, Any]:
+        query = {"comment": comment, "dry_run": 1 if dry_run else None}
+        return self._call("POST", "/api/config/rollback", body={"version": version}, query=query)
 
     def cancel(self, version: int) -> dict[str, Any]:
         return self._call("DELETE", f"/api/config/scheduled/{int(version)}")
@@ -97,9 +101,10 @@ class AdminClient:
         if_match: int | None,
         effective_step: int | None,
         comment: str | None,
+        dry_run: bool,
     ) -> dict[str, Any]:
         headers = {"If-Match": str(if_match)} if if_match is not None else {}
-        query = {"effective_step": effective_step, "comment": comment}
+        query = {"effective_step": effective_step, "comment": comment, "dry_run": 1 if dry_run else None}
         return self._call(method, "/api/config", body=body, query=query, headers=headers)
 
     def _call(

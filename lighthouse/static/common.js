@@ -169,7 +169,8 @@ const LH = (() => {
   }
 
   // Returns {ok, status, data}; throws only when the lighthouse cannot be reached.
-  async function api(method, path, body, headers = {}) {
+  // ask=false: a 401 is returned as it is instead of asking for the token (background checks).
+  async function api(method, path, body, headers = {}, ask = true) {
     const token = sessionStorage.getItem(TOKEN_KEY);
     const sent = { ...headers };
     if (token) sent.Authorization = "Bearer " + token;
@@ -186,7 +187,7 @@ const LH = (() => {
     } catch {
       data = { error: `${res.status} ${res.statusText}` };
     }
-    if (res.status === 401 && method !== "GET") {
+    if (res.status === 401 && method !== "GET" && ask) {
       sessionStorage.removeItem(TOKEN_KEY);
       if (await askToken(data && data.error)) return api(method, path, body, headers);
     }
