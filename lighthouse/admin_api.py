@@ -274,7 +274,8 @@ class AdminApi:
         if isinstance(body, dict) and isinstance(body.get("comment"), str):
             comment = comment or clean_text(str(body["comment"]), MAX_COMMENT_CHARS)
         dry_run = _flag(req, "dry_run")
-        return self._changed(self.state.rollback(version, author=author, comment=comment, dry_run=dry_run))
+        plan = self.state.rollback(version, author=author, comment=comment, dry_run=dry_run)
+        return self._changed(plan, dry_run)
 
     def cancel(self, req: Request) -> Response:
         author = self.authorize(req)

@@ -263,22 +263,28 @@ class LighthouseState:
         scheduled config it leaves as it was.
         """
         old = [s.config for s in plan.segments_before]
-        changed = [s for s in plan.segments_after if s.config not in old]
-        violations = self._violations(changed, plan.step)
+        violations = self._violations(list(plan.segments_after), plan.step, skip=old)
         if violations:
             raise SchemaViolation(violations)
 
     def _violations(
-        self, segments: list[Segment], step: int, schema: Schema | None = None
+        self,
+        segments: list[Segment],
+        step: int,
+        schema: Schema | None = None,
+        skip: list[dict[str, Any]] | None = None,
     ) -> list[dict[str, str]]:
-        """The schema's violations in every segment still ahead of (or at) ``step``."""
+        """The schema's violations in every segment still ahead of (or at) ``step``, but for
+        segments holding one of the ``skip`` configs."""
         schema = schema or self.schema
         if schema is None:
             return []
         out: list[dict[str, str]] = []
-        for seg, following in zip(segments, [*segments[1:], None], strict=True):
+        for seg, following in zip(segments, [*segments[1:], None], strict=False):
             if following is not None and following.from_step <= step:
                 continue  # only steps the job has passed
+            if skip is not None and seg.config in skip:
+                continue
             at = "" if seg.from_step <= max(step, 0) else f" (from step {seg.from_step})"
             out.extend(
                 {"path": v["path"], "message": v["message"] + at} for v in schema.violations(seg.config)
@@ -338,17 +344,20 @@ class LighthouseState:
         self.store.set_file_hash(str(path), content.digest)
 
     def _apply_initial_schema(self, content: FileContent, initial: FileContent | None, strict: bool) -> None:
-        """At startup the schema file is checked against the config file about to load (when that
-        is new), so a schema and a config edited together while the lighthouse was down both load."""
+        """At startup the schema file may also be met by the config file about to load (when that is
+        new): a schema and a config edited together while the lighthouse was down both load."""
         if content.error is not None and strict:
             raise ConfigError(content.error)
+        if self.store.head == 0:  # nothing to protect yet: the first config is checked instead
+            self.apply_schema_file(content, force=True)
+            return
         path = self.config_path
-        against = None
-        new_file = initial is not None and initial.config is not None and path is not None
-        if new_file and initial and path and self.store.file_hash(str(path)) != initial.digest:
-            against = initial.config
-        # A job with no version yet has nothing to protect: its first config is checked instead.
-        self.apply_schema_file(content, against, force=against is None and self.store.head == 0)
+        new_config = initial is not None and initial.config is not None and path is not None
+        if new_config and initial and self.store.file_hash(str(path)) != initial.digest:
+            self.apply_schema_file(content, against=initial.config)
+            if self.schema_error is None:
+                return
+        self.apply_schema_file(content)
 
     def apply_file(self, content: FileContent, startup: bool = False) -> Plan | None:
         """A new version from the config file when its content is new; a bad file only sets file_error."""
