@@ -215,7 +215,7 @@ class AdminApi:
             "lighthouse_config_file_error",
             "gauge",
             "1 while the config file cannot be loaded.",
-            [("", int(state.file_error is not None))],
+            [("", int(state.file_error is not None or state.schema.error is not None))],
         )
         metric(
             "lighthouse_current_step",
@@ -305,7 +305,7 @@ class AdminApi:
         return self._set_schema(req, self.authorize(req), None)
 
     def _set_schema(self, req: Request, author: str, document: Any) -> Response:
-        answer = self.state.set_schema(
+        answer = self.state.schema.set(
             document,
             source="api",
             author=author,

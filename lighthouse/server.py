@@ -77,7 +77,7 @@ class LighthouseServer:
                 self._watchers.append(
                     FileWatcher(
                         schema_file,
-                        self.state.apply_schema_file,
+                        self.state.schema.apply_file,
                         interval=watch_interval,
                         read=read_schema_file,
                     )

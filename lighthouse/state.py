@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lighthouse.config_file import FileContent, load_initial, read_schema_file
-from lighthouse.schema import Schema, SchemaViolation, load_schema
+from lighthouse.job_schema import JobSchema
 from lighthouse.store import ConfigStore, Edit, Plan, Segment
 from lighthouse.values import ConfigError, encode_config, validate_object
 from protos import lighthouse_config_pb2 as pb
@@ -87,13 +87,8 @@ class LighthouseState:
         self.store = store
         self.instance_id = uuid.uuid4().hex
         self.config_path = config_path.resolve() if config_path is not None else None
-        self.schema_path = schema_path.resolve() if schema_path is not None else None
         self.file_error: str | None = None
-        self.schema_error: str | None = None
-        stored = store.schema()
-        self.schema: Schema | None = (
-            load_schema(stored["schema"]) if stored and stored["schema"] is not None else None
-        )
+        self.schema = JobSchema(store, schema_path)  # checks every commit below
         self.get_config_calls = 0
         self.heartbeat_calls = 0
         self._get_config_count = itertools.count(1)  # next() is atomic: no call lost across threads
@@ -105,7 +100,10 @@ class LighthouseState:
         self._step_field = _CURRENT_STEP_TAG + _varint(store.current_step)
         initial = load_initial(config_path, strict) if config_path is not None else None
         if schema_path is not None:
-            self._apply_initial_schema(read_schema_file(schema_path), initial, strict)
+            schema_file = read_schema_file(schema_path)
+            if schema_file.error is not None and strict:
+                raise ConfigError(schema_file.error)
+            self.schema.apply_initial_file(schema_file, initial, self.config_path)
         if initial is not None:
             self.apply_file(initial, startup=True)
 
@@ -249,115 +247,12 @@ class LighthouseState:
         return self._apply([edit])
 
     def _apply(self, edits: list[Edit], *, if_match: int | None = None, dry_run: bool = False) -> Plan:
-        plan = self.store.apply(edits, if_match=if_match, check=self.check_plan, dry_run=dry_run)
+        plan = self.store.apply(edits, if_match=if_match, check=self.schema.check, dry_run=dry_run)
         if not dry_run:
             self.refresh()
             row = plan.row
             logger.info("config version %d (%s by %s, %s)", row.version, row.op, row.author, row.source)
         return plan
-
-    def check_plan(self, plan: Plan) -> None:
-        """Refuse a change when a config it makes, live or at a later step, breaks the schema.
-
-        Only segments whose content is new are checked: a change never fails for a
-        scheduled config it leaves as it was.
-        """
-        old = [s.config for s in plan.segments_before]
-        violations = self._violations(list(plan.segments_after), plan.step, skip=old)
-        if violations:
-            raise SchemaViolation(violations)
-
-    def _violations(
-        self,
-        segments: list[Segment],
-        step: int,
-        schema: Schema | None = None,
-        skip: list[dict[str, Any]] | None = None,
-    ) -> list[dict[str, str]]:
-        """The schema's violations in every segment still ahead of (or at) ``step``, but for
-        segments holding one of the ``skip`` configs."""
-        schema = schema or self.schema
-        if schema is None:
-            return []
-        out: list[dict[str, str]] = []
-        for seg, following in zip(segments, [*segments[1:], None], strict=False):
-            if following is not None and following.from_step <= step:
-                continue  # only steps the job has passed
-            if skip is not None and seg.config in skip:
-                continue
-            at = "" if seg.from_step <= max(step, 0) else f" (from step {seg.from_step})"
-            out.extend(
-                {"path": v["path"], "message": v["message"] + at} for v in schema.violations(seg.config)
-            )
-        return out
-
-    def set_schema(
-        self,
-        document: Any,
-        *,
-        source: str,
-        author: str = "-",
-        comment: str = "",
-        force: bool = False,
-        dry_run: bool = False,
-        against: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """Replace the job's schema (None removes it); refused while the live config or a pending
-        scheduled config (or ``against``, a config about to load) violates it, unless ``force``."""
-        schema = load_schema(document) if document is not None else None
-        with self.store.lock:
-            if against is not None:
-                violations = schema.violations(against) if schema else []
-            else:
-                segments = self.store.segments()
-                violations = self._violations(segments, self.store.current_step, schema) if schema else []
-            if violations and not force:
-                raise SchemaViolation(violations, "the live config")
-            if dry_run:
-                return {"schema": document, "violations": violations, "dry_run": True}
-            row = self.store.set_schema(document, source=source, author=author, comment=comment)
-            self.schema = schema
-        logger.info("schema changed (%s by %s)", source, author)
-        return {**row, "violations": violations, "dry_run": False}
-
-    def apply_schema_file(
-        self, content: FileContent, against: dict[str, Any] | None = None, force: bool = False
-    ) -> None:
-        """A new schema from the --schema file when its content is new; a bad one only sets schema_error."""
-        path = self.schema_path
-        assert path is not None
-        if content.error is not None:
-            self.schema_error = content.error
-            logger.error("schema file not loaded, schema unchanged: %s", content.error)
-            return
-        assert content.digest is not None
-        if self.store.file_hash(str(path)) == content.digest:
-            self.schema_error = None
-            return  # unchanged since last loaded: the stored (maybe edited) schema stays
-        try:
-            self.set_schema(content.config, source="file", comment=str(path), against=against, force=force)
-        except ConfigError as exc:  # not a schema, or the live config violates it
-            self.schema_error = f"{path}: {exc}"
-            logger.error("schema file not loaded, schema unchanged: %s", self.schema_error)
-            return
-        self.schema_error = None
-        self.store.set_file_hash(str(path), content.digest)
-
-    def _apply_initial_schema(self, content: FileContent, initial: FileContent | None, strict: bool) -> None:
-        """At startup the schema file may also be met by the config file about to load (when that is
-        new): a schema and a config edited together while the lighthouse was down both load."""
-        if content.error is not None and strict:
-            raise ConfigError(content.error)
-        if self.store.head == 0:  # nothing to protect yet: the first config is checked instead
-            self.apply_schema_file(content, force=True)
-            return
-        path = self.config_path
-        new_config = initial is not None and initial.config is not None and path is not None
-        if new_config and initial and self.store.file_hash(str(path)) != initial.digest:
-            self.apply_schema_file(content, against=initial.config)
-            if self.schema_error is None:
-                return
-        self.apply_schema_file(content)
 
     def apply_file(self, content: FileContent, startup: bool = False) -> Plan | None:
         """A new version from the config file when its content is new; a bad file only sets file_error."""
@@ -399,10 +294,10 @@ class LighthouseState:
             "scheduled": [s for s in self.store.scheduled() if s["status"] == "pending"],
             "file": {
                 "path": str(self.config_path) if self.config_path else None,
-                "error": "; ".join(e for e in (self.file_error, self.schema_error) if e) or None,
-                "schema_path": str(self.schema_path) if self.schema_path else None,
+                "error": "; ".join(e for e in (self.file_error, self.schema.error) if e) or None,
+                "schema_path": str(self.schema.path) if self.schema.path else None,
             },
-            "schema": self.schema is not None,
+            "schema": self.schema.schema is not None,
             "instance_id": self.instance_id,
             "state_id": self.store.state_id,
         }

@@ -109,7 +109,7 @@ def test_a_refused_rollback_keeps_the_scheduled_changes_it_would_cancel() -> Non
     state = LighthouseState(store)
     state.change("put", {"lr": 5}, source="t")
     state.change("put", {"lr": 0.5}, source="t")
-    state.set_schema(SCHEMA, source="t")
+    state.schema.set(SCHEMA, source="t")
     state.change("patch", {"mode": "b"}, source="t", effective_step=100)
     head = store.head
     with pytest.raises(SchemaViolation) as refused:
@@ -123,14 +123,14 @@ def test_a_schema_is_kept_per_store_with_its_history(tmp_path: Path) -> None:
     state = LighthouseState(store)
     state.change("put", {"lr": 0.5}, source="t")
     with pytest.raises(SchemaViolation):
-        state.set_schema({"properties": {"lr": {"maximum": 0.1}}}, source="api", author="eve")
+        state.schema.set({"properties": {"lr": {"maximum": 0.1}}}, source="api", author="eve")
     assert store.schema() is None
-    state.set_schema(SCHEMA, source="api", author="ann", comment="first")
-    state.set_schema(None, source="api", author="bob")
-    state.set_schema(SCHEMA, source="api", author="cy")
+    state.schema.set(SCHEMA, source="api", author="ann", comment="first")
+    state.schema.set(None, source="api", author="bob")
+    state.schema.set(SCHEMA, source="api", author="cy")
     store.close()
     reopened = LighthouseState(ConfigStore(tmp_path / "db"))
-    assert reopened.schema is not None and reopened.schema.document == SCHEMA
+    assert reopened.schema.schema is not None and reopened.schema.schema.document == SCHEMA
     history = reopened.store.schema_history()
     assert [(h["author"], h["schema"] is None) for h in history] == [
         ("cy", False),
