@@ -16,7 +16,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from lighthouse.admin_client import DEFAULT_URL, AdminClient, AdminError
-from lighthouse.values import ConfigError, decode_cli_value, parse_config
+from lighthouse.values import ConfigError, decode_cli_value, parse_config, parse_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -222,3 +222,43 @@ def at_step(client: AdminClient, step: int) -> None:
 def managers(client: AdminClient) -> None:
     """Print the managers the lighthouse hears from, as JSON."""
     print_json(client.managers())
+
+
+@config.group()
+def schema() -> None:
+    """Read and change the job's JSON Schema (draft 2020-12), which every change must satisfy."""
+
+
+@schema.command("show")
+@connection_options
+def schema_show(client: AdminClient) -> None:
+    """Print the schema with who set it and when, as JSON."""
+    print_json(client.schema())
+
+
+@schema.command("set")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Set it even though the live or a scheduled config violates it.")
+@comment_option
+@dry_run_option
+@connection_options
+def schema_set(client: AdminClient, file: Path, force: bool, comment: str | None, dry_run: bool) -> None:
+    """Replace the schema with FILE's; refused while the config violates it (the violations are listed)."""
+    try:
+        document = parse_json(file.read_bytes(), what=str(file))
+    except ConfigError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"{file}: {exc.strerror or exc}")
+    answer = client.put_schema(document, force=force, dry_run=dry_run, comment=comment or str(file))
+    for violation in answer.get("violations") or []:
+        click.echo(f"violated (forced): {violation['path'] or '/'}: {violation['message']}")
+    click.echo("dry run, nothing stored: the schema would be accepted" if dry_run else "schema set")
+
+
+@schema.command("history")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Newest N changes.")
+@connection_options
+def schema_history(client: AdminClient, limit: int) -> None:
+    """Print the schema changes, newest first, as JSON."""
+    print_json(client.schema_history(limit))

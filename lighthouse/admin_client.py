@@ -63,6 +63,16 @@ class AdminClient:
     def schema(self) -> dict[str, Any]:
         return self._call("GET", "/api/config/schema")
 
+    def schema_history(self, limit: int = 100) -> dict[str, Any]:
+        return self._call("GET", "/api/config/schema/history", query={"limit": limit})
+
+    def put_schema(
+        self, schema: Any, force: bool = False, dry_run: bool = False, comment: str | None = None
+    ) -> dict[str, Any]:
+        """Replace the job's JSON Schema; refused (422) while the config violates it, unless ``force``."""
+        query = {"force": 1 if force else None, "dry_run": 1 if dry_run else None, "comment": comment}
+        return self._call("PUT", "/api/config/schema", body=schema, query=query)
+
     # ------------------------------------------------------------ changes
     def put(
         self,

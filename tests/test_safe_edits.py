@@ -328,3 +328,21 @@ def test_a_bad_schema_file_at_startup_is_a_file_error(
     view = http_util.live(lh.url)
     assert view["config"] == GOOD and "schema.json" in view["file"]["error"]
     assert http_util.get_json(lh.url, "api/config/schema")["schema"] is None
+
+
+def test_schema_cli(procs: ProcessPool, tmp_path: Path) -> None:
+    lh = _start(procs, tmp_path)
+    assert json.loads(_cli_ok(lh, "schema", "show"))["schema"] == SCHEMA
+    strict = tmp_path / "strict.json"
+    strict.write_text(json.dumps({**SCHEMA, "properties": {**SCHEMA["properties"], "lr": {"maximum": 0.01}}}))
+    refused = _cli(lh, "schema", "set", str(strict))
+    assert refused.returncode == 1 and "/lr" in refused.stderr and refused.stderr.count("\n") == 1
+    out = _cli_ok(lh, "schema", "set", str(strict), "--force", "--dry-run")
+    assert "violated (forced): /lr" in out and "nothing stored" in out
+    assert len(json.loads(_cli_ok(lh, "schema", "history"))["schemas"]) == 1
+    assert _cli_ok(lh, "schema", "set", str(strict), "--force").endswith("schema set\n")
+    history = json.loads(_cli_ok(lh, "schema", "history"))["schemas"]
+    assert [h["comment"] for h in history] == [str(strict), str(tmp_path / "schema.json")]
+    not_json = tmp_path / "bad.json"
+    not_json.write_text("{")
+    assert "not valid JSON" in _cli(lh, "schema", "set", str(not_json)).stderr
