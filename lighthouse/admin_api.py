@@ -251,6 +251,7 @@ class AdminApi:
         effective_step = req.int_arg("effective_step")
         if_match = if_match_version(req.headers.get("If-Match"))
         comment = self._comment(req)
+        dry_run = _flag(req, "dry_run")
         body = req.json_body()
         plan = self.state.change(
             op,
@@ -260,9 +261,9 @@ class AdminApi:
             comment=comment,
             effective_step=effective_step,
             if_match=if_match,
-            dry_run=_flag(req, "dry_run"),
+            dry_run=dry_run,
         )
-        return self._changed(plan, _flag(req, "dry_run"))
+        return self._changed(plan, dry_run)
 
     def rollback(self, req: Request) -> Response:
         author = self.authorize(req)
@@ -340,11 +341,14 @@ class AdminApi:
 
 
 def _flag(req: Request, name: str) -> bool:
-    """``?name=1`` (or true/yes); absent, empty or 0: off."""
-    value = (req.arg(name) or "").strip().lower()
-    if value in ("", "0", "false", "no"):
+    """``?name=1`` (true, yes, or a bare ``?name``: a dry run asked for is never committed); absent or 0: off."""
+    text = req.arg(name)
+    if text is None:
         return False
-    if value in ("1", "true", "yes"):
+    value = text.strip().lower()
+    if value in ("0", "false", "no"):
+        return False
+    if value in ("", "1", "true", "yes"):
         return True
     raise HttpError(400, f"{name} must be 1 or 0, got {value[:20]!r}")
 
