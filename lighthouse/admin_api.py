@@ -341,7 +341,10 @@ class AdminApi:
 
 
 def _flag(req: Request, name: str) -> bool:
-    """``?name=1`` (true, yes, or a bare ``?name``: a dry run asked for is never committed); absent or 0: off."""
+    """``?name=1`` (true, yes, or a bare ``?name``); absent or 0: off.
+
+    A bare ``?dry_run`` counts: a dry run asked for must never become a commit.
+    """
     text = req.arg(name)
     if text is None:
         return False

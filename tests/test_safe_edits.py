@@ -346,3 +346,14 @@ def test_schema_cli(procs: ProcessPool, tmp_path: Path) -> None:
     not_json = tmp_path / "bad.json"
     not_json.write_text("{")
     assert "not valid JSON" in _cli(lh, "schema", "set", str(not_json)).stderr
+
+
+def test_a_bare_dry_run_flag_is_a_dry_run_and_a_bad_one_is_refused(
+    procs: ProcessPool, tmp_path: Path
+) -> None:
+    lh = _start(procs, tmp_path)
+    before = _state(lh.url)
+    assert call(lh.url, "PATCH", "api/config?dry_run", {"lr": 0.2}).json["dry_run"] is True
+    bad = call(lh.url, "PATCH", "api/config?dry_run=maybe", {"lr": 0.2})
+    assert bad.status == 400 and "dry_run" in bad.error
+    assert _state(lh.url) == before
