@@ -30,8 +30,9 @@ from lighthouse.http_messages import (
     parse_int,
 )
 from lighthouse.jobs import JobBusy, JobRegistry
+from lighthouse.schema import SchemaViolation
 from lighthouse.state import LighthouseState
-from lighthouse.store import Change, ConfigStore, NotFound
+from lighthouse.store import ConfigStore, NotFound, Plan
 from lighthouse.timeline import DEFAULT_SEGMENTS, timeline
 from lighthouse.values import ConfigError
 from protos.jobs import DEFAULT_JOB, InvalidJobId, check_job_id
@@ -85,6 +86,11 @@ class AdminApi:
             (r"/metrics", {"GET": self.metrics}),
             (r"/api/config", {"GET": self.get_config, "PUT": self.put_config, "PATCH": self.patch_config}),
             (r"/api/config/history", {"GET": self.history}),
+            (
+                r"/api/config/schema",
+                {"GET": self.get_schema, "PUT": self.put_schema, "DELETE": self.delete_schema},
+            ),
+            (r"/api/config/schema/history", {"GET": self.schema_history}),
             (r"/api/config/rollback", {"POST": self.rollback}),
             (r"/api/config/scheduled", {"GET": self.scheduled}),
             (r"/api/config/scheduled/([^/]+)", {"DELETE": self.cancel}),
@@ -115,7 +121,8 @@ class AdminApi:
             elif rest in ("", "/"):
                 routes = self._job_routes
             else:
-                req.path = "/api" + rest if rest != "/schema" else "/api/config/schema"
+                # /api/jobs/{job}/schema... is the job's /api/config/schema...
+                req.path = ("/api/config" if rest.startswith("/schema") else "/api") + rest
         for route in routes:
             match = route.pattern.fullmatch(req.path)
             if match is None:
@@ -274,7 +281,7 @@ class AdminApi:
             "lighthouse_config_file_error",
             "gauge",
             "1 while the config file cannot be loaded.",
-            lambda st: int(st.file_error is not None),
+            lambda st: int(st.file_error is not None or st.schema.error is not None),
         )
         job_metric(
             "lighthouse_current_step",
@@ -314,8 +321,9 @@ class AdminApi:
         effective_step = req.int_arg("effective_step")
         if_match = if_match_version(req.headers.get("If-Match"))
         comment = self._comment(req)
+        dry_run = _flag(req, "dry_run")
         body = req.json_body()
-        row = self.state_to_change(req).change(
+        plan = self.state_to_change(req).change(
             op,
             body,
             source="api",
@@ -323,8 +331,9 @@ class AdminApi:
             comment=comment,
             effective_step=effective_step,
             if_match=if_match,
+            dry_run=dry_run,
         )
-        return self._changed(req, row)
+        return self._changed(req, plan, dry_run)
 
     def rollback(self, req: Request) -> Response:
         author = self.authorize(req)
@@ -335,39 +344,69 @@ class AdminApi:
             raise HttpError(400, 'body must be {"version": <integer>}')
         if isinstance(body, dict) and isinstance(body.get("comment"), str):
             comment = comment or clean_text(str(body["comment"]), MAX_COMMENT_CHARS)
-        return self._changed(req, self.state(req).rollback(version, author=author, comment=comment))
+        dry_run = _flag(req, "dry_run")
+        plan = self.state(req).rollback(version, author=author, comment=comment, dry_run=dry_run)
+        return self._changed(req, plan, dry_run)
 
     def cancel(self, req: Request) -> Response:
         author = self.authorize(req)
         version = parse_int(req.params[0], "version", minimum=1)
         state = self.state(req)
         try:
-            row = state.cancel(version, author=author, comment=self._comment(req))
+            plan = state.cancel(version, author=author, comment=self._comment(req))
+        except SchemaViolation:
+            raise
         except ConfigError as exc:  # not scheduled, already cancelled or already in effect
             raise HttpError(409, str(exc), version=state.store.head) from None
-        return self._changed(req, row)
+        return self._changed(req, plan)
+
+    # ------------------------------------------------------------ schema
+    def get_schema(self, req: Request) -> Response:
+        latest = self.state(req).store.schema()
+        return json_response(latest or {"schema": None})
+
+    def schema_history(self, req: Request) -> Response:
+        limit = req.int_arg("limit", minimum=1) or DEFAULT_HISTORY_LIMIT
+        return json_response({"schemas": self.state(req).store.schema_history(min(limit, MAX_HISTORY_LIMIT))})
+
+    def put_schema(self, req: Request) -> Response:
+        author = self.authorize(req)
+        return self._set_schema(req, author, req.json_body())
+
+    def delete_schema(self, req: Request) -> Response:
+        return self._set_schema(req, self.authorize(req), None)
+
+    def _set_schema(self, req: Request, author: str, document: Any) -> Response:
+        answer = self.state_to_change(req).schema.set(
+            document,
+            source="api",
+            author=author,
+            comment=self._comment(req),
+            force=_flag(req, "force"),
+            dry_run=_flag(req, "dry_run"),
+        )
+        return json_response(answer)
 
     @staticmethod
     def _comment(req: Request) -> str:
         return clean_text(req.arg("comment") or req.headers.get("X-Change-Comment") or "", MAX_COMMENT_CHARS)
 
-    def _changed(self, req: Request, row: Change) -> Response:
-        store = self.jobs.serve(req.job).store
-        try:  # this version's config, even if later changes already landed
-            config = store.resolve(row.version, store.current_step)
-        except NotFound:  # pruned by a later change already
-            config = row.config
+    def _changed(self, req: Request, plan: Plan, dry_run: bool = False) -> Response:
+        """The answer to a change, real or dry run alike: built from the one plan both use."""
+        row = plan.row
         return json_response(
             {
-                "job": store.job,
+                "job": req.job,
                 "version": row.version,
-                "config": config,
+                "config": plan.live,  # this version's config at the job's step, as planned
+                "changes": plan.changes(),
                 "op": row.op,
                 "effective_step": row.effective_step,
                 "created_at": row.created_at,
                 "source": row.source,
                 "author": row.author,
                 "comment": row.comment,
+                "dry_run": dry_run,
             }
         )
 
@@ -377,6 +416,22 @@ def _resolve_or_none(store: ConfigStore, version: int, step: int) -> dict[str, A
         return store.resolve(version, step)
     except NotFound:
         return None
+
+
+def _flag(req: Request, name: str) -> bool:
+    """``?name=1`` (true, yes, or a bare ``?name``); absent or 0: off.
+
+    A bare ``?dry_run`` counts: a dry run asked for must never become a commit.
+    """
+    text = req.arg(name)
+    if text is None:
+        return False
+    value = text.strip().lower()
+    if value in ("0", "false", "no"):
+        return False
+    if value in ("", "1", "true", "yes"):
+        return True
+    raise HttpError(400, f"{name} must be 1 or 0, got {value[:20]!r}")
 
 
 def _label(value: str) -> str:

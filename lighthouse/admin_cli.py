@@ -16,7 +16,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from lighthouse.admin_client import DEFAULT_URL, AdminClient, AdminError
-from lighthouse.values import ConfigError, decode_cli_value, parse_config
+from lighthouse.values import ConfigError, decode_cli_value, parse_config, parse_json
 from protos.jobs import DEFAULT_JOB, JOB_ENV, InvalidJobId
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -72,10 +72,24 @@ def print_json(obj: Any) -> None:
 
 
 def print_change(answer: dict[str, Any]) -> None:
+    """``version N`` for a change; for a dry run, the version it would make and its diff, key by key."""
     step = answer.get("effective_step")
-    click.echo(
-        f"version {answer['version']}" + (f" (takes effect at step {step})" if step is not None else "")
-    )
+    when = f" (takes effect at step {step})" if step is not None else ""
+    if not answer.get("dry_run"):
+        click.echo(f"version {answer['version']}{when}")
+        return
+    click.echo(f"dry run, nothing stored: would make version {answer['version']}{when}")
+    changes: dict[str, dict[str, Any]] = answer.get("changes") or {}
+    if not changes:
+        click.echo("  no key changes")
+    show = functools.partial(json.dumps, ensure_ascii=False)
+    for key, change in changes.items():
+        if "before" not in change:
+            click.echo(f"+ {key}: {show(change['after'])}")
+        elif "after" not in change:
+            click.echo(f"- {key}: {show(change['before'])}")
+        else:
+            click.echo(f"~ {key}: {show(change['before'])} -> {show(change['after'])}")
 
 
 def parse_assignments(assignments: tuple[str, ...]) -> dict[str, Any]:
@@ -96,6 +110,9 @@ at_step_option = click.option(
     help="Take effect at this training step in every replica group instead of now.",
 )
 comment_option = click.option("--comment", default=None, help="Why; shown in the history.")
+dry_run_option = click.option(
+    "--dry-run", is_flag=True, help="Print what would change (or why it is refused) and store nothing."
+)
 
 
 @click.group()
@@ -115,6 +132,7 @@ def show(client: AdminClient) -> None:
 @at_step_option
 @comment_option
 @click.option("--if-match", type=int, default=None, help="Refuse the change unless VERSION is still live.")
+@dry_run_option
 @connection_options
 def set_(
     client: AdminClient,
@@ -122,6 +140,7 @@ def set_(
     at_step: int | None,
     comment: str | None,
     if_match: int | None,
+    dry_run: bool,
 ) -> None:
     """Change keys, keeping the others.
 
@@ -130,7 +149,11 @@ def set_(
     KEY=null deletes the key.
     """
     answer = client.patch(
-        parse_assignments(assignments), if_match=if_match, effective_step=at_step, comment=comment
+        parse_assignments(assignments),
+        if_match=if_match,
+        effective_step=at_step,
+        comment=comment,
+        dry_run=dry_run,
     )
     print_change(answer)
 
@@ -140,9 +163,15 @@ def set_(
 @at_step_option
 @comment_option
 @click.option("--if-match", type=int, default=None, help="Refuse the change unless VERSION is still live.")
+@dry_run_option
 @connection_options
 def load(
-    client: AdminClient, file: Path, at_step: int | None, comment: str | None, if_match: int | None
+    client: AdminClient,
+    file: Path,
+    at_step: int | None,
+    comment: str | None,
+    if_match: int | None,
+    dry_run: bool,
 ) -> None:
     """Replace the whole config with FILE's JSON object."""
     try:
@@ -151,7 +180,10 @@ def load(
         fail(str(exc))
     except OSError as exc:
         fail(f"{file}: {exc.strerror or exc}")
-    print_change(client.put(new, if_match=if_match, effective_step=at_step, comment=comment or str(file)))
+    answer = client.put(
+        new, if_match=if_match, effective_step=at_step, comment=comment or str(file), dry_run=dry_run
+    )
+    print_change(answer)
 
 
 @config.command()
@@ -165,10 +197,11 @@ def history(client: AdminClient, limit: int) -> None:
 @config.command()
 @click.argument("version", type=click.IntRange(min=1))
 @comment_option
+@dry_run_option
 @connection_options
-def rollback(client: AdminClient, version: int, comment: str | None) -> None:
+def rollback(client: AdminClient, version: int, comment: str | None, dry_run: bool) -> None:
     """Make a new version with the content of VERSION."""
-    print_change(client.rollback(version, comment=comment))
+    print_change(client.rollback(version, comment=comment, dry_run=dry_run))
 
 
 @config.command()
@@ -200,6 +233,46 @@ def at_step(client: AdminClient, step: int) -> None:
 def managers(client: AdminClient) -> None:
     """Print the managers the lighthouse hears from, as JSON."""
     print_json(client.managers())
+
+
+@config.group()
+def schema() -> None:
+    """Read and change the job's JSON Schema (draft 2020-12), which every change must satisfy."""
+
+
+@schema.command("show")
+@connection_options
+def schema_show(client: AdminClient) -> None:
+    """Print the schema with who set it and when, as JSON."""
+    print_json(client.schema())
+
+
+@schema.command("set")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Set it even though the live or a scheduled config violates it.")
+@comment_option
+@dry_run_option
+@connection_options
+def schema_set(client: AdminClient, file: Path, force: bool, comment: str | None, dry_run: bool) -> None:
+    """Replace the schema with FILE's; refused while the config violates it (the violations are listed)."""
+    try:
+        document = parse_json(file.read_bytes(), what=str(file))
+    except ConfigError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"{file}: {exc.strerror or exc}")
+    answer = client.put_schema(document, force=force, dry_run=dry_run, comment=comment or str(file))
+    for violation in answer.get("violations") or []:
+        click.echo(f"violated (forced): {violation['path'] or '/'}: {violation['message']}")
+    click.echo("dry run, nothing stored: the schema would be accepted" if dry_run else "schema set")
+
+
+@schema.command("history")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Newest N changes.")
+@connection_options
+def schema_history(client: AdminClient, limit: int) -> None:
+    """Print the schema changes, newest first, as JSON."""
+    print_json(client.schema_history(limit))
 
 
 @click.command()

@@ -73,6 +73,19 @@ class AdminClient:
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/healthz")
 
+    def schema(self) -> dict[str, Any]:
+        return self._call("GET", f"{self._api}/config/schema")
+
+    def schema_history(self, limit: int = 100) -> dict[str, Any]:
+        return self._call("GET", f"{self._api}/config/schema/history", query={"limit": limit})
+
+    def put_schema(
+        self, schema: Any, force: bool = False, dry_run: bool = False, comment: str | None = None
+    ) -> dict[str, Any]:
+        """Replace the job's JSON Schema; refused (422) while the config violates it, unless ``force``."""
+        query = {"force": 1 if force else None, "dry_run": 1 if dry_run else None, "comment": comment}
+        return self._call("PUT", f"{self._api}/config/schema", body=schema, query=query)
+
     # ------------------------------------------------------------ changes
     def put(
         self,
@@ -80,9 +93,10 @@ class AdminClient:
         if_match: int | None = None,
         effective_step: int | None = None,
         comment: str | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
-        """Replace the whole config (at ``effective_step`` if given)."""
-        return self._change("PUT", config, if_match, effective_step, comment)
+        """Replace the whole config (at ``effective_step`` if given); ``dry_run`` stores nothing."""
+        return self._change("PUT", config, if_match, effective_step, comment, dry_run)
 
     def patch(
         self,
@@ -90,14 +104,14 @@ class AdminClient:
         if_match: int | None = None,
         effective_step: int | None = None,
         comment: str | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
         """Merge ``changes`` into the config; a ``None`` value deletes the key."""
-        return self._change("PATCH", changes, if_match, effective_step, comment)
+        return self._change("PATCH", changes, if_match, effective_step, comment, dry_run)
 
-    def rollback(self, version: int, comment: str | None = None) -> dict[str, Any]:
-        return self._call(
-            "POST", f"{self._api}/config/rollback", body={"version": version}, query={"comment": comment}
-        )
+    def rollback(self, version: int, comment: str | None = None, dry_run: bool = False) -> dict[str, Any]:
+        query = {"comment": comment, "dry_run": 1 if dry_run else None}
+        return self._call("POST", f"{self._api}/config/rollback", body={"version": version}, query=query)
 
     def cancel(self, version: int) -> dict[str, Any]:
         return self._call("DELETE", f"{self._api}/config/scheduled/{int(version)}")
@@ -110,9 +124,10 @@ class AdminClient:
         if_match: int | None,
         effective_step: int | None,
         comment: str | None,
+        dry_run: bool,
     ) -> dict[str, Any]:
         headers = {"If-Match": str(if_match)} if if_match is not None else {}
-        query = {"effective_step": effective_step, "comment": comment}
+        query = {"effective_step": effective_step, "comment": comment, "dry_run": 1 if dry_run else None}
         return self._call(method, f"{self._api}/config", body=body, query=query, headers=headers)
 
     def _call(

@@ -74,9 +74,10 @@ class StoreBackend(Protocol):
 
     def load(self, job: str) -> JobRecords: ...
 
-    def append(self, job: str, row: Change, meta: dict[str, str], expected_head: int) -> None:
-        """Store ``row`` and ``meta`` atomically if the job's head is still ``expected_head``,
-        else raise HeadMoved (and store nothing)."""
+    def append(self, job: str, rows: list[Change], meta: dict[str, str], expected_head: int) -> None:
+        """Store ``rows`` (consecutive versions after ``expected_head``) and ``meta`` in one
+        transaction if the job's head is still ``expected_head``, else raise HeadMoved (storing
+        nothing); StoreUnavailable when it cannot commit now."""
         ...
 
     def set_meta(self, job: str, items: dict[str, str]) -> None: ...
@@ -87,6 +88,14 @@ class StoreBackend(Protocol):
 
     def switches(self, job: str) -> list[Switch]:
         """Every stored switch of the job, ordered by (replica_id, step, version)."""
+        ...
+
+    def add_schema(self, job: str, record: dict[str, Any]) -> None:
+        """Append a schema change (``schema``, ``created_at``, ``source``, ``author``, ``comment``)."""
+        ...
+
+    def schemas(self, job: str, limit: int) -> list[dict[str, Any]]:
+        """The job's schema changes, newest first, each with an increasing ``id``."""
         ...
 
     def prune(self, job: str, gone: set[int], meta: dict[str, str], oldest_kept: int) -> None:

@@ -68,6 +68,13 @@ def main() -> None:
     help='JSON file {"job": ["token", ...]}: editor tokens that change only their job.',
 )
 @click.option(
+    "--schema",
+    "schema_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="JSON Schema (draft 2020-12) every config change must satisfy; watched for edits while running.",
+)
+@click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -98,6 +105,7 @@ def serve(
     bind: str,
     http_bind: str,
     config_path: Path | None,
+    schema_path: Path | None,
     state_dir: Path | None,
     admin_token: str | None,
     allowed_hosts: tuple[str, ...],
@@ -126,6 +134,7 @@ def serve(
             history_limit=history_limit,
             config_dir=config_dir,
             job_tokens=job_tokens,
+            schema_path=schema_path,
         )
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)

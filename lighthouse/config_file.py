@@ -1,4 +1,5 @@
-"""Loading the ``--config`` JSON file (or every job's file in ``--config-dir``), and watching for edits.
+"""Loading the ``--config`` and ``--schema`` JSON files (or every job's files in ``--config-dir``),
+and watching them for edits while the lighthouse runs.
 
 Torchft's config-sharing proposal fixes the lenient behaviour: no file gives an
 empty config; an unreadable or invalid file gives an empty config and a warning
@@ -16,25 +17,42 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lighthouse.values import ConfigError, parse_config
+from lighthouse.values import ConfigError, json_type, parse_config, parse_json
 from protos.jobs import InvalidJobId, check_job_id
 
 logger = logging.getLogger(__name__)
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
+SCHEMA_SUFFIX = ".schema.json"  # DIR/<job>.schema.json is the schema of <job> in --config-dir
 
 
 @dataclass(frozen=True)
 class FileContent:
     """What one read of the file gave: a config, or the error that prevented one."""
 
-    config: dict[str, Any] | None
+    config: Any  # the config object (or the schema document); None when unreadable or invalid
     digest: str | None  # sha256 of the bytes; None when the file could not be read
     error: str | None
 
 
 def read_config_file(path: Path) -> FileContent:
     """Read and parse ``path``; never raises for a bad file, the error is in the result."""
+    return _read(path, lambda data: parse_config(data, what=str(path)))
+
+
+def read_schema_file(path: Path) -> FileContent:
+    """Read a ``--schema`` file: a JSON object (checked as a schema where it is applied)."""
+
+    def parse(data: bytes) -> Any:
+        document = parse_json(data, str(path))
+        if not isinstance(document, dict):
+            raise ConfigError(f"{path} must hold a JSON Schema object, got {json_type(document)}")
+        return document
+
+    return _read(path, parse)
+
+
+def _read(path: Path, parse: Callable[[bytes], Any]) -> FileContent:
     try:
         with path.open("rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
@@ -46,7 +64,7 @@ def read_config_file(path: Path) -> FileContent:
     if len(data) > MAX_FILE_BYTES:
         return FileContent(None, digest, f"{path}: larger than {MAX_FILE_BYTES} bytes")
     try:
-        return FileContent(parse_config(data, what=str(path)), digest, None)
+        return FileContent(parse(data), digest, None)
     except ConfigError as exc:
         return FileContent(None, digest, str(exc))
 
@@ -70,13 +88,20 @@ def load_initial(path: Path | None, strict: bool) -> FileContent:
 class FileWatcher:
     """Polls the file's mtime and size (and hash when they move) and reports each new content once."""
 
-    def __init__(self, path: Path, on_change: Callable[[FileContent], object], interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        on_change: Callable[[FileContent], object],
+        interval: float = 1.0,
+        read: Callable[[Path], FileContent] = read_config_file,
+    ) -> None:
         self.path = path
         self.interval = interval
         self._on_change = on_change
+        self._read = read
         self._stop = threading.Event()
         self._last_stat: tuple[float, int] | None = self._stat()
-        self._last_digest: str | None = read_config_file(path).digest
+        self._last_digest: str | None = read(path).digest
         self._thread = threading.Thread(target=self._run, name="config-file-watcher", daemon=True)
 
     def start(self) -> None:
@@ -100,7 +125,7 @@ class FileWatcher:
         if stat == self._last_stat or stat is None:
             return
         self._last_stat = stat
-        content = read_config_file(self.path)
+        content = self._read(self.path)
         if content.digest == self._last_digest:
             return
         self._last_digest = content.digest
@@ -115,21 +140,24 @@ class FileWatcher:
 
 
 class ConfigDirWatcher:
-    """Watches ``DIR/<job>.json`` files: a new file is reported at once, an edited one like FileWatcher.
+    """Watches ``DIR/<job>.json`` and ``DIR/<job>.schema.json``: a new file is reported at once, an
+    edited one like FileWatcher; a job's schema before its config, so the config is checked against it.
 
-    ``<job>.schema.json`` files are not configs and are skipped; a file name that is not a
-    valid job id is logged once and skipped. A removed file changes nothing (the live config stays).
+    A file name that is not a valid job id is logged once and skipped. A removed file changes
+    nothing (the live config and schema stay).
     """
 
     def __init__(
         self,
         folder: Path,
-        on_file: Callable[[str, Path, FileContent, bool], object],
+        on_config: Callable[[str, Path, FileContent, bool], object],
+        on_schema: Callable[[str, Path, FileContent, FileContent | None, bool], object],
         interval: float = 1.0,
     ) -> None:
         self.folder = folder
         self.interval = interval
-        self._on_file = on_file
+        self._on_config = on_config
+        self._on_schema = on_schema
         self._watchers: dict[str, FileWatcher] = {}
         self._refused: set[str] = set()
         self._stop = threading.Event()
@@ -142,29 +170,46 @@ class ConfigDirWatcher:
         except OSError as exc:
             logger.error("cannot list the config folder %s: %s", self.folder, exc.strerror or exc)
             return
-        for name in names:
-            if not name.endswith(".json") or name.endswith(".schema.json") or name in self._watchers:
+        # Schemas first: a job's config is then checked against its schema.
+        for name in sorted(names, key=lambda n: not n.endswith(SCHEMA_SUFFIX)):
+            if not name.endswith(".json") or name in self._watchers:
                 continue
-            job = name[: -len(".json")]
+            schema = name.endswith(SCHEMA_SUFFIX)
+            job = name[: -len(SCHEMA_SUFFIX if schema else ".json")]
             try:
                 check_job_id(job)
             except InvalidJobId as exc:
                 if name not in self._refused:
                     self._refused.add(name)
-                    logger.error("config file %s skipped: %s", self.folder / name, exc)
+                    logger.error("file %s skipped: %s", self.folder / name, exc)
                 continue
             path = self.folder / name
-            watcher = FileWatcher(path, functools.partial(self._report, job, path, startup=False))
+            if schema:
+                report = functools.partial(self._report_schema, job, path, None, False)
+                watcher = FileWatcher(path, report, read=read_schema_file)
+                config_path = self.folder / f"{job}.json"
+                config = read_config_file(config_path) if startup and config_path.exists() else None
+                self._report_schema(job, path, config, startup, read_schema_file(path))
+            else:
+                watcher = FileWatcher(path, functools.partial(self._report_config, job, path, False))
+                self._report_config(job, path, startup, read_config_file(path))
             self._watchers[name] = watcher
-            self._report(job, path, read_config_file(path), startup)
         for watcher in list(self._watchers.values()):
             watcher.poll()
 
-    def _report(self, job: str, path: Path, content: FileContent, startup: bool) -> None:
+    def _report_config(self, job: str, path: Path, startup: bool, content: FileContent) -> None:
         try:
-            self._on_file(job, path, content, startup)
+            self._on_config(job, path, content, startup)
         except Exception:
             logger.exception("applying the config file %s failed", path)
+
+    def _report_schema(
+        self, job: str, path: Path, config: FileContent | None, startup: bool, content: FileContent
+    ) -> None:
+        try:
+            self._on_schema(job, path, content, config, startup)
+        except Exception:
+            logger.exception("applying the schema file %s failed", path)
 
     def start(self) -> None:
         self._thread.start()

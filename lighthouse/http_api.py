@@ -32,6 +32,7 @@ from lighthouse.http_messages import (
     error_response,
 )
 from lighthouse.jobs import JobRegistry, TooManyJobs
+from lighthouse.schema import SchemaViolation
 from lighthouse.store import NotFound, VersionConflict
 from lighthouse.values import ConfigError, ConfigTooLarge
 from protos.jobs import InvalidJobId
@@ -93,6 +94,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
             resp = error_response(HttpError(507, str(exc)))
         except ConfigTooLarge as exc:
             resp = error_response(HttpError(413, str(exc)))
+        except SchemaViolation as exc:
+            resp = error_response(HttpError(422, str(exc), violations=exc.violations))
         except ConfigError as exc:
             resp = error_response(HttpError(400, str(exc)))
         except (TimeoutError, ConnectionError):

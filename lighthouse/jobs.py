@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lighthouse.backend import StoreBackend
-from lighthouse.config_file import FileContent, load_initial
+from lighthouse.config_file import FileContent
 from lighthouse.state import LighthouseState
 from lighthouse.store import ConfigStore, NotFound
 from protos.jobs import DEFAULT_JOB, check_job_id
@@ -41,6 +41,7 @@ class JobRegistry:
         *,
         history_limit: int | None = None,
         default_config_path: Path | None = None,
+        default_schema_path: Path | None = None,
         strict: bool = False,
     ) -> None:
         self.backend = backend
@@ -48,16 +49,21 @@ class JobRegistry:
         self._lock = threading.Lock()
         self._states: dict[str, LighthouseState] = {}
         for job in backend.jobs():
-            self._states[job] = self._new_state(job)
-        default = self._states.get(DEFAULT_JOB) or self._new_state(DEFAULT_JOB)
-        self._states[DEFAULT_JOB] = default
-        if default_config_path is not None:
-            default.config_path = default_config_path.resolve()
-            default.apply_file(load_initial(default_config_path, strict), startup=True)
+            if job != DEFAULT_JOB:
+                self._states[job] = self._new_state(job)
+        self._states[DEFAULT_JOB] = self._new_state(
+            DEFAULT_JOB, default_config_path, default_schema_path, strict
+        )
 
-    def _new_state(self, job: str) -> LighthouseState:
+    def _new_state(
+        self,
+        job: str,
+        config_path: Path | None = None,
+        schema_path: Path | None = None,
+        strict: bool = False,
+    ) -> LighthouseState:
         store = ConfigStore(job=job, backend=self.backend, history_limit=self._history_limit)
-        return LighthouseState(store)
+        return LighthouseState(store, config_path, strict=strict, schema_path=schema_path)
 
     # ------------------------------------------------------------- lookup
     @property
@@ -107,6 +113,19 @@ class JobRegistry:
         state = self.serve(job)
         state.config_path = path.resolve()
         state.apply_file(content, startup=startup)
+
+    def apply_schema_file(
+        self, job: str, path: Path, content: FileContent, config: FileContent | None, startup: bool = False
+    ) -> None:
+        """A ``--config-dir`` schema file of ``job``; at startup ``config`` is the job's config file
+        read at the same time (a schema and a config edited together while down both load)."""
+        state = self.serve(job)
+        state.schema.path = path.resolve()
+        if startup:
+            config_path = path.with_name(f"{job}.json").resolve()
+            state.schema.apply_initial_file(content, config, config_path)
+        else:
+            state.schema.apply_file(content)
 
     def delete(self, job: str) -> None:
         """Forget a job and its history; JobBusy while a manager of it is live or a file defines it."""

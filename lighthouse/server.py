@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 
 from lighthouse.backend import StoreBackend
-from lighthouse.config_file import ConfigDirWatcher, FileContent, FileWatcher
+from lighthouse.config_file import ConfigDirWatcher, FileContent, FileWatcher, read_schema_file
 from lighthouse.jobs import JobRegistry, TooManyJobs
 from lighthouse.sqlite_backend import SqliteBackend
 from lighthouse.state import LighthouseState
@@ -28,8 +28,8 @@ class LighthouseServer:
 
     ``state_dir=None`` keeps the versions in memory only (lost on exit); the CLI
     always passes a directory. ``http_bind=None`` serves no dashboard.
-    ``config_path`` is the file of the job ``default``; ``config_dir`` holds one
-    ``<job>.json`` per job.
+    ``config_path`` (and ``schema_path``) are the files of the job ``default``;
+    ``config_dir`` holds one ``<job>.json`` (and ``<job>.schema.json``) per job.
     """
 
     def __init__(
@@ -48,25 +48,31 @@ class LighthouseServer:
         config_dir: str | Path | None = None,
         job_tokens: dict[str, list[str]] | None = None,
         backend: StoreBackend | None = None,
+        schema_path: str | Path | None = None,
     ) -> None:
         path = Path(config_path) if config_path is not None else None
+        schema_file = Path(schema_path) if schema_path is not None else None
         store_path = Path(state_dir) / STORE_FILE if state_dir is not None else None
-        self._watcher: FileWatcher | None = None
-        self._dir_watcher: ConfigDirWatcher | None = None
+        self._watchers: list[FileWatcher | ConfigDirWatcher] = []
         self._http = None
         self._server: grpc.Server | None = None
         self.jobs = JobRegistry(
             backend if backend is not None else SqliteBackend(store_path),
             history_limit=history_limit,
             default_config_path=path,
+            default_schema_path=schema_file,
             strict=strict,
         )
         try:
             if config_dir is not None:
-                self._dir_watcher = ConfigDirWatcher(
-                    Path(config_dir), self.jobs.apply_file, interval=watch_interval
+                folder = ConfigDirWatcher(
+                    Path(config_dir),
+                    self.jobs.apply_file,
+                    self.jobs.apply_schema_file,
+                    interval=watch_interval,
                 )
-                self._dir_watcher.scan(startup=True)
+                folder.scan(startup=True)
+                self._watchers.append(folder)
             handler = grpc.method_handlers_generic_handler(
                 "lighthouse_config.LighthouseService",
                 {
@@ -93,10 +99,18 @@ class LighthouseServer:
                     job_tokens=job_tokens,
                 )
             if path is not None:
-                self._watcher = FileWatcher(path, self._apply_default_file, interval=watch_interval)
-                self._watcher.start()
-            if self._dir_watcher is not None:
-                self._dir_watcher.start()
+                self._watchers.append(FileWatcher(path, self._apply_default_file, interval=watch_interval))
+            if schema_file is not None:
+                self._watchers.append(
+                    FileWatcher(
+                        schema_file,
+                        self._apply_default_schema,
+                        interval=watch_interval,
+                        read=read_schema_file,
+                    )
+                )
+            for watcher in self._watchers:
+                watcher.start()
         except BaseException:
             self.shutdown()
             raise
@@ -114,6 +128,9 @@ class LighthouseServer:
 
     def _apply_default_file(self, content: FileContent) -> None:
         self.jobs.default.apply_file(content)
+
+    def _apply_default_schema(self, content: FileContent) -> None:
+        self.jobs.default.schema.apply_file(content)
 
     def address(self) -> str:
         """``host:port`` a client can dial."""
@@ -148,10 +165,8 @@ class LighthouseServer:
 
     def shutdown(self, grace: float | None = 1.0) -> None:
         """Stop serving and close the store; safe to call twice."""
-        for watcher in (self._watcher, self._dir_watcher):
-            if watcher is not None:
-                watcher.stop()
-        self._watcher = self._dir_watcher = None
+        while self._watchers:
+            self._watchers.pop().stop()
         if self._http is not None:
             self._http.shutdown()
             self._http = None

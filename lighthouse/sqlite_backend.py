@@ -39,6 +39,15 @@ CREATE TABLE IF NOT EXISTS job_versions (
     comment TEXT NOT NULL,
     PRIMARY KEY (job, version)
 );
+CREATE TABLE IF NOT EXISTS job_schemas (
+    id INTEGER PRIMARY KEY,
+    job TEXT NOT NULL,
+    schema TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    source TEXT NOT NULL,
+    author TEXT NOT NULL,
+    comment TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS job_switches (
     job TEXT NOT NULL,
     replica_id TEXT NOT NULL,
@@ -152,30 +161,33 @@ class SqliteBackend:
             ]
 
     # ----------------------------------------------------------------- writes
-    def append(self, job: str, row: Change, meta: dict[str, str], expected_head: int) -> None:
+    def append(self, job: str, rows: list[Change], meta: dict[str, str], expected_head: int) -> None:
         dumps = json.dumps
-        with self._lock, self._db:  # one transaction: the row and its meta
+        with self._lock, self._db:  # one transaction: the rows and their meta
             self._db.execute("BEGIN IMMEDIATE")
             (head,) = self._db.execute(
                 "SELECT COALESCE(MAX(version), 0) FROM job_versions WHERE job = ?", (job,)
             ).fetchone()
             if head != expected_head:
                 raise HeadMoved(f"job {job}: head is {head}, expected {expected_head}")
-            self._db.execute(
+            self._db.executemany(
                 "INSERT INTO job_versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    job,
-                    row.version,
-                    row.op,
-                    dumps(row.change, ensure_ascii=False),
-                    dumps(row.config, ensure_ascii=False),
-                    row.effective_step,
-                    row.order_step,
-                    row.created_at,
-                    row.source,
-                    row.author,
-                    row.comment,
-                ),
+                [
+                    (
+                        job,
+                        row.version,
+                        row.op,
+                        dumps(row.change, ensure_ascii=False),
+                        dumps(row.config, ensure_ascii=False),
+                        row.effective_step,
+                        row.order_step,
+                        row.created_at,
+                        row.source,
+                        row.author,
+                        row.comment,
+                    )
+                    for row in rows
+                ],
             )
             self._set_meta(job, meta)
 
@@ -191,6 +203,32 @@ class SqliteBackend:
                 "INSERT OR IGNORE INTO job_switches VALUES (?, ?, ?, ?, ?, ?)",
                 [(job, r, v, s, p, now) for r, v, s, p in switches],
             )
+
+    def add_schema(self, job: str, record: dict[str, Any]) -> None:
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "INSERT INTO job_schemas (job, schema, created_at, source, author, comment)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    job,
+                    json.dumps(record["schema"], ensure_ascii=False),
+                    record["created_at"],
+                    record["source"],
+                    record["author"],
+                    record["comment"],
+                ),
+            )
+
+    def schemas(self, job: str, limit: int) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, schema, created_at, source, author, comment FROM job_schemas"
+                " WHERE job = ? ORDER BY id DESC LIMIT ?",
+                (job, limit),
+            ).fetchall()
+        keys = ("id", "schema", "created_at", "source", "author", "comment")
+        return [{**dict(zip(keys, r, strict=True)), "schema": json.loads(r[1])} for r in rows]
 
     def prune(self, job: str, gone: set[int], meta: dict[str, str], oldest_kept: int) -> None:
         with self._lock, self._db:
@@ -209,7 +247,7 @@ class SqliteBackend:
     def delete_job(self, job: str) -> None:
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            for table in ("job_versions", "job_meta", "job_switches"):
+            for table in ("job_versions", "job_meta", "job_switches", "job_schemas"):
                 self._db.execute(f"DELETE FROM {table} WHERE job = ?", (job,))
 
     def close(self) -> None:

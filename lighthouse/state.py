@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lighthouse.config_file import FileContent, load_initial
-from lighthouse.store import Change, ConfigStore, Segment
+from lighthouse.config_file import FileContent, load_initial, read_schema_file
+from lighthouse.job_schema import JobSchema
+from lighthouse.store import ConfigStore, Edit, Plan, Segment
 from lighthouse.values import ConfigError, encode_config, validate_object
 from protos import lighthouse_config_pb2 as pb
 
@@ -81,12 +82,14 @@ class LighthouseState:
         store: ConfigStore,
         config_path: Path | None = None,
         strict: bool = False,
+        schema_path: Path | None = None,
     ) -> None:
         self.store = store
         self.job = store.job
         self.instance_id = uuid.uuid4().hex
         self.config_path = config_path.resolve() if config_path is not None else None
         self.file_error: str | None = None
+        self.schema = JobSchema(store, schema_path)  # checks every commit below
         self.get_config_calls = 0
         self.heartbeat_calls = 0
         self._get_config_count = itertools.count(1)  # next() is atomic: no call lost across threads
@@ -96,8 +99,14 @@ class LighthouseState:
         self._refresh_lock = threading.Lock()
         self._snapshot = self._build_snapshot()
         self._step_field = _CURRENT_STEP_TAG + _varint(store.current_step)
-        if config_path is not None:
-            self.apply_file(load_initial(config_path, strict), startup=True)
+        initial = load_initial(config_path, strict) if config_path is not None else None
+        if schema_path is not None:
+            schema_file = read_schema_file(schema_path)
+            if schema_file.error is not None and strict:
+                raise ConfigError(schema_file.error)
+            self.schema.apply_initial_file(schema_file, initial, self.config_path)
+        if initial is not None:
+            self.apply_file(initial, startup=True)
 
     # ------------------------------------------------------------ serving
     @property
@@ -201,51 +210,52 @@ class LighthouseState:
         comment: str = "",
         effective_step: int | None = None,
         if_match: int | None = None,
-    ) -> Change:
-        """Validate and durably commit a put/patch; the reply served to managers follows at once."""
-        config = validate_object(body, allow_null=op == "patch")
-        row = self.store.commit(
-            op,
-            config,
-            source=source,
-            author=author,
-            comment=comment,
-            effective_step=effective_step,
-            if_match=if_match,
-        )
-        self.refresh()
-        logger.info("config version %d (%s by %s, %s)", row.version, op, author, source)
-        return row
+        dry_run: bool = False,
+    ) -> Plan:
+        """Validate, check against the schema and durably commit a put/patch (a dry run stops
+        before writing); the reply served to managers follows at once."""
+        config = validate_object(body)
+        edit = Edit(op, config, source, author, comment, effective_step)
+        return self._apply([edit], if_match=if_match, dry_run=dry_run)
 
-    def rollback(self, version: int, *, author: str = "-", comment: str = "") -> Change:
-        """A new version with ``version``'s content; cancels pending scheduled changes made after it."""
-        self.store.get(version)  # NotFound when it never existed or was pruned
-        for item in self.store.scheduled():
-            if item["status"] == "pending" and item["version"] > version:
-                self.cancel(item["version"], author=author, comment=f"cancelled by rollback to {version}")
-        # What that version gave at the job's current step: its own pending scheduled changes
-        # stay scheduled (they apply at their step, on top), they are not applied now.
-        content = self.store.resolve(version, self.store.current_step)
-        return self.change(
-            "put",
-            content,
-            source="rollback",
-            author=author,
-            comment=comment or f"rollback to {version}",
-        )
+    def rollback(self, version: int, *, author: str = "-", comment: str = "", dry_run: bool = False) -> Plan:
+        """A new version with ``version``'s content; cancels pending scheduled changes made after it.
 
-    def cancel(self, version: int, *, author: str = "-", comment: str = "") -> Change:
-        row = self.store.commit(
-            "cancel",
-            {"version": version},
-            source="api",
-            author=author,
-            comment=comment or f"cancel {version}",
-        )
-        self.refresh()
-        return row
+        The cancels and the new version are one commit: refused (or dry run) all together.
+        """
+        store = self.store
+        with store.lock:
+            store.get(version)  # NotFound when it never existed or was pruned
+            edits = [
+                Edit(
+                    "cancel",
+                    {"version": item["version"]},
+                    "api",
+                    author,
+                    f"cancelled by rollback to {version}",
+                )
+                for item in store.scheduled()
+                if item["status"] == "pending" and item["version"] > version
+            ]
+            # What that version gave at the job's current step: its own pending scheduled changes
+            # stay scheduled (they apply at their step, on top), they are not applied now.
+            content = store.resolve(version, store.current_step)
+            edits.append(Edit("put", content, "rollback", author, comment or f"rollback to {version}"))
+            return self._apply(edits, dry_run=dry_run)
 
-    def apply_file(self, content: FileContent, startup: bool = False) -> Change | None:
+    def cancel(self, version: int, *, author: str = "-", comment: str = "") -> Plan:
+        edit = Edit("cancel", {"version": version}, "api", author, comment or f"cancel {version}")
+        return self._apply([edit])
+
+    def _apply(self, edits: list[Edit], *, if_match: int | None = None, dry_run: bool = False) -> Plan:
+        plan = self.store.apply(edits, if_match=if_match, check=self.schema.check, dry_run=dry_run)
+        if not dry_run:
+            self.refresh()
+            row = plan.row
+            logger.info("config version %d (%s by %s, %s)", row.version, row.op, row.author, row.source)
+        return plan
+
+    def apply_file(self, content: FileContent, startup: bool = False) -> Plan | None:
         """A new version from the config file when its content is new; a bad file only sets file_error."""
         path = self.config_path
         assert path is not None
@@ -259,13 +269,13 @@ class LighthouseState:
         if self.store.file_hash(str(path)) == content.digest:
             return None  # unchanged since last loaded: the stored (maybe edited) version stays live
         try:
-            row = self.change("put", content.config, source="file", author="-", comment=str(path))
-        except ConfigError as exc:  # too large, bad key: like any other bad file
+            plan = self.change("put", content.config, source="file", author="-", comment=str(path))
+        except ConfigError as exc:  # too large, bad key, violates the schema: like any other bad file
             self.file_error = f"{path}: {exc}"
             logger.error("config file not loaded, live config unchanged: %s", self.file_error)
             return None
         self.store.set_file_hash(str(path), content.digest)
-        return row
+        return plan
 
     # -------------------------------------------------------------- views
     def view(self) -> dict[str, Any]:
@@ -285,8 +295,10 @@ class LighthouseState:
             "scheduled": [s for s in self.store.scheduled() if s["status"] == "pending"],
             "file": {
                 "path": str(self.config_path) if self.config_path else None,
-                "error": self.file_error,
+                "error": "; ".join(e for e in (self.file_error, self.schema.error) if e) or None,
+                "schema_path": str(self.schema.path) if self.schema.path else None,
             },
+            "schema": self.schema.schema is not None,
             "instance_id": self.instance_id,
             "state_id": self.store.state_id,
         }

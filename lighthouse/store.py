@@ -25,7 +25,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,49 @@ class VersionConflict(Exception):
 
 class NotFound(LookupError):
     pass
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One change asked for; a commit is a list of them, stored together or not at all."""
+
+    op: str
+    change: dict[str, Any]
+    source: str
+    author: str = "-"
+    comment: str = ""
+    effective_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a commit makes (or, planned without writing, would make): the same for a dry run."""
+
+    rows: tuple[Change, ...]
+    step: int  # the job's step when planned
+    live: dict[str, Any]  # the config at that step once the rows apply
+    before: dict[str, Any]  # at the step the change is about (its effective step, else the job's)
+    after: dict[str, Any]
+    segments_before: tuple[Segment, ...]
+    segments_after: tuple[Segment, ...]
+
+    @property
+    def row(self) -> Change:
+        return self.rows[-1]
+
+    @property
+    def version(self) -> int:
+        return self.row.version
+
+    def changes(self) -> dict[str, dict[str, Any]]:
+        """Per key ``{"before": .., "after": ..}``; a key added has no "before", one removed no "after"."""
+        out: dict[str, dict[str, Any]] = {}
+        for key in [*self.before, *(k for k in self.after if k not in self.before)]:
+            sides = (("before", self.before), ("after", self.after))
+            change = {side: config[key] for side, config in sides if key in config}
+            if change.get("before", out) != change.get("after", out):
+                out[key] = change
+        return out
 
 
 @dataclass(frozen=True)
@@ -179,23 +222,7 @@ class ConfigStore:
     def segments(self, version: int | None = None) -> list[Segment]:
         """The config per step range at ``version`` (default head); one segment when nothing is scheduled."""
         with self._lock:
-            head = self.head if version is None else version
-            cancelled = self._cancelled_at(self._rows, head)
-            points = sorted(
-                {
-                    r.effective_step
-                    for r in self._rows
-                    if r.version <= head and r.effective_step is not None and r.version not in cancelled
-                }
-            )
-            segments = [Segment(0, self._resolve(self._rows, head, 0))]
-            for point in points:
-                if point <= 0:
-                    continue
-                config = self._resolve(self._rows, head, point)
-                if config != segments[-1].config:
-                    segments.append(Segment(point, config))
-            return segments
+            return self._segments(self._rows, self.head if version is None else version)
 
     def scheduled(self) -> list[dict[str, Any]]:
         """Every scheduled change with its status: pending, in_effect or cancelled."""
@@ -232,45 +259,69 @@ class ConfigStore:
         if_match: int | None = None,
     ) -> Change:
         """Store one change durably and return it; raises VersionConflict, ConfigError or NotFound."""
-        if op not in ("put", "patch", "cancel"):
-            raise ValueError(f"unknown op {op!r}")
-        if effective_step is not None and effective_step < 0:
-            raise ConfigError("effective_step must be a step >= 0")
+        edit = Edit(op, change, source, author, comment, effective_step)
+        return self.apply([edit], if_match=if_match).row
+
+    def plan(self, edits: list[Edit], *, if_match: int | None = None) -> Plan:
+        """What committing ``edits`` would store, without storing it; raises what the commit would."""
+        if not edits:
+            raise ValueError("nothing to plan")
+        with self._lock:
+            if if_match is not None and if_match != self.head:
+                raise VersionConflict(if_match, self.head)
+            rows = list(self._rows)
+            for offset, edit in enumerate(edits):
+                rows.append(self._draft(rows, self._next_version + offset, edit))
+            new = rows[len(self._rows) :]
+            last = new[-1]
+            step = self._current_step
+            focus = step if last.effective_step is None else max(step, last.effective_step)
+            return Plan(
+                rows=tuple(new),
+                step=step,
+                live=self._resolve(rows, last.version, step),
+                before=self._resolve(self._rows, self.head, focus),
+                after=self._resolve(rows, last.version, focus),
+                segments_before=tuple(self._segments(self._rows, self.head)),
+                segments_after=tuple(self._segments(rows, last.version)),
+            )
+
+    def apply(
+        self,
+        edits: list[Edit],
+        *,
+        if_match: int | None = None,
+        check: Callable[[Plan], None] | None = None,
+        dry_run: bool = False,
+    ) -> Plan:
+        """Plan ``edits``, let ``check`` refuse the plan (by raising), then store it in one transaction.
+
+        A dry run stops before writing, so it answers exactly what the commit would.
+        """
         for _ in range(MAX_COMMIT_RETRIES):
             with self._lock:
-                if if_match is not None and if_match != self.head:
-                    raise VersionConflict(if_match, self.head)
-                if op == "cancel":
-                    self._check_cancellable(int(change["version"]))
-                order_step = self._current_step
-                if effective_step is not None:
-                    order_step = max(order_step, effective_step)
-                version = self._next_version
-                draft = Change(
-                    version, op, change, {}, effective_step, order_step, time.time(), source, author, comment
-                )
-                rows = [*self._rows, draft]
-                config = self._resolve(rows, version, FOREVER)
-                self._check_size(rows, version, config, effective_step)
-                row = dataclasses.replace(draft, config=config)
+                plan = self.plan(edits, if_match=if_match)
+                if check is not None:
+                    check(plan)
+                if dry_run:
+                    return plan
                 meta = {
                     "current_step": str(self._current_step),
-                    "last_version": str(version),
+                    "last_version": str(plan.version),
                     "state_id": self.state_id,
                 }
                 try:
-                    self.backend.append(self.job, row, meta, expected_head=self.head)
+                    self.backend.append(self.job, list(plan.rows), meta, expected_head=self.head)
                 except HeadMoved:
-                    self._load()  # another lighthouse committed first: order after it
+                    self._load()  # another lighthouse committed first: plan again after it
                     continue
                 self._meta.update(meta)
-                self._rows.append(row)
-                self._next_version = version + 1
-                if op == "cancel":
-                    self._cancelled.add(int(change["version"]))
+                self._rows.extend(plan.rows)
+                self._next_version = plan.version + 1
+                self._cancelled.update(int(r.change["version"]) for r in plan.rows if r.op == "cancel")
                 self._prune()
-                return row
-        raise VersionConflict(version, self.head)
+                return plan
+        raise VersionConflict(plan.version - 1, self.head)
 
     def advance_step(self, step: int) -> bool:
         """Note that some group reached ``step``; True when that moved the job's current step.
@@ -318,6 +369,30 @@ class ConfigStore:
         with self._lock:
             self._closed = True
 
+    def schema(self) -> dict[str, Any] | None:
+        """The latest schema change (``schema`` None when the schema was removed), None if never set."""
+        rows = self.schema_history(1)
+        return rows[0] if rows else None
+
+    def set_schema(self, schema: Any, *, source: str, author: str = "-", comment: str = "") -> dict[str, Any]:
+        """Store a new schema (None: no schema) durably, kept in its own history."""
+        record = {
+            "schema": schema,
+            "created_at": time.time(),
+            "source": source,
+            "author": author,
+            "comment": comment,
+        }
+        with self._lock:
+            self.backend.add_schema(self.job, record)
+            latest = self.schema()
+            assert latest is not None
+            return latest
+
+    def schema_history(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Every schema change with who and when, newest first."""
+        return self.backend.schemas(self.job, limit)
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -329,6 +404,53 @@ class ConfigStore:
                 self.backend.close()
 
     # -------------------------------------------------------------- internals
+    def _segments(self, rows: list[Change], head: int) -> list[Segment]:
+        cancelled = self._cancelled_at(rows, head)
+        points = sorted(
+            {
+                r.effective_step
+                for r in rows
+                if r.version <= head and r.effective_step is not None and r.version not in cancelled
+            }
+        )
+        segments = [Segment(0, self._resolve(rows, head, 0))]
+        for point in points:
+            if point <= 0:
+                continue
+            config = self._resolve(rows, head, point)
+            if config != segments[-1].config:
+                segments.append(Segment(point, config))
+        return segments
+
+    def _draft(self, rows: list[Change], version: int, edit: Edit) -> Change:
+        """The row ``edit`` makes on top of ``rows``, with its resolved config; raises when refused."""
+        op, effective_step = edit.op, edit.effective_step
+        if op not in ("put", "patch", "cancel"):
+            raise ValueError(f"unknown op {op!r}")
+        if effective_step is not None and effective_step < 0:
+            raise ConfigError("effective_step must be a step >= 0")
+        if op == "cancel":
+            self._check_cancellable(int(edit.change["version"]), rows)
+        order_step = self._current_step
+        if effective_step is not None:
+            order_step = max(order_step, effective_step)
+        draft = Change(
+            version,
+            op,
+            edit.change,
+            {},
+            effective_step,
+            order_step,
+            time.time(),
+            edit.source,
+            edit.author,
+            edit.comment,
+        )
+        candidate = [*rows, draft]
+        config = self._resolve(candidate, version, FOREVER)
+        self._check_size(candidate, version, config, effective_step)
+        return dataclasses.replace(draft, config=config)
+
     def _cancelled_at(self, rows: list[Change], version: int) -> set[int]:
         cancelled = {int(r.change["version"]) for r in rows if r.op == "cancel" and r.version <= version}
         return cancelled | self._pruned_cancels
@@ -370,11 +492,11 @@ class ConfigStore:
             config = segment
         return dict(config)
 
-    def _check_cancellable(self, target: int) -> None:
+    def _check_cancellable(self, target: int, rows: list[Change]) -> None:
         row = self.get(target)
         if row.effective_step is None:
             raise ConfigError(f"version {target} is not a scheduled change")
-        if target in self._cancelled:
+        if target in self._cancelled or any(r.op == "cancel" and r.change["version"] == target for r in rows):
             raise ConfigError(f"version {target} is already cancelled")
         if row.effective_step <= self._current_step:
             raise ConfigError(

@@ -2,6 +2,8 @@
 
 A JSON string is passed as it is; any other JSON value as its compact JSON text
 (``0.001`` -> ``"0.001"``, ``true`` -> ``"true"``, ``{"a": 1}`` -> ``'{"a":1}'``).
+``null`` is a value like any other (served as ``"null"``) in a config file and a
+PUT; only the store's PATCH reads a ``null`` as "delete this key".
 """
 
 from __future__ import annotations
@@ -55,17 +57,15 @@ def parse_json(text: str | bytes, what: str = "body") -> Any:
         raise ConfigError(f"{what} is nested too deeply") from None
 
 
-def validate_object(obj: Any, *, allow_null: bool = False, what: str = "config") -> dict[str, Any]:
-    """Check that ``obj`` is a flat config object with acceptable keys; return it."""
+def validate_object(obj: Any, *, what: str = "config") -> dict[str, Any]:
+    """Check that ``obj`` is a config object with acceptable keys (any JSON values); return it."""
     if not isinstance(obj, dict):
         raise ConfigError(f"{what} must be a JSON object, got {json_type(obj)}")
-    for key, value in obj.items():
+    for key in obj:
         if not key:
             raise ConfigError(f"{what} has an empty key")
         if len(key) > MAX_KEY_LENGTH:
             raise ConfigError(f"{what} key {key[:32]!r}... is {len(key)} characters (max {MAX_KEY_LENGTH})")
-        if value is None and not allow_null:
-            raise ConfigError(f"{what} key {key!r} is null (null only deletes a key in a PATCH)")
     return obj
 
 

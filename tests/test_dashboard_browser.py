@@ -226,3 +226,47 @@ def test_untouched_editor_follows_the_live_version(page: Page, lh: LighthousePro
     expect(page.locator("#loaded-version")).to_have_text("v2")
     assert '"lr": 0.7' in page.input_value("#editor")
     expect(page.locator("#stale")).to_be_hidden()
+
+
+def test_editor_shows_schema_violations_while_typing_and_keeps_save_disabled(
+    page: Page, tmp_path: Path
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "lr": {"type": "number", "maximum": 1, "description": "learning rate, at most 1"},
+            "name": {"type": "string", "description": "run name"},
+        },
+        "required": ["lr"],
+        "additionalProperties": False,
+    }
+    schema_path = tmp_path / "schema.json"
+    schema_path.write_text(json.dumps(schema))
+    config = {"lr": 0.1, "name": "a"}
+    with start_lighthouse(tmp_path, config=config, args=("--schema", str(schema_path))) as lh:
+        open_editor(page, lh, 1)
+        expect(page.locator('#keys tr[data-key="lr"]')).to_contain_text("learning rate, at most 1")
+        expect(page.locator('#keys tr[data-key="name"]')).to_contain_text("run name")
+
+        page.fill("#editor", '{"name": "a", "lr": ')
+        page.locator("#editor").press_sequentially("50}", delay=30)  # typed key by key
+        expect(page.locator('#violations li[data-path="/lr"]')).to_contain_text("maximum")
+        expect(page.locator('#keys tr[data-key="lr"]')).to_have_class("violates")
+        expect(page.locator("#validation")).to_contain_text("schema refuses")
+        expect(page.locator("#save")).to_be_disabled()
+
+        page.fill("#editor", '{"name": "a", "lr": 0.5, "typo_key": 1}')
+        expect(page.locator('#violations li[data-path="/typo_key"]')).to_be_visible()
+        expect(page.locator("#save")).to_be_disabled()
+        page.fill("#editor", '{"name": "a"}')
+        expect(page.locator('#violations li[data-path="/lr"]')).to_contain_text("missing")
+        expect(page.locator("#save")).to_be_disabled()
+        assert [v["version"] for v in lh.http("GET", "/api/config/history").json["versions"]] == [1]
+
+        page.fill("#editor", '{"name": "a", "lr": 0.5}')
+        expect(page.locator("#validation")).to_contain_text("saving makes version 2")
+        expect(page.locator("#violations li")).to_have_count(0)
+        expect(page.locator("#save")).to_be_enabled()
+        page.click("#save")
+        expect(page.locator("#status")).to_contain_text("Saved as version 2")
+        assert lh.http("GET", "/api/config").json["config"] == {"name": "a", "lr": 0.5}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lighthouse import LighthouseServer
+from lighthouse import LighthouseClient, LighthouseServer
 from lighthouse.state import LighthouseState
 from lighthouse.store import ConfigStore
 from lighthouse.values import MAX_CONFIG_BYTES, ConfigTooLarge
@@ -162,9 +162,16 @@ def test_changes_under_a_foreign_host_name_need_a_token(tmp_path: Path) -> None:
 
 
 def test_metrics_print_counters_exactly(tmp_path: Path) -> None:
+    big = 1_234_567  # past a million, where "%g" would print 1.23457e+06
     with start_lighthouse(tmp_path, config={"lr": 0.1}) as lh:
+        with LighthouseClient(lh.grpc_addr) as client:
+            for step in (999_999, big):  # a step leap counts once the same manager confirms it
+                client.heartbeat(pb.ManagerStatus(replica_id="g", version=big, step=step), timeout=5)
         text = call(lh.url, "GET", "/metrics").body.decode()
-    values = [line.split()[-1] for line in text.splitlines() if line and not line.startswith("#")]
+    lines = text.splitlines()
+    assert f'lighthouse_current_step{{job="default"}} {big}' in lines, text
+    assert f'lighthouse_manager_version{{job="default",replica_id="g"}} {big}' in lines, text
+    values = [line.split()[-1] for line in lines if line and not line.startswith("#")]
     assert values and all("e+" not in v for v in values)
 
 

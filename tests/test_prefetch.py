@@ -17,13 +17,19 @@ def test_prefetched_answers_are_the_pinned_snapshot_of_their_own_step(procs: Pro
     lh = procs.lighthouse({"lr": 0})
     manager = procs.manager(lh.address, "g", cache_ttl=0.05)
     stop = threading.Event()
+    failures: list[str] = []  # an assert in a helper thread would only warn: checked by the test
 
     def churn() -> None:
         i = 0
-        while not stop.is_set():
-            i += 1
-            assert change(lh.url, "PATCH", {"lr": i}).status == 200
-            time.sleep(0.005)
+        try:
+            while not stop.is_set():
+                i += 1
+                status = change(lh.url, "PATCH", {"lr": i}).status
+                if status != 200:
+                    failures.append(f"PATCH lr={i} -> {status}")
+                time.sleep(0.005)
+        except Exception as exc:
+            failures.append(f"churn failed: {exc!r}")
 
     changer = threading.Thread(target=churn, daemon=True)
     changer.start()
@@ -41,6 +47,7 @@ def test_prefetched_answers_are_the_pinned_snapshot_of_their_own_step(procs: Pro
     finally:
         stop.set()
         changer.join()
+    assert failures == []
     others = {r["step"]: (r["version"], r["config"]) for r in worker_records(direct)}
     for step, answer in seen.items():
         assert others[step] == answer, f"step {step}: prefetched {answer}, direct rank got {others[step]}"
@@ -55,16 +62,20 @@ def test_prefetch_client_is_safe_with_threads(procs: ProcessPool) -> None:
     with ManagerClient(manager.address, timeout=5, prefetch=True) as client:
 
         def run(offset: int) -> None:
-            for step in range(offset, offset + 200):
-                cfg = client.get_config(step=step)
-                if cfg.step != step or cfg != {"lr": "0.1"} or cfg.source == "fallback":
-                    errors.append(f"step {step}: {cfg!r} for step {cfg.step}")
+            try:
+                for step in range(offset, offset + 200):
+                    cfg = client.get_config(step=step)
+                    if cfg.step != step or cfg != {"lr": "0.1"} or cfg.source == "fallback":
+                        errors.append(f"step {step}: {cfg!r} for step {cfg.step}")
+            except Exception as exc:  # raised in a thread it would only warn: the test fails on it
+                errors.append(f"offset {offset}: {exc!r}")
 
         threads = [threading.Thread(target=run, args=(i * 1000,)) for i in range(4)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "a client thread hung"
     assert errors == []
 
 

@@ -401,7 +401,7 @@ def test_rollback_makes_a_new_version_with_old_content(store: ConfigStore) -> No
     state = state_with(store)
     state.change("put", {"lr": 1, "name": "a"}, source="api")
     state.change("patch", {"lr": 2, "name": None}, source="api")
-    row = state.rollback(1, author="bob")
+    row = state.rollback(1, author="bob").row
     assert row.version == 3
     assert row.config == {"lr": 1, "name": "a"}
     assert row.source == "rollback" and row.author == "bob" and "1" in row.comment
@@ -428,10 +428,12 @@ def test_state_change_validates_and_refreshes_snapshot(store: ConfigStore) -> No
     assert state.snapshot.version == 1
     assert state.snapshot.config == {"lr": "0.001", "n": '{"a":1}'}
     with pytest.raises(ConfigError):
-        state.change("put", {"x": None}, source="api")
+        state.change("put", {"": 1}, source="api")
     with pytest.raises(ConfigError):
         state.change("put", [1, 2], source="api")
     assert store.head == 1
+    state.change("put", {"x": None}, source="api")  # null is a value in a put, served as "null"
+    assert state.snapshot.config == {"x": "null"}
 
 
 def test_get_config_reply_conditional(store: ConfigStore) -> None:
@@ -463,7 +465,8 @@ def test_apply_file_only_on_new_content(tmp_path: Path) -> None:
     assert state.apply_file(read_config_file(path)) is None  # same bytes: no new version
     assert store.head == 1
 
-    row = state.apply_file(file_content(path, '{"lr": 2}'))
+    plan = state.apply_file(file_content(path, '{"lr": 2}'))
+    row = plan.row if plan else None
     assert row is not None and row.version == 2 and row.config == {"lr": 2} and row.source == "file"
 
     assert state.apply_file(file_content(path, '{"lr": ')) is None  # broken edit: live unchanged

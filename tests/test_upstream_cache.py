@@ -260,11 +260,13 @@ class BlockingLighthouse:
         self.calls = 0
         self.started = threading.Event()
         self.release = threading.Event()
+        self.thread: int | None = None  # the thread that fetches
         self._lock = threading.Lock()
 
     def __call__(self, held: Snapshot | None) -> Snapshot:
         with self._lock:
             self.calls += 1
+            self.thread = threading.get_ident()
         self.started.set()
         self.release.wait(10)
         return snap(7)
@@ -285,16 +287,41 @@ def run_getters(cache: UpstreamCache, n: int) -> tuple[list[threading.Thread], l
     return threads, results
 
 
+class ThreadClock:
+    """``time.monotonic`` that counts its reads per thread.
+
+    A caller that finds a fetch in flight reads the clock twice (its deadline, then the time
+    left) while holding the cache's lock, and then waits, which releases that lock. The fetch
+    cannot finish without the lock, so once a caller has read the clock twice it is certain to
+    be waiting when the fetch ends: the test needs no sleep to know every caller piled up.
+    """
+
+    def __init__(self) -> None:
+        self.reads: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            ident = threading.get_ident()
+            self.reads[ident] = self.reads.get(ident, 0) + 1
+        return time.monotonic()
+
+    def waiting(self, threads: list[threading.Thread], fetcher: int | None) -> int:
+        with self._lock:
+            return sum(self.reads.get(t.ident or 0, 0) >= 2 for t in threads if t.ident != fetcher)
+
+
 def test_single_flight_many_threads_one_fetch() -> None:
     lh = BlockingLighthouse()
-    cache = UpstreamCache(lh, ttl=5.0, backoff=1.0, wait_timeout=10.0)
+    clock = ThreadClock()
+    cache = UpstreamCache(lh, ttl=5.0, backoff=1.0, wait_timeout=10.0, clock=clock)
     threads, results = run_getters(cache, 32)
     poll(lh.started.is_set, 10, what="fetch started")
-    # Every thread is either the fetcher or waiting on it; give the rest time to pile up behind it.
-    poll(lambda: sum(t.is_alive() for t in threads) == 32, 10, what="all callers blocked")
-    time.sleep(0.2)  # the scenario: the fetch stays slow while callers keep arriving
+    poll(lambda: clock.waiting(threads, lh.thread) == 31, 10, what="every other caller waiting")
+    # The scenario: the fetch stays slow while more callers keep arriving; they wait on it too.
     more, more_results = run_getters(cache, 8)
-    time.sleep(0.1)
+    poll(lambda: clock.waiting(more, lh.thread) == 8, 10, what="the late callers waiting")
+    assert lh.calls == 1
     lh.release.set()
     for t in threads + more:
         t.join(10)

@@ -144,11 +144,9 @@ def test_validate_object_keys() -> None:
     assert validate_object(ok) is ok
 
 
-def test_validate_object_null_only_in_patches() -> None:
-    with pytest.raises(ConfigError, match="'gone' is null"):
-        validate_object({"gone": None})
-    assert validate_object({"gone": None}, allow_null=True) == {"gone": None}
-    # A null nested inside a value is an ordinary JSON value, not a delete.
+def test_validate_object_null_is_a_value() -> None:
+    # The seed's rule: null is a value (served as "null"); only the store's PATCH reads it as a delete.
+    assert validate_object({"gone": None}) == {"gone": None}
     assert validate_object({"a": {"b": None}}) == {"a": {"b": None}}
 
 

@@ -202,7 +202,8 @@ const LH = (() => {
   }
 
   // Returns {ok, status, data}; throws only when the lighthouse cannot be reached.
-  async function api(method, path, body, headers = {}) {
+  // ask=false: a 401 is returned as it is instead of asking for the token (background checks).
+  async function api(method, path, body, headers = {}, ask = true) {
     const token = sessionStorage.getItem(jobTokenKey()) || sessionStorage.getItem(TOKEN_KEY);
     const sent = { ...headers };
     if (token) sent.Authorization = "Bearer " + token;
@@ -221,7 +222,7 @@ const LH = (() => {
     }
     // 401: no or a wrong token; 403 naming another job: a job token of another job (ask for this one's).
     const otherJob = res.status === 403 && token && /^this token edits job/.test((data && data.error) || "");
-    if ((res.status === 401 || otherJob) && method !== "GET") {
+    if ((res.status === 401 || otherJob) && method !== "GET" && ask) {
       if (sessionStorage.getItem(TOKEN_KEY) === token) sessionStorage.removeItem(TOKEN_KEY);
       sessionStorage.removeItem(jobTokenKey());
       if (await askToken(data && data.error)) return api(method, path, body, headers);

@@ -1,15 +1,21 @@
-// The config editor: validate as you type, preview the diff, save with If-Match, history and rollback.
+// The config editor: validate as you type (locally, then a dry run against the job's schema),
+// preview the diff, save with If-Match, history and rollback.
 "use strict";
 
 (() => {
   const { el, api, parseJson, stringify, fmtTime, confirmButton, setStatus } = LH;
   const MAX_KEY = 256;
   const POLL_MS = 2000;
+  const CHECK_DELAY_MS = 250; // dry run once typing pauses
   const $ = (id) => document.getElementById(id);
 
   let loaded = null; // {version, config}: what the edit is based on
   let edited = null; // the parsed editor content when valid, else null
   let liveVersion = null;
+  let schema = null; // the job's JSON Schema (for key descriptions), null when it has none
+  // The server's dry run of the current text: pending until it answers; blocked when it refuses.
+  let check = { seq: 0, pending: false, blocked: false, violations: [] };
+  let checkTimer = null;
 
   function validate(text) {
     let value;
@@ -24,7 +30,6 @@
     for (const [key, v] of Object.entries(value)) {
       if (!key) return { error: "A key is empty." };
       if (key.length > MAX_KEY) return { error: `Key "${key.slice(0, 32)}…" is ${key.length} characters (max ${MAX_KEY}).` };
-      if (v === null) return { error: `Key "${key}" is null: remove the key to delete it.` };
     }
     return { value };
   }
@@ -58,21 +63,118 @@
     const result = validate($("editor").value);
     const step = stepValue();
     edited = result.value || null;
-    const validation = $("validation");
-    if (result.error || step.error) {
-      validation.className = "validation error";
-      validation.textContent = result.error || step.error;
-    } else {
-      validation.className = "validation ok";
-      validation.textContent = `Valid JSON object, ${Object.keys(edited).length} keys.`;
+    const rows = edited && loaded ? diff(loaded.config, edited) : null;
+    if (rows && step.step !== null && rows.some((r) => r.kind !== "removed" && r.after === null)) {
+      result.error = "A change at a step is a merge patch, where null deletes a key: save null now, or remove the key.";
+      edited = null;
     }
-    renderDiff(edited && loaded ? diff(loaded.config, edited) : null);
+    clearTimeout(checkTimer);
+    check = { seq: check.seq + 1, pending: false, blocked: false, violations: [] };
+    if (result.error || step.error) {
+      setValidation("error", result.error || step.error);
+    } else if (!rows || rows.length === 0) {
+      setValidation("ok", `Valid JSON object, ${Object.keys(edited).length} keys.`);
+    } else {
+      check.pending = true;
+      setValidation("info", "Checking with the lighthouse…");
+      const seq = check.seq;
+      checkTimer = setTimeout(() => dryRun(seq), CHECK_DELAY_MS);
+    }
+    renderViolations();
+    renderDiff(edited ? rows : null);
+  }
+
+  function setValidation(kind, text) {
+    $("validation").className = `validation ${kind}`;
+    $("validation").textContent = text;
+  }
+
+  // The request Save would send; as a dry run it answers what Save would do, storing nothing.
+  function request(dryRun) {
+    const step = stepValue();
+    const params = new URLSearchParams();
+    if (dryRun) params.set("dry_run", "1");
+    if (step.step !== null) params.set("effective_step", step.step);
+    const comment = $("comment").value.trim();
+    if (comment) params.set("comment", comment);
+    // Now: the editor's own text replaces the config (numbers stay exactly as typed).
+    // At a step: only what the edit changes (removed keys as null), so edits made to other
+    // keys before that step are not undone when it applies.
+    const scheduled = step.step !== null;
+    const body = scheduled ? stringify(patchOf(diff(loaded.config, edited))) : $("editor").value;
+    const query = params.toString();
+    return { method: scheduled ? "PATCH" : "PUT", path: "/api/config" + (query ? "?" + query : ""), body };
+  }
+
+  async function dryRun(seq) {
+    if (seq !== check.seq || !edited) return;
+    const req = request(true);
+    let res;
+    try {
+      res = await api(req.method, req.path, req.body, { "If-Match": String(loaded.version) }, false);
+    } catch {
+      res = { ok: false, status: 0, data: { error: "the lighthouse cannot be reached" } };
+    }
+    if (seq !== check.seq) return; // the text changed meanwhile: a newer check is on its way
+    check.pending = false;
+    if (res.ok) {
+      setValidation("ok", `Valid: saving makes version ${res.data.version}.`);
+    } else if (res.status === 422) {
+      check.blocked = true;
+      check.violations = res.data.violations || [];
+      setValidation("error", "The job's schema refuses this config: fix the keys marked below.");
+    } else if (res.status === 401 || res.status === 403) {
+      setValidation("info", "Checked here only: the schema check needs this job's token (Save asks for it).");
+    } else if (res.status === 409 || res.status === 0) {
+      setValidation("info", `Not checked: ${res.data.error}`);
+    } else {
+      check.blocked = true;
+      setValidation("error", `The lighthouse refuses this config: ${res.data.error}`);
+    }
+    renderViolations();
+    updateSave();
+  }
+
+  function pointerOf(key) {
+    return "/" + key.replaceAll("~", "~0").replaceAll("/", "~1");
+  }
+
+  // Violations as a list, and every key of the edit beside its schema description and problems.
+  function renderViolations() {
+    $("violations").replaceChildren(
+      ...check.violations.map((v) =>
+        el("li", { dataset: { path: v.path } }, el("code", {}, v.path || "/"), " ", v.message),
+      ),
+    );
+    const properties = (schema && typeof schema === "object" && schema.properties) || {};
+    const keys = [...new Set([...Object.keys(edited || (loaded && loaded.config) || {}), ...check.violations
+      .filter((v) => v.path.split("/").length === 2)
+      .map((v) => v.path.slice(1).replaceAll("~1", "/").replaceAll("~0", "~"))])];
+    $("keys").replaceChildren(
+      ...keys.map((key) => {
+        const prop = properties[key];
+        const description = prop && typeof prop.description === "string" ? prop.description : "";
+        const problems = check.violations.filter((v) => v.path === pointerOf(key) || v.path.startsWith(pointerOf(key) + "/"));
+        return el(
+          "tr",
+          { class: problems.length ? "violates" : "", dataset: { key } },
+          el("td", { class: "key" }, key),
+          el("td", { class: "description muted" }, description),
+          el("td", { class: "problem" }, problems.map((v) => v.message).join("; ")),
+        );
+      }),
+    );
+  }
+
+  function updateSave() {
+    const rows = edited && loaded ? diff(loaded.config, edited) : null;
+    $("save").disabled = !rows || rows.length === 0 || Boolean(stepValue().error) || check.pending || check.blocked;
   }
 
   function renderDiff(rows) {
     const list = $("diff");
     const nothing = rows !== null && rows.length === 0;
-    $("save").disabled = rows === null || nothing || Boolean(stepValue().error);
+    updateSave();
     if (rows === null) {
       list.replaceChildren(el("p", { class: "muted" }, "Fix the JSON to see what would change."));
       return;
@@ -110,6 +212,8 @@
   }
 
   async function load() {
+    const described = await api("GET", "/api/config/schema");
+    schema = described.ok ? described.data.schema : null;
     const res = await api("GET", "/api/config");
     loaded = { version: res.data.version, config: res.data.config };
     liveVersion = loaded.version;
@@ -123,22 +227,11 @@
   async function save() {
     const step = stepValue();
     if (!edited || step.error) return;
-    const params = new URLSearchParams();
-    if (step.step !== null) params.set("effective_step", step.step);
-    const comment = $("comment").value.trim();
-    if (comment) params.set("comment", comment);
-    const query = params.toString();
     const base = loaded.version;
     $("save").disabled = true;
     setStatus($("status"), "info", "Saving…");
-    // Now: the editor's own text replaces the config (numbers stay exactly as typed).
-    // At a step: only what the edit changes (removed keys as null), so edits made to other
-    // keys before that step are not undone when it applies.
-    const scheduled = step.step !== null;
-    const body = scheduled ? stringify(patchOf(diff(loaded.config, edited))) : $("editor").value;
-    const res = await api(scheduled ? "PATCH" : "PUT", "/api/config" + (query ? "?" + query : ""), body, {
-      "If-Match": String(base),
-    });
+    const req = request(false);
+    const res = await api(req.method, req.path, req.body, { "If-Match": String(base) });
     if (res.ok) {
       const when = step.step !== null ? ` It takes effect at step ${step.step}.` : "";
       await load();
