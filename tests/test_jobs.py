@@ -259,3 +259,30 @@ def test_state_dir_of_the_single_job_release_opens_as_job_default(procs: Process
     lh = procs.lighthouse(state_dir=state)
     assert get_json(lh.url, "api/config")["version"] == 4
     assert get_json(lh.url, "api/jobs/other/config")["version"] == 1
+
+
+def test_config_dir_schemas_are_per_job(procs: ProcessPool, tmp_path: Path) -> None:
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    schema = {"type": "object", "properties": {"lr": {"type": "number", "maximum": 1}}, "required": ["lr"]}
+    (folder / "alpha.schema.json").write_text(json.dumps(schema))
+    (folder / "alpha.json").write_text(json.dumps({"lr": 0.1}))
+    (folder / "beta.json").write_text(json.dumps({"lr": 5}))  # beta has no schema: anything goes
+    lh = procs.lighthouse(extra=["--config-dir", str(folder)])
+    assert get_json(lh.url, "api/jobs/alpha/schema")["schema"] == schema
+    assert get_json(lh.url, "api/jobs/beta/schema")["schema"] is None
+    refused = call(lh.url, "PATCH", "api/jobs/alpha/config", {"lr": 3})
+    assert refused.status == 422 and refused.json["violations"][0]["path"] == "/lr"
+    assert call(lh.url, "PATCH", "api/jobs/beta/config", {"lr": 3}).status == 200
+    # A file edit that breaks alpha's schema is alpha's file error; its live config stays.
+    (folder / "alpha.json").write_text(json.dumps({"lr": 7}))
+    alpha = poll(
+        lambda: (v := get_json(lh.url, "api/jobs/alpha/config"))["file"]["error"] and v, 10, what="file error"
+    )
+    assert alpha["config"] == {"lr": 0.1} and "lr" in alpha["file"]["error"]
+    # A schema PUT through the job's route is checked against that job's live config.
+    tight = {**schema, "properties": {"lr": {"type": "number", "maximum": 0.05}}}
+    assert call(lh.url, "PUT", "api/jobs/alpha/schema", tight).status == 422
+    assert call(lh.url, "PUT", "api/jobs/beta/schema", schema).status == 422  # beta's lr is 3
+    history = get_json(lh.url, "api/jobs/alpha/schema/history")["schemas"]
+    assert len(history) == 1 and history[0]["source"] == "file"
