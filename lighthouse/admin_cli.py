@@ -16,13 +16,16 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from lighthouse.admin_client import DEFAULT_URL, AdminClient, AdminError
+from lighthouse.tls_options import client_tls_options
 from lighthouse.values import ConfigError, decode_cli_value, parse_config
+from protos.tls import TLSConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def connection_options(func: F) -> F:
-    """``--url``/``--token``/``--timeout`` on every subcommand; the client arrives as ``client``."""
+    """``--url``/``--token``/``--timeout`` (and ``--cacert/--cert/--key``) on every subcommand;
+    the client arrives as ``client``."""
 
     @click.option(
         "--url",
@@ -40,9 +43,13 @@ def connection_options(func: F) -> F:
     @click.option(
         "--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds."
     )
+    @client_tls_options(peer="lighthouse")
     @functools.wraps(func)
-    def wrapper(url: str, token: str | None, timeout: float, **kwargs: Any) -> Any:
-        client = AdminClient(url, token=token or None, timeout=timeout)
+    def wrapper(url: str, token: str | None, timeout: float, tls: TLSConfig | None, **kwargs: Any) -> Any:
+        try:
+            client = AdminClient(url, token=token or None, timeout=timeout, tls=tls)
+        except ValueError as exc:
+            fail(str(exc))
         try:
             return func(client=client, **kwargs)
         except AdminError as exc:

@@ -11,8 +11,10 @@ import click
 
 from lighthouse.admin_cli import config
 from lighthouse.daemon import Termination, announce, configure_logging
+from lighthouse.tls_options import server_tls_options
 from lighthouse.values import ConfigError
 from protos.rpc import DEFAULT_DASHBOARD_PORT, DEFAULT_LIGHTHOUSE_PORT
+from protos.tls import ServerTLS
 
 logger = logging.getLogger("lighthouse")
 
@@ -79,6 +81,14 @@ def main() -> None:
     default=None,
     help="Keep at most N versions (oldest pruned, never the live one). Default: keep all.",
 )
+@server_tls_options
+@click.option(
+    "--http-tls",
+    type=click.Choice(["on", "off"]),
+    default="on",
+    show_default=True,
+    help="'off' keeps the dashboard on plain HTTP under --tls-cert (for a port only a local proxy reaches).",
+)
 @click.option("--log-level", default="info", show_default=True, help="debug, info, warning or error.")
 def serve(
     bind: str,
@@ -89,6 +99,8 @@ def serve(
     allowed_hosts: tuple[str, ...],
     strict: bool,
     history_limit: int | None,
+    tls: ServerTLS | None,
+    http_tls: str,
     log_level: str,
 ) -> None:
     """Serve the config. Prints the gRPC address (line 1) and dashboard URL (line 2)."""
@@ -107,6 +119,8 @@ def serve(
             allowed_hosts=allowed_hosts,
             strict=strict,
             history_limit=history_limit,
+            tls=tls,
+            http_tls=http_tls == "on",
         )
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)

@@ -12,6 +12,7 @@ import grpc
 
 from protos import lighthouse_config_pb2 as pb
 from protos.rpc import LIGHTHOUSE_GET_CONFIG, LIGHTHOUSE_HEARTBEAT, make_channel, seconds
+from protos.tls import TLSConfig
 
 
 class LighthouseClient:
@@ -19,11 +20,19 @@ class LighthouseClient:
 
     ``addr`` accepts ``host:port``, ``[v6]:port`` and ``http://host:port``.
     Calls raise ``grpc.RpcError`` when the lighthouse does not answer in time.
+    ``tls`` dials a lighthouse serving TLS (``protos.tls.explain_rpc_error`` says what failed).
     """
 
-    def __init__(self, addr: str, connect_timeout: timedelta | float | None = None) -> None:
+    def __init__(
+        self,
+        addr: str,
+        connect_timeout: timedelta | float | None = None,
+        *,
+        tls: TLSConfig | None = None,
+    ) -> None:
         self.addr = addr
-        self._channel = make_channel(addr)
+        self.tls = tls
+        self._channel = make_channel(addr, tls)
         self._get_config = self._channel.unary_unary(
             LIGHTHOUSE_GET_CONFIG,
             request_serializer=pb.LighthouseConfigRequest.SerializeToString,

@@ -13,6 +13,7 @@ from lighthouse.state import LighthouseState
 from lighthouse.store import ConfigStore
 from protos import lighthouse_config_pb2 as pb
 from protos.rpc import DEFAULT_LIGHTHOUSE_PORT, dialable_address, start_server
+from protos.tls import ServerCertificates, ServerTLS
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +25,8 @@ class LighthouseServer:
 
     ``state_dir=None`` keeps the versions in memory only (lost on exit); the CLI
     always passes a directory. ``http_bind=None`` serves no dashboard.
+    ``tls`` serves gRPC over TLS (mutual with ``client_ca``) and the dashboard
+    over HTTPS with the same pair, unless ``http_tls=False``.
     """
 
     def __init__(
@@ -39,6 +42,8 @@ class LighthouseServer:
         history_limit: int | None = None,
         watch_interval: float = 1.0,
         max_workers: int = 16,
+        tls: ServerTLS | None = None,
+        http_tls: bool = True,
     ) -> None:
         path = Path(config_path) if config_path is not None else None
         store_path = Path(state_dir) / STORE_FILE if state_dir is not None else None
@@ -47,6 +52,7 @@ class LighthouseServer:
         self._http = None
         self._server: grpc.Server | None = None
         try:
+            certificates = ServerCertificates(tls) if tls is not None else None
             self.state = LighthouseState(self.store, path, strict=strict)
             handler = grpc.method_handlers_generic_handler(
                 "lighthouse_config.LighthouseService",
@@ -61,13 +67,18 @@ class LighthouseServer:
                     ),
                 },
             )
-            self._server, port = start_server(bind, [handler], max_workers=max_workers)
+            credentials = certificates.grpc_credentials() if certificates is not None else None
+            self._server, port = start_server(bind, [handler], max_workers, credentials)
             self._address = dialable_address(bind, port)
             if http_bind is not None:
                 from lighthouse.http_api import DashboardServer
 
                 self._http = DashboardServer(
-                    self.state, http_bind, admin_token=admin_token, allowed_hosts=allowed_hosts
+                    self.state,
+                    http_bind,
+                    admin_token=admin_token,
+                    allowed_hosts=allowed_hosts,
+                    tls=certificates if http_tls else None,
                 )
             if path is not None:
                 self._watcher = FileWatcher(path, self.state.apply_file, interval=watch_interval)
@@ -75,7 +86,12 @@ class LighthouseServer:
         except BaseException:
             self.shutdown()
             raise
-        logger.info("lighthouse serving version %d on %s", self.store.head, self._address)
+        logger.info(
+            "lighthouse serving version %d on %s%s",
+            self.store.head,
+            self._address,
+            "" if tls is None else " (mutual TLS)" if tls.client_ca is not None else " (TLS)",
+        )
 
     def address(self) -> str:
         """``host:port`` a client can dial."""
