@@ -191,18 +191,32 @@ class _HttpServer(ThreadingHTTPServer):
             super().finish_request(request, client_address)
             return
         request.settimeout(HANDSHAKE_SECONDS)
+        conn = self.tls.ssl_context().wrap_socket(request, server_side=True, do_handshake_on_connect=False)
         try:
-            conn = self.tls.ssl_context().wrap_socket(request, server_side=True)
-        except (ssl.SSLError, OSError) as exc:
-            logger.info("HTTPS handshake from %s failed: %s", client_address[0], ssl_failure(exc))
-            return
-        try:
+            try:
+                conn.do_handshake()
+            except (ssl.SSLError, OSError) as exc:
+                logger.info("HTTPS handshake from %s failed: %s", client_address[0], ssl_failure(exc))
+                _drain(conn)
+                return
             super().finish_request(conn, client_address)
         finally:
             conn.close()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         logger.debug("HTTP connection from %s failed", client_address, exc_info=True)
+
+
+def _drain(conn: ssl.SSLSocket) -> None:
+    """After a refused handshake, read what the client already sent before closing: closing with
+    unread data resets the connection, and the reset can destroy our alert (the client's only
+    clue why) before the client reads it."""
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(conn, socket.SHUT_WR)
+        socket.socket.settimeout(conn, 0.5)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and socket.socket.recv(conn, 65536):
+            pass
 
 
 class DashboardServer:

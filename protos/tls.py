@@ -217,7 +217,7 @@ def tls_failure(details: str, tls: bool) -> str | None:
         return "TLS: the server's certificate is not signed by a trusted CA (check the CA file)"
     if "CERTIFICATE_REQUIRED" in details or "certificate required" in details:
         return "TLS: the server requires a client certificate (mutual TLS)"
-    if "Socket closed" in details or "Connection reset" in details:
+    if "Socket closed" in details or "Connection reset" in details or "EOF occurred" in details:
         return (
             "TLS: the server closed the connection in the handshake: it requires a client "
             "certificate (mutual TLS) or does not trust ours"
