@@ -269,3 +269,20 @@ def test_rotation_without_restart(procs: ProcessPool, pki: Pki, tmp_path: Path) 
     assert len(records) == 400
     assert {r["source"] for r in records} <= FROM_LIGHTHOUSE, "a call failed during the rotation"
     assert "TLS certificate reloaded" in lighthouse.stderr()
+
+
+def test_tls_benchmark_smoke(tmp_path: Path) -> None:
+    """``python -m benchmarks.tls`` keeps working (tiny counts; no speed asserted)."""
+    args = ["--rounds", "1", "--batch", "5", "--warmup", "1", "--out", str(tmp_path)]
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.tls", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+        cwd=str(ROOT),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    for case in ("relay_hit_plain", "relay_hit_tls", "lighthouse_plain", "lighthouse_tls", "lighthouse_mtls"):
+        assert case in out.stdout
+    assert (tmp_path / "results-tls.json").exists()
