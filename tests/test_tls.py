@@ -286,3 +286,55 @@ def test_tls_benchmark_smoke(tmp_path: Path) -> None:
     for case in ("relay_hit_plain", "relay_hit_tls", "lighthouse_plain", "lighthouse_tls", "lighthouse_mtls"):
         assert case in out.stdout
     assert (tmp_path / "results-tls.json").exists()
+
+
+def test_half_written_rotation_keeps_the_previous_pair(
+    tmp_path: Path, pki: Pki, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A certificate replaced before its key (they do not match yet) is not taken: the previous pair
+    stays, with a warning, until the key follows."""
+    from protos.tls import ServerCertificates
+
+    live = Pair(tmp_path / "live.crt", tmp_path / "live.key")
+    replace_pair(pki.server, live)
+    certificates = ServerCertificates(ServerTLS(live.cert, live.key))
+    first = certificates.current()
+    rotated = pki.ca.issue("half-written")
+    replace_pair(Pair(rotated.cert, pki.server.key), live)  # new cert, old key
+    assert certificates.current() is first
+    assert "keeping the previous pair" in caplog.text
+    replace_pair(rotated, live)
+    assert serial_of(certificates.current().cert) == serial_of(rotated.cert.read_bytes())
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (["lighthouse", "serve", "--tls-cert", "x.crt"], "--tls-cert and --tls-key go together"),
+        (["lighthouse", "serve", "--tls-client-ca", "ca.crt"], "needs --tls-cert"),
+        (
+            ["manager", "serve", "--lighthouse", "h:1", "--replica-id", "g", "--lighthouse-cert", "c"],
+            "--lighthouse-cert and --lighthouse-key go together",
+        ),
+    ],
+)
+def test_tls_option_mistakes_are_usage_errors(command: list[str], message: str) -> None:
+    args = [sys.executable, "-m", *command]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=30, env=child_env(), cwd=ROOT)
+    assert out.returncode == 2
+    assert message in out.stderr
+
+
+def test_missing_certificate_file_is_a_clear_startup_error(tmp_path: Path, pki: Pki) -> None:
+    args = ["--bind", "127.0.0.1:0", "--http-bind", "off", "--state-dir", str(tmp_path / "state")]
+    args += ["--tls-cert", str(tmp_path / "nope.crt"), "--tls-key", str(pki.server.key)]
+    out = subprocess.run(
+        [sys.executable, "-m", "lighthouse", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=child_env(),
+        cwd=ROOT,
+    )
+    assert out.returncode == 1
+    assert "nope.crt" in out.stderr
