@@ -45,6 +45,11 @@ LINGER_BYTES = 4 * MAX_BODY_BYTES
 LINGER_SECONDS = 2.0
 # A client that connects and says nothing must not hold a thread in the TLS handshake.
 HANDSHAKE_SECONDS = 10.0
+_PLAINTEXT_BODY = b'{"error": "this port serves HTTPS: use an https:// URL"}'
+PLAINTEXT_ANSWER = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_PLAINTEXT_BODY), _PLAINTEXT_BODY)
+)
 
 PAGE_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -197,6 +202,9 @@ class _HttpServer(ThreadingHTTPServer):
                 conn.do_handshake()
             except (ssl.SSLError, OSError) as exc:
                 logger.info("HTTPS handshake from %s failed: %s", client_address[0], ssl_failure(exc))
+                if "HTTP_REQUEST" in str(exc):  # a browser or script on http://: say what to use
+                    with contextlib.suppress(OSError):
+                        socket.socket.sendall(conn, PLAINTEXT_ANSWER)
                 _drain(conn)
                 return
             super().finish_request(conn, client_address)

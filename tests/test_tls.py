@@ -198,7 +198,7 @@ def test_https_dashboard_with_admin_cli(procs: ProcessPool, pki: Pki) -> None:
     assert "not signed by a trusted CA" in untrusted.stderr
     plain = admin("show", "--url", url.replace("https://", "http://"))
     assert plain.returncode == 1
-    assert "https://" in plain.stderr
+    assert "this port serves HTTPS: use an https:// URL" in plain.stderr
     poll(lambda: "plaintext HTTP request on the HTTPS port" in lighthouse.stderr(), 10, what="log")
 
 
