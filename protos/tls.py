@@ -139,7 +139,7 @@ class ServerCertificates:
                 client_ca = self._paths[2].read_bytes()
             key, cert = self._paths[1].read_bytes(), self._paths[0].read_bytes()
         except (OSError, ssl.SSLError) as exc:
-            return f"cannot load {self.tls.cert} / {self.tls.key}: {exc}"
+            return f"cannot load {', '.join(map(str, self._paths))}: {exc}"
         if self._signature() != signature:
             return "the files changed while being read"
         return _Loaded(generation, key, cert, client_ca, context)
