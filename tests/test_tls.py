@@ -168,6 +168,10 @@ def test_tls_between_worker_and_manager(procs: ProcessPool, pki: Pki) -> None:
     plain = first_record(procs, manager.address, "g0")
     assert plain["source"] == "fallback"
     assert float(plain["elapsed"]) < WORKER_TIMEOUT  # type: ignore[arg-type]
+    get = [sys.executable, "-m", "manager", "get", "--addr", manager.address, "--cacert", str(pki.ca.cert)]
+    shown = subprocess.run(get, capture_output=True, text=True, timeout=30, env=child_env(), cwd=ROOT)
+    assert shown.returncode == 0, shown.stderr
+    assert '"lr": "0.25"' in shown.stdout
 
 
 def admin(*args: str) -> subprocess.CompletedProcess[str]:
