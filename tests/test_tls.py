@@ -141,7 +141,7 @@ def test_failure_serves_fallback_within_deadline_and_says_why(
     assert float(record["elapsed"]) < WORKER_TIMEOUT  # type: ignore[arg-type]
     poll(lambda: message in manager.stderr(), 10, what=f"'{message}' in the manager's log")
     assert "lighthouse unavailable" in manager.stderr()
-    assert refusal in lighthouse.stderr()
+    poll(lambda: refusal in lighthouse.stderr(), 10, what=f"'{refusal}' in the lighthouse's log")
 
 
 def test_python_api_client_tls(tmp_path: Path, pki: Pki) -> None:
