@@ -2,5 +2,6 @@
 
 from lighthouse.client import LighthouseClient
 from lighthouse.server import LighthouseServer
+from protos.tls import ServerTLS, TLSConfig
 
-__all__ = ["LighthouseClient", "LighthouseServer"]
+__all__ = ["LighthouseClient", "LighthouseServer", "ServerTLS", "TLSConfig"]

@@ -16,14 +16,17 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from lighthouse.admin_client import DEFAULT_URL, AdminClient, AdminError
+from lighthouse.tls_options import client_tls_options
 from lighthouse.values import ConfigError, decode_cli_value, parse_config, parse_json
 from protos.jobs import DEFAULT_JOB, JOB_ENV, InvalidJobId
+from protos.tls import TLSConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def connection_options(func: F) -> F:
-    """``--url``/``--token``/``--timeout``/``--job`` on every subcommand; the client arrives as ``client``."""
+    """``--url``/``--token``/``--timeout``/``--job`` (and ``--cacert/--cert/--key``) on every
+    subcommand; the client arrives as ``client``."""
 
     @click.option(
         "--url",
@@ -48,12 +51,17 @@ def connection_options(func: F) -> F:
         show_default=True,
         help=f"The training job whose config to read or change (env {JOB_ENV}).",
     )
+    @client_tls_options(peer="lighthouse")
     @functools.wraps(func)
-    def wrapper(url: str, token: str | None, timeout: float, job: str, **kwargs: Any) -> Any:
+    def wrapper(
+        url: str, token: str | None, timeout: float, job: str, tls: TLSConfig | None, **kwargs: Any
+    ) -> Any:
         try:
-            client = AdminClient(url, token=token or None, timeout=timeout, job=job)
+            client = AdminClient(url, token=token or None, timeout=timeout, job=job, tls=tls)
         except InvalidJobId as exc:
             raise click.BadParameter(str(exc), param_hint="--job") from None
+        except ValueError as exc:
+            fail(str(exc))
         try:
             return func(client=client, **kwargs)
         except AdminError as exc:

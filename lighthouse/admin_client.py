@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -11,6 +12,7 @@ from typing import Any
 
 from protos.jobs import DEFAULT_JOB, check_job_id
 from protos.rpc import DEFAULT_DASHBOARD_PORT
+from protos.tls import TLSConfig, tls_reason
 
 DEFAULT_URL = f"http://localhost:{DEFAULT_DASHBOARD_PORT}"
 
@@ -33,10 +35,20 @@ def normalize_url(url: str) -> str:
 
 
 class AdminClient:
-    """One method per admin endpoint; every method returns the decoded JSON answer."""
+    """One method per admin endpoint; every method returns the decoded JSON answer.
+
+    An ``https://`` URL verifies the lighthouse against ``tls.ca`` (the system's
+    roots without one) and presents ``tls.cert`` when mutual TLS asks for it.
+    """
 
     def __init__(
-        self, url: str = DEFAULT_URL, token: str | None = None, timeout: float = 10.0, job: str = DEFAULT_JOB
+        self,
+        url: str = DEFAULT_URL,
+        token: str | None = None,
+        timeout: float = 10.0,
+        *,
+        tls: TLSConfig | None = None,
+        job: str = DEFAULT_JOB,
     ) -> None:
         self.url = normalize_url(url)
         self.job = check_job_id(job)
@@ -45,7 +57,10 @@ class AdminClient:
         self.token = token
         self.timeout = timeout
         # Admin traffic stays inside the cluster: an http_proxy meant for the internet must not capture it.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+        if tls is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=tls.ssl_context()))
+        self._opener = urllib.request.build_opener(*handlers)
 
     # ------------------------------------------------------------ reads
     def show(self) -> dict[str, Any]:
@@ -155,9 +170,13 @@ class AdminClient:
         except urllib.error.HTTPError as exc:
             raise AdminError(exc.code, _error_text(exc)) from None
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
+            reason = exc if isinstance(exc, ssl.SSLError) else getattr(exc, "reason", exc)
             if isinstance(reason, socket.timeout | TimeoutError):
                 reason = f"no answer within {self.timeout:g} s"
+            elif isinstance(reason, ssl.SSLError):
+                reason = tls_reason(reason)
+            elif self.url.startswith("http://") and isinstance(reason, ConnectionError):
+                reason = f"{reason} (does the lighthouse serve HTTPS? try an https:// URL)"
             raise AdminError(0, f"cannot reach the lighthouse at {self.url}: {reason}") from None
 
 

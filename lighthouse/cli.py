@@ -12,8 +12,10 @@ import click
 from lighthouse.access import load_job_tokens
 from lighthouse.admin_cli import config, jobs
 from lighthouse.daemon import Termination, announce, configure_logging
+from lighthouse.tls_options import server_tls_options
 from lighthouse.values import ConfigError
 from protos.rpc import DEFAULT_DASHBOARD_PORT, DEFAULT_LIGHTHOUSE_PORT
+from protos.tls import ServerTLS
 
 logger = logging.getLogger("lighthouse")
 
@@ -100,6 +102,14 @@ def main() -> None:
     default=None,
     help="Keep at most N versions (oldest pruned, never the live one). Default: keep all.",
 )
+@server_tls_options
+@click.option(
+    "--http-tls",
+    type=click.Choice(["on", "off"]),
+    default="on",
+    show_default=True,
+    help="'off' keeps the dashboard on plain HTTP under --tls-cert (for a port only a local proxy reaches).",
+)
 @click.option("--log-level", default="info", show_default=True, help="debug, info, warning or error.")
 def serve(
     bind: str,
@@ -111,6 +121,8 @@ def serve(
     allowed_hosts: tuple[str, ...],
     strict: bool,
     history_limit: int | None,
+    tls: ServerTLS | None,
+    http_tls: str,
     log_level: str,
     config_dir: Path | None,
     tokens_path: Path | None,
@@ -135,6 +147,8 @@ def serve(
             config_dir=config_dir,
             job_tokens=job_tokens,
             schema_path=schema_path,
+            tls=tls,
+            http_tls=http_tls == "on",
         )
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)

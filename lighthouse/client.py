@@ -22,6 +22,7 @@ import grpc
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, check_job_id
 from protos.rpc import LIGHTHOUSE_GET_CONFIG, LIGHTHOUSE_HEARTBEAT, make_channel, seconds, split_addresses
+from protos.tls import TLSConfig
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +36,9 @@ FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLIN
 class _Endpoint:
     """One lighthouse: its channel and the two methods."""
 
-    def __init__(self, addr: str) -> None:
+    def __init__(self, addr: str, tls: TLSConfig | None) -> None:
         self.addr = addr
-        self.channel = make_channel(addr)
+        self.channel = make_channel(addr, tls)
         self.get_config = self.channel.unary_unary(
             LIGHTHOUSE_GET_CONFIG,
             request_serializer=pb.LighthouseConfigRequest.SerializeToString,
@@ -58,7 +59,8 @@ class LighthouseClient:
     manager's replica id) picks which one to start with, so many managers spread
     over the list instead of all using the first. ``job`` is the training job whose
     config it asks for (default: the job ``default``). Calls raise ``grpc.RpcError``
-    when no lighthouse answers in time.
+    when no lighthouse answers in time. ``tls`` dials lighthouses serving TLS
+    (``protos.tls.explain_rpc_error`` says what failed).
     """
 
     def __init__(
@@ -68,12 +70,14 @@ class LighthouseClient:
         *,
         job: str = DEFAULT_JOB,
         spread_key: str = "",
+        tls: TLSConfig | None = None,
     ) -> None:
         self.addr = addr
+        self.tls = tls
         self.job = check_job_id(job)
         self._wire_job = "" if self.job == DEFAULT_JOB else self.job  # what every lighthouse release reads
         addrs = split_addresses(addr)
-        self._endpoints = [_Endpoint(a) for a in addrs]
+        self._endpoints = [_Endpoint(a, tls) for a in addrs]
         self._current = zlib.crc32(spread_key.encode()) % len(addrs) if spread_key else 0
         self._lock = threading.Lock()
         if connect_timeout is not None:

@@ -15,6 +15,7 @@ import errno
 import logging
 import socket
 import socketserver
+import ssl
 import threading
 import time
 from collections.abc import Iterable
@@ -37,12 +38,20 @@ from lighthouse.store import NotFound, VersionConflict
 from lighthouse.values import ConfigError, ConfigTooLarge
 from protos.jobs import InvalidJobId
 from protos.rpc import dialable_address, parse_address
+from protos.tls import ServerCertificates, ssl_failure
 
 logger = logging.getLogger(__name__)
 
 # How much of an unread (refused) body we swallow so the client can read our answer.
 LINGER_BYTES = 4 * MAX_BODY_BYTES
 LINGER_SECONDS = 2.0
+# A client that connects and says nothing must not hold a thread in the TLS handshake.
+HANDSHAKE_SECONDS = 10.0
+_PLAINTEXT_BODY = b'{"error": "this port serves HTTPS: use an https:// URL"}'
+PLAINTEXT_ANSWER = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_PLAINTEXT_BODY), _PLAINTEXT_BODY)
+)
 
 PAGE_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -169,8 +178,9 @@ class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
 
-    def __init__(self, host: str, port: int, api: AdminApi) -> None:
+    def __init__(self, host: str, port: int, api: AdminApi, tls: ServerCertificates | None) -> None:
         self.api = api
+        self.tls = tls
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), _RequestHandler, bind_and_activate=False)
         try:
@@ -188,8 +198,41 @@ class _HttpServer(ThreadingHTTPServer):
         self.server_name = str(self.server_address[0])
         self.server_port = int(self.server_address[1])
 
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """With TLS, the handshake runs here, in the connection's thread, with the pair on disk now."""
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(HANDSHAKE_SECONDS)
+        conn = self.tls.ssl_context().wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        try:
+            try:
+                conn.do_handshake()
+            except (ssl.SSLError, OSError) as exc:
+                logger.info("HTTPS handshake from %s failed: %s", client_address[0], ssl_failure(exc))
+                if "HTTP_REQUEST" in str(exc):  # a browser or script on http://: say what to use
+                    with contextlib.suppress(OSError):
+                        socket.socket.sendall(conn, PLAINTEXT_ANSWER)
+                _drain(conn)
+                return
+            super().finish_request(conn, client_address)
+        finally:
+            conn.close()
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         logger.debug("HTTP connection from %s failed", client_address, exc_info=True)
+
+
+def _drain(conn: ssl.SSLSocket) -> None:
+    """After a refused handshake, read what the client already sent before closing: closing with
+    unread data resets the connection, and the reset can destroy our alert (the client's only
+    clue why) before the client reads it."""
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(conn, socket.SHUT_WR)
+        socket.socket.settimeout(conn, 0.5)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and socket.socket.recv(conn, 65536):
+            pass
 
 
 class DashboardServer:
@@ -207,20 +250,22 @@ class DashboardServer:
         admin_token: str | None = None,
         allowed_hosts: Iterable[str] = (),
         job_tokens: dict[str, list[str]] | None = None,
+        tls: ServerCertificates | None = None,
     ) -> None:
         host, port = parse_address(bind)
         if host in ("*", "[::]"):
             host = "::"
         api = AdminApi(jobs, admin_token, allowed_hosts, job_tokens)
         try:
-            self._server = _HttpServer(host, port, api)
+            self._server = _HttpServer(host, port, api, tls)
         except OSError as exc:
             if host != "::" or exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
                 raise OSError(f"cannot listen on {bind} (HTTP): {exc.strerror or exc}") from None
             logger.info("no IPv6 on this host (%s): dashboard on 0.0.0.0", exc)
-            self._server = _HttpServer("0.0.0.0", port, api)
+            self._server = _HttpServer("0.0.0.0", port, api, tls)
         bound_port = int(self._server.server_address[1])
-        self.url = f"http://{dialable_address(bind, bound_port)}/"
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://{dialable_address(bind, bound_port)}/"
         self._lock = threading.Lock()
         self._stopped = False
         self._thread = threading.Thread(

@@ -17,6 +17,7 @@ from lighthouse.store import ConfigStore
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, InvalidJobId
 from protos.rpc import DEFAULT_LIGHTHOUSE_PORT, dialable_address, start_server
+from protos.tls import ServerCertificates, ServerTLS
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,8 @@ class LighthouseServer:
     always passes a directory. ``http_bind=None`` serves no dashboard.
     ``config_path`` (and ``schema_path``) are the files of the job ``default``;
     ``config_dir`` holds one ``<job>.json`` (and ``<job>.schema.json``) per job.
+    ``tls`` serves gRPC over TLS (mutual with ``client_ca``) and the dashboard
+    over HTTPS with the same pair, unless ``http_tls=False``.
     """
 
     def __init__(
@@ -49,6 +52,8 @@ class LighthouseServer:
         job_tokens: dict[str, list[str]] | None = None,
         backend: StoreBackend | None = None,
         schema_path: str | Path | None = None,
+        tls: ServerTLS | None = None,
+        http_tls: bool = True,
     ) -> None:
         path = Path(config_path) if config_path is not None else None
         schema_file = Path(schema_path) if schema_path is not None else None
@@ -64,6 +69,7 @@ class LighthouseServer:
             strict=strict,
         )
         try:
+            certificates = ServerCertificates(tls) if tls is not None else None
             if config_dir is not None:
                 folder = ConfigDirWatcher(
                     Path(config_dir),
@@ -86,7 +92,8 @@ class LighthouseServer:
                     ),
                 },
             )
-            self._server, port = start_server(bind, [handler], max_workers=max_workers)
+            credentials = certificates.grpc_credentials() if certificates is not None else None
+            self._server, port = start_server(bind, [handler], max_workers, credentials)
             self._address = dialable_address(bind, port)
             if http_bind is not None:
                 from lighthouse.http_api import DashboardServer
@@ -97,6 +104,7 @@ class LighthouseServer:
                     admin_token=admin_token,
                     allowed_hosts=allowed_hosts,
                     job_tokens=job_tokens,
+                    tls=certificates if http_tls else None,
                 )
             if path is not None:
                 self._watchers.append(FileWatcher(path, self._apply_default_file, interval=watch_interval))
@@ -114,7 +122,12 @@ class LighthouseServer:
         except BaseException:
             self.shutdown()
             raise
-        logger.info("lighthouse serving %d job(s) on %s", len(self.jobs.names()), self._address)
+        logger.info(
+            "lighthouse serving %d job(s) on %s%s",
+            len(self.jobs.names()),
+            self._address,
+            "" if tls is None else " (mutual TLS)" if tls.client_ca is not None else " (TLS)",
+        )
 
     @property
     def state(self) -> LighthouseState:

@@ -9,7 +9,9 @@ import sys
 import click
 
 from lighthouse.daemon import Termination, announce, configure_logging
+from lighthouse.tls_options import client_tls_options, server_tls_options
 from protos.jobs import DEFAULT_JOB, JOB_ENV
+from protos.tls import ServerTLS, TLSConfig
 
 logger = logging.getLogger("manager")
 
@@ -76,6 +78,10 @@ def main() -> None:
     show_default=True,
     help=f"The training job this group belongs to (env {JOB_ENV}).",
 )
+@client_tls_options(
+    "--lighthouse-ca", "--lighthouse-cert", "--lighthouse-key", dest="lighthouse_tls", peer="lighthouse"
+)
+@server_tls_options
 @click.option("--log-level", default="info", show_default=True, help="debug, info, warning or error.")
 def serve(
     lighthouse_addr: str,
@@ -87,6 +93,8 @@ def serve(
     serve_stale: bool,
     step_window: int,
     job: str,
+    lighthouse_tls: TLSConfig | None,
+    tls: ServerTLS | None,
     log_level: str,
 ) -> None:
     """Relay the config to this group's workers. Prints the bound address on line 1."""
@@ -105,6 +113,8 @@ def serve(
             serve_stale=serve_stale,
             step_window=step_window,
             job=job,
+            lighthouse_tls=lighthouse_tls,
+            tls=tls,
         )
     except (OSError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
@@ -119,12 +129,13 @@ def serve(
 @click.option("--addr", required=True, help="Manager address HOST:PORT.")
 @click.option("--step", type=int, default=None, help="Ask for this step's pinned config.")
 @click.option("--timeout", type=click.FloatRange(min=0.001), default=5.0, show_default=True, help="Seconds.")
-def get(addr: str, step: int | None, timeout: float) -> None:
+@client_tls_options(peer="manager")
+def get(addr: str, step: int | None, timeout: float, tls: TLSConfig | None) -> None:
     """Print the config a worker would get, as JSON (exit 1 when the manager is unreachable)."""
     from worker_client import ConfigUnavailable, ManagerClient
 
     try:
-        with ManagerClient(addr, timeout=timeout, strict=True) as client:
+        with ManagerClient(addr, timeout=timeout, strict=True, tls=tls) as client:
             cfg = client.get_config(step=step, peek=True)  # look only: pins nothing
     except (ConfigUnavailable, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)

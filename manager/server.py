@@ -22,6 +22,7 @@ from manager.upstream import FetchFailed, UpstreamCache
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, check_job_id
 from protos.rpc import dialable_address, start_server
+from protos.tls import ServerCertificates, ServerTLS, TLSConfig, explain_rpc_error
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,8 @@ class ManagerServer:
     """Starts serving on construction; ``address()`` is what the group's workers dial.
 
     Like torchft's ManagerServer it can live inside the group's rank 0 process,
-    or run alone through the ``manager serve`` CLI.
+    or run alone through the ``manager serve`` CLI. ``lighthouse_tls`` dials the
+    lighthouse over TLS; ``tls`` serves the workers over TLS (plaintext by default).
     """
 
     def __init__(
@@ -48,6 +50,8 @@ class ManagerServer:
         step_window: int = 1024,
         max_workers: int = 32,
         job: str = DEFAULT_JOB,
+        lighthouse_tls: TLSConfig | None = None,
+        tls: ServerTLS | None = None,
     ) -> None:
         if cache_ttl <= 0 or lighthouse_timeout <= 0 or backoff <= 0:
             raise ValueError("cache_ttl, lighthouse_timeout and backoff must be positive")
@@ -58,8 +62,11 @@ class ManagerServer:
         self._request_count = itertools.count(1)
         self._hit_count = itertools.count(1)
         self._pins = StepPins(step_window)
+        credentials = ServerCertificates(tls).grpc_credentials() if tls is not None else None
         # Several lighthouses ("A,B,C"): start at one picked by the replica id, so groups spread.
-        self._lighthouse = LighthouseClient(lighthouse_addr, job=self.job, spread_key=replica_id or "")
+        self._lighthouse = LighthouseClient(
+            lighthouse_addr, job=self.job, spread_key=replica_id or "", tls=lighthouse_tls
+        )
         self._instance_id = ""
         self._lighthouse_step = -1  # the job's step as the lighthouse knows it
         self._last_contact = float("-inf")
@@ -81,7 +88,7 @@ class ManagerServer:
         )
         self._server: grpc.Server | None
         try:
-            self._server, port = start_server(bind, [handler], max_workers=max_workers)
+            self._server, port = start_server(bind, [handler], max_workers, credentials)
         except BaseException:
             self._lighthouse.close()
             raise
@@ -159,8 +166,7 @@ class ManagerServer:
                 status=status,
             )
         except grpc.RpcError as exc:
-            code = exc.code() if isinstance(exc, grpc.Call) else None
-            raise FetchFailed(code.name if code else str(exc)) from None
+            raise FetchFailed(explain_rpc_error(exc, self._lighthouse.tls is not None)) from None
         self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
         self._last_contact = time.monotonic()
         self._lighthouse_step = reply.current_step

@@ -13,6 +13,8 @@ from datetime import timedelta
 
 import grpc
 
+from protos.tls import TLSConfig
+
 LIGHTHOUSE_GET_CONFIG = "/lighthouse_config.LighthouseService/GetConfig"
 LIGHTHOUSE_HEARTBEAT = "/lighthouse_config.LighthouseService/Heartbeat"
 MANAGER_GET_CONFIG = "/lighthouse_config.ManagerService/GetConfig"
@@ -103,14 +105,20 @@ def _reachable_hostname() -> str:
     return name
 
 
-def make_channel(address: str) -> grpc.Channel:
+def make_channel(address: str, tls: TLSConfig | None = None) -> grpc.Channel:
+    if tls is not None:
+        options = CHANNEL_OPTIONS + tls.channel_options()
+        return grpc.secure_channel(grpc_target(address), tls.channel_credentials(), options=options)
     return grpc.insecure_channel(grpc_target(address), options=CHANNEL_OPTIONS)
 
 
 def start_server(
-    bind: str, handlers: list[grpc.GenericRpcHandler], max_workers: int
+    bind: str,
+    handlers: list[grpc.GenericRpcHandler],
+    max_workers: int,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.Server, int]:
-    """Start a gRPC server on ``bind`` and return it with the port actually bound.
+    """Start a gRPC server on ``bind`` (TLS with ``credentials``) and return it with the port bound.
 
     Raises OSError when the address cannot be bound (in use, bad host).
     """
@@ -123,7 +131,11 @@ def start_server(
         options=SERVER_OPTIONS,
     )
     try:
-        bound = server.add_insecure_port(format_address(host, port))
+        target = format_address(host, port)
+        if credentials is not None:
+            bound = server.add_secure_port(target, credentials)
+        else:
+            bound = server.add_insecure_port(target)
     except RuntimeError as exc:  # grpcio raises RuntimeError when binding fails
         raise OSError(f"cannot listen on {bind}: {exc}") from None
     if bound == 0:

@@ -224,6 +224,7 @@ class ProcessPool:
         prefetch: bool = False,
         no_step: bool = False,
         wait: bool = True,
+        extra: Sequence[str] = (),
     ) -> Proc:
         """A worker process calling get_config once per step; prints one JSON line per step, then 'done'.
 
@@ -234,6 +235,7 @@ class ProcessPool:
         args += ["--timeout", str(timeout), "--first-step", str(first_step)]
         args += ["--prefetch"] if prefetch else []
         args += ["--no-step"] if no_step else []
+        args += list(extra)
         proc: Proc = self.spawn(args, f"worker-{group}-{rank}")
         if wait:
             wait_ready([proc])

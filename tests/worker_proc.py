@@ -11,6 +11,7 @@ import json
 import sys
 import time
 
+from protos.tls import TLSConfig
 from worker_client import ManagerClient
 
 
@@ -25,8 +26,12 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=5.0)
     parser.add_argument("--prefetch", action="store_true")
     parser.add_argument("--no-step", action="store_true", help="call get_config() without a step")
+    parser.add_argument("--tls-ca", default=None, help="dial the manager over TLS, trusting this CA")
     args = parser.parse_args()
-    client = ManagerClient(args.addr, timeout=args.timeout, group_rank=args.rank, prefetch=args.prefetch)
+    tls = TLSConfig(ca=args.tls_ca) if args.tls_ca else None
+    client = ManagerClient(
+        args.addr, timeout=args.timeout, group_rank=args.rank, prefetch=args.prefetch, tls=tls
+    )
     print("ready", flush=True)
     for step in range(args.first_step, args.first_step + args.steps):
         started = time.monotonic()

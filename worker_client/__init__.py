@@ -1,6 +1,7 @@
 """The worker side: ``ManagerClient.get_config(step=...)`` at the start of every training step."""
 
+from protos.tls import TLSConfig
 from worker_client.client import ConfigUnavailable, ManagerClient
 from worker_client.config import Config
 
-__all__ = ["Config", "ConfigUnavailable", "ManagerClient"]
+__all__ = ["Config", "ConfigUnavailable", "ManagerClient", "TLSConfig"]

@@ -22,6 +22,7 @@ import grpc
 
 from protos import lighthouse_config_pb2 as pb
 from protos.rpc import MANAGER_GET_CONFIG, make_channel, seconds
+from protos.tls import TLSConfig, tls_failure
 from worker_client.config import Config
 
 logger = logging.getLogger(__name__)
@@ -169,7 +170,8 @@ class ManagerClient:
 
     ``timeout`` is the default deadline of each ``get_config`` call; ``strict``
     makes calls raise ``ConfigUnavailable`` instead of answering the fallback;
-    ``prefetch`` fetches step N+1 in the background after step N is asked for.
+    ``prefetch`` fetches step N+1 in the background after step N is asked for;
+    ``tls`` dials a manager serving TLS (plaintext by default: same host or pod).
     """
 
     def __init__(
@@ -180,12 +182,14 @@ class ManagerClient:
         group_rank: int = 0,
         strict: bool = False,
         prefetch: bool = False,
+        tls: TLSConfig | None = None,
     ) -> None:
         self.addr = addr
+        self.tls = tls
         self.timeout = seconds(timeout, DEFAULT_TIMEOUT)
         self.group_rank = group_rank
         self.strict = strict
-        self._channel = make_channel(addr)
+        self._channel = make_channel(addr, tls)
         self._call = self._channel.unary_unary(
             MANAGER_GET_CONFIG,
             request_serializer=_Request.SerializeToString,
@@ -234,7 +238,7 @@ class ManagerClient:
                     request.step = step
                 raw = self._call(request, timeout=deadline)
         except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError) as exc:
-            return self._unavailable(_describe(exc), strict)
+            return self._unavailable(_describe(exc, self.tls is not None), strict)
         if self._outage_logged:
             logger.info("config manager %s reachable again", self.addr)
             self._outage_logged = False
@@ -260,9 +264,9 @@ class ManagerClient:
         self.close()
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, tls: bool) -> str:
     if isinstance(exc, grpc.Call):
-        return f"{exc.code().name}: {exc.details()}"
+        return f"{exc.code().name}: {tls_failure(exc.details() or '', tls) or exc.details()}"
     if isinstance(exc, grpc.FutureTimeoutError):
         return "DEADLINE_EXCEEDED"
     return type(exc).__name__

@@ -1,0 +1,79 @@
+"""The TLS options of every CLI (``lighthouse``, ``manager``, the admin commands), as click decorators.
+
+Each decorator adds its options and hands the command one ``tls`` object
+(``ServerTLS``/``TLSConfig``, or None when no option was given), so every
+command spells and checks them the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from protos.tls import ServerTLS, TLSConfig
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+def server_tls_options(func: F) -> F:
+    """``--tls-cert/--tls-key [--tls-client-ca]`` -> ``tls: ServerTLS | None``."""
+
+    @click.option(
+        "--tls-cert",
+        type=_FILE,
+        default=None,
+        help="PEM certificate (chain) to serve TLS with; reloaded when the file changes.",
+    )
+    @click.option("--tls-key", type=_FILE, default=None, help="The PEM key of --tls-cert.")
+    @click.option(
+        "--tls-client-ca",
+        type=_FILE,
+        default=None,
+        help="Mutual TLS: require client certificates signed by this PEM CA.",
+    )
+    @functools.wraps(func)
+    def wrapper(
+        tls_cert: Path | None, tls_key: Path | None, tls_client_ca: Path | None, **kwargs: Any
+    ) -> Any:
+        if (tls_cert is None) != (tls_key is None):
+            raise click.UsageError("--tls-cert and --tls-key go together")
+        if tls_client_ca is not None and tls_cert is None:
+            raise click.UsageError("--tls-client-ca needs --tls-cert and --tls-key")
+        tls = ServerTLS(tls_cert, tls_key, tls_client_ca) if tls_cert and tls_key else None
+        return func(tls=tls, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def client_tls_options(
+    ca: str = "--cacert", cert: str = "--cert", key: str = "--key", dest: str = "tls", peer: str = "server"
+) -> Callable[[F], F]:
+    """``CA [CERT KEY]`` options -> ``dest: TLSConfig | None`` (TLS as soon as one is given)."""
+
+    def decorate(func: F) -> F:
+        names = [name.lstrip("-").replace("-", "_") for name in (ca, cert, key)]
+
+        @click.option(
+            ca, names[0], type=_FILE, default=None, help=f"PEM CA that signed the {peer}'s certificate."
+        )
+        @click.option(cert, names[1], type=_FILE, default=None, help="PEM client certificate (mutual TLS).")
+        @click.option(key, names[2], type=_FILE, default=None, help=f"The PEM key of {cert}.")
+        @functools.wraps(func)
+        def wrapper(**kwargs: Any) -> Any:
+            ca_file, cert_file, key_file = (kwargs.pop(name) for name in names)
+            if (cert_file is None) != (key_file is None):
+                raise click.UsageError(f"{cert} and {key} go together")
+            tls = None
+            if ca_file or cert_file:
+                tls = TLSConfig(ca=ca_file, cert=cert_file, key=key_file)
+            return func(**{dest: tls}, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
