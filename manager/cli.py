@@ -67,6 +67,12 @@ def main() -> None:
     show_default=True,
     help="How many recent steps stay pinned (all ranks get the same config for a step).",
 )
+@click.option(
+    "--parent-pid",
+    type=int,
+    default=None,
+    help="Exit (as on SIGTERM) once this process is no longer our parent, e.g. when it was killed.",
+)
 @click.option("--log-level", default="info", show_default=True, help="debug, info, warning or error.")
 def serve(
     lighthouse_addr: str,
@@ -77,11 +83,16 @@ def serve(
     backoff: float,
     serve_stale: bool,
     step_window: int,
+    parent_pid: int | None,
     log_level: str,
 ) -> None:
     """Relay the config to this group's workers. Prints the bound address on line 1."""
     configure_logging(log_level)
     termination = Termination()
+    if parent_pid is not None:
+        from manager.lifeline import exit_with_parent
+
+        exit_with_parent(parent_pid)
     from manager.server import ManagerServer
 
     try:

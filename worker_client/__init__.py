@@ -2,5 +2,6 @@
 
 from worker_client.client import ConfigUnavailable, ManagerClient
 from worker_client.config import Config
+from worker_client.connect import connect
 
-__all__ = ["Config", "ConfigUnavailable", "ManagerClient"]
+__all__ = ["Config", "ConfigUnavailable", "ManagerClient", "connect"]
