@@ -64,8 +64,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def emit(**record: Any) -> None:
-    """One JSON line per event, flushed at once (short lines: one write, never interleaved)."""
-    print(json.dumps(record), flush=True)
+    """One JSON line per event in one write (ranks share torchrun's stdout: lines must not interleave)."""
+    sys.stdout.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
+    sys.stdout.flush()
 
 
 def make_model() -> nn.Module:
