@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ import pytest
 
 from tests import http_steps
 from tests.procs import ROOT, LighthouseProc, Proc, ProcessPool, poll
+from worker_client import ConfigUnavailable, connect
+from worker_client.connect import store_key
 
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
 CONFIG_PROC = Path(__file__).resolve().parent / "torchrun_config_proc.py"
@@ -125,6 +128,61 @@ def ranks_cover(recs: list[dict[str, Any]], steps: range) -> None:
     for rank in (0, 1):
         seen = sorted(r["step"] for r in recs if r["rank"] == rank)
         assert seen == list(steps), (rank, seen[:5], seen[-5:])
+
+
+# ------------------------------------------------------------------ connect() alone, against a real TCPStore
+
+
+@pytest.fixture
+def store_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A torchrun-like environment of group rank 1, with a real TCPStore server behind MASTER_PORT."""
+    from torch.distributed import TCPStore
+
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {"RANK": "1", "REPLICA_GROUP_ID": "g7", "TORCHFT_LIGHTHOUSE": "127.0.0.1:1"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port)}
+    for name in ("TORCHELASTIC_RESTART_COUNT", "LIGHTHOUSE_JOB"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    yield server
+
+
+@pytest.mark.parametrize(
+    "name", ["RANK", "REPLICA_GROUP_ID", "TORCHFT_LIGHTHOUSE", "MASTER_ADDR", "MASTER_PORT"]
+)
+def test_connect_names_the_missing_variable(
+    store_env: Any, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.delenv(name)
+    with pytest.raises(ValueError, match=f"environment variable {name} is not set"):
+        connect(timeout=0.5)
+
+
+def test_connect_waits_for_the_address_no_longer_than_its_timeout(store_env: Any) -> None:
+    start = time.monotonic()
+    with pytest.raises(ConfigUnavailable, match="g7/restart0/manager_addr"):
+        connect(timeout=0.5)
+    assert time.monotonic() - start < 0.5 + 2.0
+
+
+def test_a_restarted_group_never_dials_its_previous_lives_manager(
+    store_env: Any, monkeypatch: pytest.MonkeyPatch, procs: ProcessPool
+) -> None:
+    lighthouse = procs.lighthouse(OLD)
+    manager = procs.manager(lighthouse.address, "g7")
+    store_env.set(store_key("g7", None), manager.address)  # published by rank 0 of life 0
+    with connect(timeout=2.0) as client:
+        assert client.addr == manager.address
+        assert client.get_config(step=0).get_float("lr") == OLD["lr"]
+
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarted the group
+    assert "restart1" in store_key("g7", None)
+    with pytest.raises(ConfigUnavailable, match="restart1"):
+        connect(timeout=0.5)  # life 0's address is there, but not for this life
+
+
+# ------------------------------------------------------------------ real torchrun jobs
 
 
 @pytest.fixture
