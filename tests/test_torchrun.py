@@ -103,14 +103,20 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def kill_group(proc: Proc) -> None:
-    """SIGKILL a whole replica group at once, as a lost machine: torchrun, its ranks, their manager."""
+def kill_group(proc: Proc) -> list[dict[str, Any]]:
+    """SIGKILL a whole replica group at once, as a lost machine: torchrun, its ranks, their manager.
+
+    Returns every step record it printed.
+    """
     pids = [proc.pid, *descendants(proc.pid)]
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)  # nothing reacts (restarts, cleans up) while the others die
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     proc.wait(10)
+    # Once every writer is gone the pipe ends: then every line it printed has been read.
+    poll(lambda: proc.lines() is not None and not proc.stdout_lines.empty(), 10, what="the end of its output")
+    return records(proc)
 
 
 def expected(step: int, switch_at: int) -> dict[str, float]:
@@ -252,9 +258,8 @@ def test_group_killed_and_started_again_resumes_with_the_config_of_its_step(
     group0 = torchrun(procs, 0, EXAMPLE, args, env)
     first = torchrun(procs, 1, EXAMPLE, args, env)
     poll(lambda: max_step(first) >= kill_after, 60, what="group 1 at the kill step")
-    kill_group(first)
+    before = kill_group(first)
     killed_at = time.time()
-    before = records(first)
     reached = max(r["step"] for r in before if r["rank"] == 0)
     assert reached < switch_at
 
@@ -311,7 +316,7 @@ def test_torchft_trains_across_a_kill_and_restart_of_one_group(
     procs: ProcessPool, lighthouse: LighthouseProc
 ) -> None:
     pytest.importorskip("torchft")
-    steps, switch_at = 200, 120
+    steps, switch_at = 250, 150  # group 0 must still run when group 1 is back (~90 steps here)
     http_steps.change(lighthouse.url, "PUT", NEW, effective_step=switch_at)
     binary = shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse")
     ft_args = ["--min_replicas", "1", "--bind", "127.0.0.1:0"]
@@ -326,8 +331,7 @@ def test_torchft_trains_across_a_kill_and_restart_of_one_group(
     group0 = torchrun(procs, 0, EXAMPLE, args, env)
     first = torchrun(procs, 1, EXAMPLE, args, env)
     poll(lambda: max_step(first) >= 10, 90, what="group 1 training")
-    kill_group(first)
-    before = records(first)
+    before = kill_group(first)
 
     again = torchrun(procs, 1, EXAMPLE, args, env)
     after = finish(again)

@@ -21,13 +21,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--interval", type=float, default=0.05)
-    parser.add_argument("--timeout", type=float, default=2.0)
+    parser.add_argument("--timeout", type=float, default=2.0, help="deadline of each call")
+    parser.add_argument("--connect-timeout", type=float, default=20.0, help="room for rank 0 to start it")
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
-    client = connect(timeout=args.timeout)
+    client = connect(timeout=args.connect_timeout)
     for step in range(args.steps):
         start = time.monotonic()
-        cfg = client.get_config(step=step)
+        cfg = client.get_config(step=step, timeout=args.timeout)
         elapsed = time.monotonic() - start
         record = {"rank": rank, "pid": os.getpid(), "step": step, "source": cfg.source}
         # One write per line: the ranks share torchrun's stdout.
