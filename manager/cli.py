@@ -82,6 +82,12 @@ def main() -> None:
     "--lighthouse-ca", "--lighthouse-cert", "--lighthouse-key", dest="lighthouse_tls", peer="lighthouse"
 )
 @server_tls_options
+@click.option(
+    "--parent-pid",
+    type=int,
+    default=None,
+    help="Exit (as on SIGTERM) once this process is no longer our parent, e.g. when it was killed.",
+)
 @click.option("--log-level", default="info", show_default=True, help="debug, info, warning or error.")
 def serve(
     lighthouse_addr: str,
@@ -95,11 +101,16 @@ def serve(
     job: str,
     lighthouse_tls: TLSConfig | None,
     tls: ServerTLS | None,
+    parent_pid: int | None,
     log_level: str,
 ) -> None:
     """Relay the config to this group's workers. Prints the bound address on line 1."""
     configure_logging(log_level)
     termination = Termination()
+    if parent_pid is not None:
+        from manager.lifeline import exit_with_parent
+
+        exit_with_parent(parent_pid)
     from manager.server import ManagerServer
 
     try:

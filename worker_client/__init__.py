@@ -3,5 +3,6 @@
 from protos.tls import TLSConfig
 from worker_client.client import ConfigUnavailable, ManagerClient
 from worker_client.config import Config
+from worker_client.connect import connect
 
-__all__ = ["Config", "ConfigUnavailable", "ManagerClient", "TLSConfig"]
+__all__ = ["Config", "ConfigUnavailable", "ManagerClient", "TLSConfig", "connect"]

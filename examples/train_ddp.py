@@ -1,0 +1,202 @@
+"""DDP training whose lr and momentum come from the lighthouse at every step (torchrun, gloo, CPU).
+
+One ``torchrun`` per replica group, as in torchft's ``train_ddp.py``::
+
+    lighthouse serve --config cfg.json          # prints its gRPC address, HOST:PORT
+    export TORCHFT_LIGHTHOUSE=HOST:PORT
+    REPLICA_GROUP_ID=0 torchrun --standalone --nproc-per-node 2 examples/train_ddp.py --steps 500
+    REPLICA_GROUP_ID=1 torchrun --standalone --nproc-per-node 2 examples/train_ddp.py --steps 500
+
+Each rank calls ``connect()`` once (group rank 0 starts the group's manager)
+and, at every step, ``get_config(step=step)``; it applies ``lr`` and
+``momentum`` to its optimizer and all-reduces the values it used (MIN and MAX
+over the group). Ranks that applied different values at one step would
+silently diverge under DDP; here the script stops with an error naming the step.
+Every rank prints one JSON line per step (``"event": "step"``).
+
+``--checkpoint-dir DIR`` saves the group's state after every step and resumes
+from it, so a group killed and started again goes on at the step it reached
+and reads that step's config.
+
+``--torchft`` (torchft installed) wraps training in torchft's ``Manager``, as
+torchft's own example does: torchft's lighthouse (``--torchft-lighthouse``,
+default env ``TORCHFT_LIGHTHOUSE``) forms the quorum across groups and heals a
+restarted group from a live one; ours (``--lighthouse``) serves the config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import zlib
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from worker_client import ManagerClient, connect
+
+FEATURES, HIDDEN, BATCH = 8, 16, 32
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=200, help="train until this step")
+    p.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step (to watch it)")
+    p.add_argument("--lr", type=float, default=0.01, help="lr while the config has none")
+    p.add_argument("--momentum", type=float, default=0.0, help="momentum while the config has none")
+    p.add_argument("--lighthouse", default=None, help="config lighthouse (default: env TORCHFT_LIGHTHOUSE)")
+    p.add_argument("--timeout", type=float, default=5.0, help="deadline of connect() and of each call")
+    p.add_argument("--cache-ttl", type=float, default=None, help="the manager's cache TTL in seconds")
+    p.add_argument("--checkpoint-dir", type=Path, default=None, help="save every step, resume at start")
+    p.add_argument("--gloo-timeout", type=float, default=30.0, help="seconds before a collective fails")
+    p.add_argument("--torchft", action="store_true", help="fault tolerance across groups with torchft")
+    p.add_argument("--torchft-lighthouse", default=None, help="torchft's lighthouse (quorum)")
+    return p.parse_args()
+
+
+def emit(**record: Any) -> None:
+    """One JSON line per event in one write (ranks share torchrun's stdout: lines must not interleave)."""
+    sys.stdout.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
+    sys.stdout.flush()
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)  # every rank and group starts from the same weights
+    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 1))
+
+
+def batch(group: str, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A synthetic regression batch, different for every group, rank and step."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{group}/{rank}/{step}".encode()))
+    x = torch.randn(BATCH, FEATURES, generator=gen)
+    y = x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(BATCH, 1, generator=gen)
+    return x, y
+
+
+class Knobs:
+    """What this step reads from the config, applied to the optimizer and checked across the group."""
+
+    def __init__(self, client: ManagerClient, args: argparse.Namespace) -> None:
+        self.client, self.args = client, args
+
+    def apply(self, step: int, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        cfg = self.client.get_config(step=step)
+        lr = cfg.get_float("lr", self.args.lr)
+        momentum = cfg.get_float("momentum", self.args.momentum)
+        for group in optimizer.param_groups:
+            group["lr"], group["momentum"] = lr, momentum
+        # MAX of (x, -x) gives the group's MAX and MIN in one collective.
+        used = torch.tensor([lr, -lr, momentum, -momentum], dtype=torch.float64)
+        dist.all_reduce(used, op=dist.ReduceOp.MAX)
+        lr_max, lr_min, m_max, m_min = used[0].item(), -used[1].item(), used[2].item(), -used[3].item()
+        if lr_min != lr_max or m_min != m_max:
+            raise SystemExit(
+                f"step {step}: ranks of the group used different values "
+                f"(lr {lr_min}..{lr_max}, momentum {m_min}..{m_max}); stopping before they diverge"
+            )
+        return {"lr": lr, "momentum": momentum, "lr_min": lr_min, "lr_max": lr_max,
+                "version": cfg.version, "source": cfg.source, "pinned": cfg.pinned}  # fmt: skip
+
+
+def train_plain(args: argparse.Namespace, group: str, rank: int, knobs: Knobs) -> None:
+    """torch DDP within the group; optional per-step checkpoint to resume at the step reached."""
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    path = args.checkpoint_dir / f"group-{group}.pt" if args.checkpoint_dir else None
+    first = 0
+    if path is not None and path.exists():
+        state = torch.load(path)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optim"])
+        first = state["step"]
+    ddp = nn.parallel.DistributedDataParallel(model)
+    emit(event="start", group=group, rank=rank, pid=os.getpid(), first_step=first)
+    for step in range(first, args.steps):
+        used = knobs.apply(step, optimizer)
+        x, y = batch(group, rank, step)
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        optimizer.step()
+        emit(event="step", group=group, rank=rank, step=step, loss=round(loss.item(), 6), **used)
+        if path is not None and rank == 0:
+            tmp = path.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "optim": optimizer.state_dict(), "step": step + 1}, tmp)
+            os.replace(tmp, path)
+        time.sleep(args.step_time)
+
+
+def train_torchft(args: argparse.Namespace, group: str, rank: int, knobs: Knobs) -> None:
+    """torchft's Manager across groups (quorum, healing), the group's ranks averaged by gloo."""
+    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+
+    model = make_model()
+    inner = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+
+    def load_state_dict(state: dict[str, Any]) -> None:
+        model.load_state_dict(state["model"])
+        inner.load_state_dict(state["optim"])
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": inner.state_dict()}
+
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=args.gloo_timeout)),
+        min_replica_size=1,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        replica_id=f"train_ddp_{group}",
+        lighthouse_addr=args.torchft_lighthouse,
+        use_async_quorum=False,  # the step is known (healed) before we ask for its config
+        timeout=timedelta(seconds=args.gloo_timeout),
+    )
+    ddp = DistributedDataParallel(manager, model)
+    optimizer = Optimizer(manager, inner)
+    emit(event="start", group=group, rank=rank, pid=os.getpid(), first_step=manager.current_step())
+    try:
+        while manager.current_step() < args.steps:
+            optimizer.zero_grad()  # quorum; a restarted group is healed here and jumps to the live step
+            step = manager.current_step()
+            used = knobs.apply(step, optimizer)
+            x, y = batch(group, rank, step)
+            loss = nn.functional.mse_loss(ddp(x), y)
+            loss.backward()  # averaged across groups by torchft
+            for p in model.parameters():  # and across this group's ranks (gloo has no AVG)
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= dist.get_world_size()
+            optimizer.step()  # applied only if every group in the quorum committed
+            committed = manager.current_step() > step
+            emit(event="step", group=group, rank=rank, step=step, loss=round(loss.item(), 6),
+                 committed=committed, participants=manager.num_participants(), **used)  # fmt: skip
+            time.sleep(args.step_time)
+    finally:
+        manager.shutdown(wait=False)
+
+
+def main() -> None:
+    args = parse_args()
+    group = os.environ.get("REPLICA_GROUP_ID", "0")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.gloo_timeout))
+    rank = dist.get_rank()
+    client = connect(lighthouse=args.lighthouse, timeout=args.timeout, cache_ttl=args.cache_ttl)
+    knobs = Knobs(client, args)
+    try:
+        (train_torchft if args.torchft else train_plain)(args, group, rank, knobs)
+    finally:
+        client.close()
+    emit(event="done", group=group, rank=rank)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

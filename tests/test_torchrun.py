@@ -1,0 +1,344 @@
+"""``connect()`` and ``examples/train_ddp.py`` on real torchrun jobs: 2 replica groups x 2 ranks, gloo, CPU.
+
+Every group is its own ``torchrun --standalone`` (as with torchft: one torchrun
+per replica group), against a real lighthouse; the ranks print one JSON record
+per step, with the lr they used and its MIN and MAX over the group.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import http_steps
+from tests.procs import ROOT, LighthouseProc, Proc, ProcessPool, poll
+from worker_client import ConfigUnavailable, connect
+from worker_client.connect import store_key
+
+EXAMPLE = ROOT / "examples" / "train_ddp.py"
+CONFIG_PROC = Path(__file__).resolve().parent / "torchrun_config_proc.py"
+OLD, NEW = {"lr": 0.1, "momentum": 0.0}, {"lr": 0.02, "momentum": 0.5}
+RUN_TIMEOUT = 120.0
+
+
+def torchrun(
+    procs: ProcessPool,
+    group: int,
+    script: Path,
+    args: list[str],
+    env: dict[str, str],
+    monitor_interval: float = 0.2,
+) -> Proc:
+    """One replica group: ``torchrun --standalone`` (a free port for its store) with 2 ranks.
+
+    ``monitor_interval``: how often torchrun checks its ranks (and stops them all when one failed).
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += [f"--monitor-interval={monitor_interval}", str(script), *args]
+    proc: Proc = procs.spawn(cmd, f"group{group}", env={"REPLICA_GROUP_ID": str(group), **env})
+    return proc
+
+
+def records(proc: Proc, event: str = "step") -> list[dict[str, Any]]:
+    out = []
+    for line in proc.lines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            if record.get("event", "step") == event:
+                out.append(record)
+    return out
+
+
+def max_step(proc: Proc) -> int:
+    return max((r["step"] for r in records(proc)), default=-1)
+
+
+def finish(proc: Proc, timeout: float = RUN_TIMEOUT) -> list[dict[str, Any]]:
+    """Wait for a torchrun to exit 0 and return its step records."""
+    try:
+        code = proc.wait(timeout)
+    except Exception:
+        raise AssertionError(f"{proc.name} still running after {timeout}s\n{proc.stderr()}") from None
+    assert code == 0, f"{proc.name} exited {code}\n{proc.stderr()}"
+    poll(lambda: len(records(proc, "done")) == 2, 10, what=f"{proc.name}'s ranks done")
+    return records(proc)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (torchrun starts each rank in a session of its own)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def kill_group(proc: Proc) -> list[dict[str, Any]]:
+    """SIGKILL a whole replica group at once, as a lost machine: torchrun, its ranks, their manager.
+
+    Returns every step record it printed.
+    """
+    pids = [proc.pid, *descendants(proc.pid)]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)  # nothing reacts (restarts, cleans up) while the others die
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    proc.wait(10)
+    # Once every writer is gone the pipe ends: then every line it printed has been read.
+    poll(lambda: proc.lines() is not None and not proc.stdout_lines.empty(), 10, what="the end of its output")
+    return records(proc)
+
+
+def expected(step: int, switch_at: int) -> dict[str, float]:
+    return OLD if step < switch_at else NEW
+
+
+def check_steps(recs: list[dict[str, Any]], switch_at: int) -> None:
+    for r in recs:
+        want = expected(r["step"], switch_at)
+        assert r["lr_min"] == r["lr_max"], r
+        assert (r["lr"], r["momentum"]) == (want["lr"], want["momentum"]), (switch_at, r)
+
+
+def ranks_cover(recs: list[dict[str, Any]], steps: range) -> None:
+    for rank in (0, 1):
+        seen = sorted(r["step"] for r in recs if r["rank"] == rank)
+        assert seen == list(steps), (rank, seen[:5], seen[-5:])
+
+
+# ------------------------------------------------------------------ connect() alone, against a real TCPStore
+
+
+@pytest.fixture
+def store_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A torchrun-like environment of group rank 1, with a real TCPStore server behind MASTER_PORT."""
+    from torch.distributed import TCPStore
+
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {"RANK": "1", "REPLICA_GROUP_ID": "g7", "TORCHFT_LIGHTHOUSE": "127.0.0.1:1"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port)}
+    for name in ("TORCHELASTIC_RESTART_COUNT", "LIGHTHOUSE_JOB"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    yield server
+
+
+@pytest.mark.parametrize(
+    "name", ["RANK", "REPLICA_GROUP_ID", "TORCHFT_LIGHTHOUSE", "MASTER_ADDR", "MASTER_PORT"]
+)
+def test_connect_names_the_missing_variable(
+    store_env: Any, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.delenv(name)
+    with pytest.raises(ValueError, match=f"environment variable {name} is not set"):
+        connect(timeout=0.5)
+
+
+def test_connect_waits_for_the_address_no_longer_than_its_timeout(store_env: Any) -> None:
+    start = time.monotonic()
+    with pytest.raises(ConfigUnavailable, match="g7/restart0/manager_addr"):
+        connect(timeout=0.5)
+    assert time.monotonic() - start < 0.5 + 2.0
+
+
+def test_a_restarted_group_never_dials_its_previous_lives_manager(
+    store_env: Any, monkeypatch: pytest.MonkeyPatch, procs: ProcessPool
+) -> None:
+    lighthouse = procs.lighthouse(OLD)
+    manager = procs.manager(lighthouse.address, "g7")
+    store_env.set(store_key("g7", None), manager.address)  # published by rank 0 of life 0
+    with connect(timeout=2.0) as client:
+        assert client.addr == manager.address
+        assert client.get_config(step=0).get_float("lr") == OLD["lr"]
+
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarted the group
+    assert "restart1" in store_key("g7", None)
+    with pytest.raises(ConfigUnavailable, match="restart1"):
+        connect(timeout=0.5)  # life 0's address is there, but not for this life
+
+
+# ------------------------------------------------------------------ real torchrun jobs
+
+
+@pytest.fixture
+def lighthouse(procs: ProcessPool) -> LighthouseProc:
+    return procs.lighthouse(OLD)
+
+
+@pytest.mark.slow
+def test_change_scheduled_at_a_step_switches_every_rank_of_both_groups_there(
+    procs: ProcessPool, lighthouse: LighthouseProc
+) -> None:
+    steps = 70
+    env = {"TORCHFT_LIGHTHOUSE": lighthouse.address}
+    args = ["--steps", str(steps), "--step-time", "0.05", "--cache-ttl", "0.2"]
+    groups = [torchrun(procs, g, EXAMPLE, args, env) for g in (0, 1)]
+    poll(lambda: all(max_step(g) >= 3 for g in groups), 60, what="both groups training")
+    switch_at = max(max_step(g) for g in groups) + 25  # ahead of both, while they run
+    assert switch_at < steps - 10
+    http_steps.change(lighthouse.url, "PUT", NEW, effective_step=switch_at)
+    for g in groups:
+        recs = finish(g)
+        ranks_cover(recs, range(steps))
+        check_steps(recs, switch_at)
+
+
+@pytest.mark.slow
+def test_config_churn_every_few_ms_never_splits_a_group(
+    procs: ProcessPool, lighthouse: LighthouseProc
+) -> None:
+    env = {"TORCHFT_LIGHTHOUSE": lighthouse.address}
+    args = ["--steps", "40", "--step-time", "0.02", "--cache-ttl", "0.01"]
+    groups = [torchrun(procs, g, EXAMPLE, args, env) for g in (0, 1)]
+    stop = threading.Event()
+    edits = [0]
+
+    def churn() -> None:
+        while not stop.is_set() and edits[0] < 5000:
+            edits[0] += 1
+            http_steps.change(lighthouse.url, "PATCH", {"lr": round(0.001 * (edits[0] % 97 + 1), 6)})
+            stop.wait(0.003)
+
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        results = [finish(g) for g in groups]  # the example exits non-zero at a split step
+    finally:
+        stop.set()
+        thread.join(10)
+    for recs in results:
+        ranks_cover(recs, range(40))
+        assert all(r["lr_min"] == r["lr_max"] for r in recs)
+        by_step = {(r["step"], r["rank"]): r["lr"] for r in recs}
+        assert all(by_step[(s, 0)] == by_step[(s, 1)] for s in range(40))
+        assert len({r["lr"] for r in recs}) >= 3, "the churn did not reach the training loop"
+    assert edits[0] >= 50
+
+
+@pytest.mark.slow
+def test_group_killed_and_started_again_resumes_with_the_config_of_its_step(
+    procs: ProcessPool, lighthouse: LighthouseProc, tmp_path: Path
+) -> None:
+    steps, switch_at, kill_after = 150, 60, 15
+    http_steps.change(lighthouse.url, "PUT", NEW, effective_step=switch_at)
+    env = {"TORCHFT_LIGHTHOUSE": lighthouse.address}
+    args = ["--steps", str(steps), "--step-time", "0.05", "--cache-ttl", "0.2"]
+    args += ["--checkpoint-dir", str(tmp_path)]
+    group0 = torchrun(procs, 0, EXAMPLE, args, env)
+    first = torchrun(procs, 1, EXAMPLE, args, env)
+    poll(lambda: max_step(first) >= kill_after, 60, what="group 1 at the kill step")
+    before = kill_group(first)
+    killed_at = time.time()
+    reached = max(r["step"] for r in before if r["rank"] == 0)
+    assert reached < switch_at
+
+    again = torchrun(procs, 1, EXAMPLE, args, env)
+    after = finish(again)
+    (start0, start1) = sorted(records(again, "start"), key=lambda r: r["rank"])
+    resumed = start0["first_step"]
+    assert start1["first_step"] == resumed
+    assert reached <= resumed <= reached + 1, (reached, resumed)  # the checkpoint of the step it reached
+    ranks_cover(after, range(resumed, steps))
+    check_steps(before + after, switch_at)  # old lr below the switch, new from it, in both lives
+
+    recs0 = finish(group0)
+    ranks_cover(recs0, range(steps))
+    check_steps(recs0, switch_at)
+    times = sorted(r["time"] for r in recs0 if r["rank"] == 0)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert max(gaps) < 5.0 + 2.0, max(gaps)  # never stalled past the config deadline (5 s)
+    assert any(killed_at < t < after[0]["time"] for t in times), "group 0 did not train during the outage"
+
+
+@pytest.mark.slow
+def test_rank0_killed_other_ranks_get_the_fallback_within_the_deadline(
+    procs: ProcessPool, lighthouse: LighthouseProc
+) -> None:
+    deadline = 2.0
+    env = {"TORCHFT_LIGHTHOUSE": lighthouse.address}
+    args = ["--steps", "100000", "--interval", "0.05", "--timeout", str(deadline)]
+    # torchrun would stop rank 1 as soon as it sees rank 0 failed: let it look only once a minute.
+    group = torchrun(procs, 0, CONFIG_PROC, args, env, monitor_interval=60)
+
+    def by_rank(rank: int) -> list[dict[str, Any]]:
+        return [json.loads(x) for x in group.lines() if x.startswith("{") and json.loads(x)["rank"] == rank]
+
+    poll(lambda: len(by_rank(0)) >= 5 and len(by_rank(1)) >= 5, 60, what="both ranks asking")
+    assert {r["source"] for r in by_rank(1)} <= {"cache", "lighthouse"}
+    assert by_rank(1)[-1]["lr"] == str(OLD["lr"])
+    rank0 = by_rank(0)[0]["pid"]
+    managers = descendants(rank0)
+    assert managers, "rank 0 has no manager child"
+
+    os.kill(rank0, signal.SIGKILL)
+    poll(lambda: not any(alive(pid) for pid in managers), 5, what="the manager to stop with rank 0")
+    seen = len(by_rank(1))
+    poll(lambda: len(by_rank(1)) >= seen + 10, 3 * deadline + 10, what="rank 1 going on")
+    later = by_rank(1)[seen:]
+    assert later[-1]["source"] == "fallback"
+    assert later[-1]["lr"] is None  # the fallback is the empty config
+    assert max(r["elapsed"] for r in later) < deadline + 1.0  # never hangs past its deadline
+
+
+@pytest.mark.slow
+def test_torchft_trains_across_a_kill_and_restart_of_one_group(
+    procs: ProcessPool, lighthouse: LighthouseProc
+) -> None:
+    pytest.importorskip("torchft")
+    steps, switch_at = 250, 150  # group 0 must still run when group 1 is back (~90 steps here)
+    http_steps.change(lighthouse.url, "PUT", NEW, effective_step=switch_at)
+    binary = shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse")
+    ft_args = ["--min_replicas", "1", "--bind", "127.0.0.1:0"]
+    ft_args += ["--join_timeout_ms", "500", "--heartbeat_timeout_ms", "1000"]
+    ft = procs.spawn([binary, *ft_args], "torchft-lighthouse")
+    found = poll(
+        lambda: re.search(r"listening on: http://[^:\s]+:(\d+)", ft.stderr()), 20, what="torchft lighthouse"
+    )
+    env = {"TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{found.group(1)}"}
+    args = ["--torchft", "--lighthouse", lighthouse.address, "--steps", str(steps)]
+    args += ["--step-time", "0.05", "--gloo-timeout", "5"]
+    group0 = torchrun(procs, 0, EXAMPLE, args, env)
+    first = torchrun(procs, 1, EXAMPLE, args, env)
+    poll(lambda: max_step(first) >= 10, 90, what="group 1 training")
+    before = kill_group(first)
+
+    again = torchrun(procs, 1, EXAMPLE, args, env)
+    after = finish(again)
+    recs0 = finish(group0)
+    healed = min(r["step"] for r in after)
+    assert healed > 10, "the restarted group did not recover the live step from group 0"
+    assert any(r["participants"] == 2 and r["committed"] for r in after), "it never rejoined the quorum"
+    for recs in (before, after, recs0):
+        check_steps(recs, switch_at)  # each step's lr is that step's config, in every life
+    assert max(r["step"] for r in after) == steps - 1

@@ -1,0 +1,189 @@
+"""``connect()``: two lines in a torchrun script give every rank a ``ManagerClient`` to its group's manager.
+
+As torchft's ``Manager`` does with its own server, group rank 0 hosts the
+group's manager and publishes its address in torchrun's store (a ``TCPStore``
+client at ``MASTER_ADDR:MASTER_PORT``); every rank, rank 0 too, reads it. The
+manager runs as a child process of rank 0 (``python -m manager serve``; started
+with ``subprocess``, never forked: grpcio is not fork-safe), in rank 0's process
+group so that torchrun's shutdown of the rank stops it too, and with
+``--parent-pid`` so that it also stops when rank 0 is SIGKILLed.
+
+The store key holds the replica id and torchrun's restart count, so a group
+restarted by torchrun never dials the manager of its previous life.
+
+torch is imported here only, and only when no ``store`` is given: it is an
+optional extra of this package.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import select
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from protos.rpc import seconds
+from worker_client.client import DEFAULT_TIMEOUT, ConfigUnavailable, ManagerClient
+
+logger = logging.getLogger(__name__)
+
+ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
+ENV_REPLICA_ID = "REPLICA_GROUP_ID"
+ENV_JOB = "LIGHTHOUSE_JOB"
+ENV_RANK = "RANK"
+ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+
+_SOURCE_ROOT = str(Path(__file__).resolve().parent.parent)  # the child imports the same code as we do
+_managers: list[subprocess.Popen[bytes]] = []  # started by this process, stopped at exit
+
+
+def connect(
+    *,
+    lighthouse: str | None = None,
+    replica_id: str | None = None,
+    job: str | None = None,
+    store: Any = None,
+    timeout: timedelta | float = timedelta(seconds=DEFAULT_TIMEOUT),
+    prefetch: bool = False,
+    cache_ttl: float | None = None,
+) -> ManagerClient:
+    """A ``ManagerClient`` to this replica group's manager, started by group rank 0.
+
+    Reads ``TORCHFT_LIGHTHOUSE``, ``REPLICA_GROUP_ID``, ``LIGHTHOUSE_JOB`` (optional),
+    ``RANK``, ``TORCHELASTIC_RESTART_COUNT`` and, without ``store``,
+    ``MASTER_ADDR``/``MASTER_PORT``; a missing one is a ``ValueError`` naming it.
+    ``timeout`` bounds the wait for the manager's address (``ConfigUnavailable``
+    after it) and is the client's per-call deadline. ``store`` is anything with
+    torch's ``Store`` ``set``/``get``/``wait``.
+    """
+    wait = seconds(timeout, DEFAULT_TIMEOUT)
+    deadline = time.monotonic() + wait
+    rank = _rank()
+    lighthouse = lighthouse or _env(ENV_LIGHTHOUSE)
+    replica_id = replica_id or _env(ENV_REPLICA_ID)
+    job = job or os.environ.get(ENV_JOB) or None
+    if store is None:
+        store = _torchrun_store(wait)
+    key = store_key(replica_id, job)
+    if rank == 0:
+        address = _start_manager(lighthouse, replica_id, job, cache_ttl, deadline)
+        store.set(key, address)
+    else:
+        address = _await_address(store, key, deadline)
+    logger.info("rank %d: replica group %s's config manager is %s", rank, replica_id, address)
+    return ManagerClient(address, timeout=wait, group_rank=rank, prefetch=prefetch)
+
+
+def store_key(replica_id: str, job: str | None) -> str:
+    """Where rank 0 publishes the manager's address: one key per group, job and torchrun restart."""
+    restart = os.environ.get(ENV_RESTART_COUNT, "0")
+    return f"lighthouse_config/{job or 'default'}/{replica_id}/restart{restart}/manager_addr"
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise ValueError(f"connect(): environment variable {name} is not set (or pass it as an argument)")
+    return value
+
+
+def _rank() -> int:
+    text = _env(ENV_RANK)
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"connect(): environment variable {ENV_RANK} is not an integer: {text!r}") from None
+
+
+def _torchrun_store(wait: float) -> Any:
+    """A client of the store torchrun serves at MASTER_ADDR:MASTER_PORT (what torchft's Manager uses)."""
+    host = _env("MASTER_ADDR")
+    port_text = _env("MASTER_PORT")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(
+            f"connect(): environment variable MASTER_PORT is not a port: {port_text!r}"
+        ) from None
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=wait))
+
+
+def _await_address(store: Any, key: str, deadline: float) -> str:
+    remaining = max(0.001, deadline - time.monotonic())
+    try:
+        store.wait([key], timedelta(seconds=remaining))
+        value = store.get(key)
+    except Exception as exc:  # torch raises its own store/timeout errors
+        raise ConfigUnavailable(
+            f"no config manager address under store key {key!r} after {remaining:.1f}s: "
+            f"group rank 0 did not publish it (did it call connect()?): {exc}"
+        ) from exc
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _start_manager(
+    lighthouse: str, replica_id: str, job: str | None, cache_ttl: float | None, deadline: float
+) -> str:
+    """Start ``manager serve`` on a free port as our child and return the address it printed."""
+    args = [sys.executable, "-m", "manager", "serve", "--lighthouse", lighthouse, "--bind", "[::]:0"]
+    args += ["--replica-id", replica_id, "--parent-pid", str(os.getpid())]
+    if job is not None:
+        args += ["--job", job]
+    if cache_ttl is not None:
+        args += ["--cache-ttl", str(cache_ttl)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_SOURCE_ROOT, env.get("PYTHONPATH")) if p)
+    # stderr is inherited: the manager's log lands where rank 0's does.
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)
+    if not _managers:
+        atexit.register(_stop_managers)
+    _managers.append(proc)
+    try:
+        return _first_line(proc, deadline)
+    except BaseException:
+        _stop(proc)
+        raise
+
+
+def _first_line(proc: subprocess.Popen[bytes], deadline: float) -> str:
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    data = b""
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ConfigUnavailable(f"the config manager did not print its address in time: {proc.args!r}")
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise ConfigUnavailable(
+                f"the config manager exited ({proc.wait()}) before printing its address "
+                f"(its error is on this rank's stderr): {proc.args!r}"
+            )
+        data += chunk
+    return data.split(b"\n", 1)[0].decode().strip()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _stop_managers() -> None:
+    for proc in _managers:
+        _stop(proc)
