@@ -28,6 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from protos.jobs import JOB_ENV, check_job_id
 from protos.rpc import seconds
 from worker_client.client import DEFAULT_TIMEOUT, ConfigUnavailable, ManagerClient
 
@@ -35,7 +36,6 @@ logger = logging.getLogger(__name__)
 
 ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
 ENV_REPLICA_ID = "REPLICA_GROUP_ID"
-ENV_JOB = "LIGHTHOUSE_JOB"
 ENV_RANK = "RANK"
 ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
@@ -67,7 +67,9 @@ def connect(
     rank = _rank()
     lighthouse = lighthouse or _env(ENV_LIGHTHOUSE)
     replica_id = replica_id or _env(ENV_REPLICA_ID)
-    job = job or os.environ.get(ENV_JOB) or None
+    job = job or os.environ.get(JOB_ENV) or None
+    if job is not None:
+        job = check_job_id(job)  # a bad id fails here, naming the rule, not in the manager's log
     if store is None:
         store = _torchrun_store(wait)
     key = store_key(replica_id, job)
