@@ -85,7 +85,32 @@ def load_initial(path: Path | None, strict: bool) -> FileContent:
     return content
 
 
-class FileWatcher:
+class _Poller:
+    """A daemon thread calling ``poll()`` every ``interval`` seconds until ``stop()``."""
+
+    interval: float
+
+    def __init__(self, name: str) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def poll(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+
+class FileWatcher(_Poller):
     """Polls the file's mtime and size (and hash when they move) and reports each new content once."""
 
     def __init__(
@@ -95,22 +120,13 @@ class FileWatcher:
         interval: float = 1.0,
         read: Callable[[Path], FileContent] = read_config_file,
     ) -> None:
+        super().__init__("config-file-watcher")
         self.path = path
         self.interval = interval
         self._on_change = on_change
         self._read = read
-        self._stop = threading.Event()
         self._last_stat: tuple[float, int] | None = self._stat()
         self._last_digest: str | None = read(path).digest
-        self._thread = threading.Thread(target=self._run, name="config-file-watcher", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
 
     def _stat(self) -> tuple[float, int] | None:
         try:
@@ -134,12 +150,8 @@ class FileWatcher:
         except Exception:
             logger.exception("applying the edited config file %s failed", self.path)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.poll()
 
-
-class ConfigDirWatcher:
+class ConfigDirWatcher(_Poller):
     """Watches ``DIR/<job>.json`` and ``DIR/<job>.schema.json``: a new file is reported at once, an
     edited one like FileWatcher; a job's schema before its config, so the config is checked against it.
 
@@ -154,14 +166,16 @@ class ConfigDirWatcher:
         on_schema: Callable[[str, Path, FileContent, FileContent | None, bool], object],
         interval: float = 1.0,
     ) -> None:
+        super().__init__("config-dir-watcher")
         self.folder = folder
         self.interval = interval
         self._on_config = on_config
         self._on_schema = on_schema
         self._watchers: dict[str, FileWatcher] = {}
         self._refused: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="config-dir-watcher", daemon=True)
+
+    def poll(self) -> None:
+        self.scan()
 
     def scan(self, startup: bool = False) -> None:
         """Report new files, then poll known ones (the thread calls it every ``interval``)."""
@@ -210,15 +224,3 @@ class ConfigDirWatcher:
             self._on_schema(job, path, content, config, startup)
         except Exception:
             logger.exception("applying the schema file %s failed", path)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.scan()
