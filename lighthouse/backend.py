@@ -55,6 +55,9 @@ class JobRecords:
 
     rows: list[Change] = field(default_factory=list)
     meta: dict[str, str] = field(default_factory=dict)
+    # Versions whose ``config`` the backend did not keep (etcd, when change + config would not
+    # fit in one request): the store recomputes them, ``config`` being a function of the rows.
+    unresolved: set[int] = field(default_factory=set)
 
 
 class HeadMoved(Exception):

@@ -54,6 +54,25 @@ class JobRegistry:
         if default_config_path is not None:
             default.config_path = default_config_path.resolve()
             default.apply_file(load_initial(default_config_path, strict), startup=True)
+        subscribe = getattr(backend, "subscribe", None)
+        if subscribe is not None:  # a store shared with other lighthouses (etcd)
+            subscribe(self._job_changed, self._step_stored)
+
+    def _job_changed(self, job: str, head: int) -> None:
+        """Another lighthouse changed ``job`` (its head is now ``head``): serve what the store holds."""
+        state = self._states.get(job)
+        if state is None:
+            if head != 0:
+                self.serve(job)  # opens it from the store
+            return
+        if state.store.head != head:  # else our own write, or already reloaded
+            state.reload()
+            logger.info("job %s: version %d from the shared store", job, state.store.head)
+
+    def _step_stored(self, job: str, step: int) -> None:
+        state = self._states.get(job)
+        if state is not None:
+            state.adopt_step(step)
 
     def _new_state(self, job: str) -> LighthouseState:
         store = ConfigStore(job=job, backend=self.backend, history_limit=self._history_limit)

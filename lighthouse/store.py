@@ -123,6 +123,20 @@ class ConfigStore:
         self._pruned_cancels: set[int] = set(json.loads(meta.get("pruned_cancels", "[]")))
         self._cancelled.update(self._pruned_cancels)
         self._step_saved_at = time.monotonic()
+        for i, row in enumerate(self._rows):
+            if row.version in records.unresolved:
+                self._rows[i] = dataclasses.replace(
+                    row, config=self._resolve(self._rows, row.version, FOREVER)
+                )
+
+    def reload(self) -> None:
+        """Re-read the job's records: another lighthouse on the same store changed them.
+
+        The job's current step never goes down (the highest one seen here or stored wins).
+        """
+        with self._lock:
+            if not self._closed:
+                self._load()
 
     # ------------------------------------------------------------------ reads
     @property
@@ -288,6 +302,17 @@ class ConfigStore:
             if now - self._step_saved_at >= STEP_SAVE_INTERVAL:
                 self._step_saved_at = now
                 self.backend.set_meta(self.job, {"current_step": str(step)})
+            return True
+
+    def adopt_step(self, step: int) -> bool:
+        """Take a job step another lighthouse reached (it stored it); True when it moved ours.
+
+        Nothing is written: the step is already in the store.
+        """
+        with self._lock:
+            if step <= self._current_step or self._closed:
+                return False
+            self._current_step = step
             return True
 
     def record_switches(self, replica_id: str, switches: Iterable[tuple[int, int, int]]) -> None:
