@@ -101,6 +101,20 @@ def parse_store_url(url: str) -> StoreUrl:
     return StoreUrl(endpoints, prefix, scheme == "etcds")
 
 
+def open_etcd_store(
+    url: str, *, ca: str | None = None, cert: str | None = None, key: str | None = None
+) -> EtcdBackend:
+    """The backend ``--store URL`` names; ValueError for a bad URL, StoreUnavailable when etcd
+    cannot be reached."""
+    parsed = parse_store_url(url)
+    if not parsed.tls and (ca or cert or key):
+        raise ValueError(f"store {url!r}: certificates given but the scheme is etcd:// (use etcds://)")
+    if bool(cert) != bool(key):
+        raise ValueError("--store-cert and --store-key go together (mutual TLS)")
+    tls = EtcdTLS(ca=ca, cert=cert, key=key) if parsed.tls else None
+    return EtcdBackend(parsed.endpoints, parsed.prefix, tls=tls)
+
+
 def _row_json(row: Change, with_config: bool) -> bytes:
     data: dict[str, Any] = {
         "version": row.version,
