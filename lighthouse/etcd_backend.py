@@ -52,6 +52,7 @@ MAX_REQUEST = 1536 * 1024 - 16 * 1024
 TXN_OPS = 100  # etcd's default --max-txn-ops is 128
 FLUSH_PAUSE = 0.05
 FLUSH_BACKOFF_MAX = 2.0
+FLUSH_TIMEOUT = 2.0  # per call of the background writer, so closing never waits long for it
 
 JobChanged = Callable[[str, int], None]  # (job, head now; 0 when deleted, -1 when unknown)
 StepChanged = Callable[[str, int], None]  # (job, step stored)
@@ -359,7 +360,7 @@ class EtcdBackend:
             self._wake.wait()
             self._wake.clear()
             try:
-                self._flush()
+                self._flush(timeout=FLUSH_TIMEOUT)
                 backoff = FLUSH_PAUSE
             except (etcd_client.StoreUnavailable, EtcdError) as exc:
                 log.warning("etcd store: job steps and step switches not saved yet: %s", exc)
@@ -459,9 +460,9 @@ class EtcdBackend:
         self._wake.set()
         if self._watch is not None:
             self._watch.stop()
-        self._flusher.join(timeout=5)
+        self._flusher.join(timeout=FLUSH_TIMEOUT + 1)
         try:
-            self._flush(timeout=2.0)
+            self._flush(timeout=1.0)
         except (etcd_client.StoreUnavailable, EtcdError) as exc:
             log.warning("etcd store: closing with job steps or switches unsaved: %s", exc)
         self.client.close()

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lighthouse.backend import Change, HeadMoved, StoreBackend, Switch
+from lighthouse.backend import Change, HeadMoved, JobRecords, StoreBackend, Switch
 from lighthouse.sqlite_backend import SqliteBackend, StateInUse
 from lighthouse.values import MAX_CONFIG_BYTES, ConfigError, ConfigTooLarge
 from protos.jobs import DEFAULT_JOB
@@ -97,12 +97,14 @@ class ConfigStore:
         self._owns_backend = backend is None
         self.backend: StoreBackend = backend if backend is not None else SqliteBackend(path)
         self._lock = threading.RLock()
+        # Held through a whole commit (which may wait for the store), never by readers: a store
+        # without quorum makes edits wait, not the managers' calls.
+        self._commit_lock = threading.Lock()
         self._closed = False
-        self._load()
+        self._take(self.backend.load(self.job))
 
-    def _load(self) -> None:
-        """(Re)read the job's records: at open, and when another writer appended first."""
-        records = self.backend.load(self.job)
+    def _take(self, records: JobRecords) -> None:
+        """Hold ``records``: the job as read at open, or again because another writer changed it."""
         meta = records.meta
         self._meta = meta
         self._rows: list[Change] = records.rows
@@ -132,11 +134,17 @@ class ConfigStore:
     def reload(self) -> None:
         """Re-read the job's records: another lighthouse on the same store changed them.
 
-        The job's current step never goes down (the highest one seen here or stored wins).
+        Read outside the lock (readers never wait for the store); records older than what is
+        held (a commit of ours landed meanwhile) are ignored, unless the job was deleted or
+        recreated. The job's current step never goes down.
         """
+        records = self.backend.load(self.job)
         with self._lock:
-            if not self._closed:
-                self._load()
+            newest = records.rows[-1].version if records.rows else 0
+            recreated = records.meta.get("state_id") not in (None, self.state_id)
+            if self._closed or (records.rows and newest < self.head and not recreated):
+                return
+            self._take(records)
 
     # ------------------------------------------------------------------ reads
     @property
@@ -213,13 +221,13 @@ class ConfigStore:
 
     def scheduled(self) -> list[dict[str, Any]]:
         """Every scheduled change with its status: pending, in_effect or cancelled."""
+        rows = self._rows
+        # Read before taking the lock: the backend may be slow (etcd) and readers must not wait.
+        switches = self.backend.switches(self.job) if any(r.scheduled for r in rows) else []
         with self._lock:
             out = []
-            switches = None
             for row in self._rows:
-                if row.effective_step is not None and switches is None:
-                    switches = self.backend.switches(self.job)
-                if row.effective_step is None or switches is None:
+                if row.effective_step is None:
                     continue
                 if row.version in self._cancelled:
                     status = "cancelled"
@@ -250,6 +258,19 @@ class ConfigStore:
             raise ValueError(f"unknown op {op!r}")
         if effective_step is not None and effective_step < 0:
             raise ConfigError("effective_step must be a step >= 0")
+        with self._commit_lock:
+            return self._commit(op, change, source, author, comment, effective_step, if_match)
+
+    def _commit(
+        self,
+        op: str,
+        change: dict[str, Any],
+        source: str,
+        author: str,
+        comment: str,
+        effective_step: int | None,
+        if_match: int | None,
+    ) -> Change:
         for _ in range(MAX_COMMIT_RETRIES):
             with self._lock:
                 if if_match is not None and if_match != self.head:
@@ -272,18 +293,23 @@ class ConfigStore:
                     "last_version": str(version),
                     "state_id": self.state_id,
                 }
-                try:
-                    self.backend.append(self.job, row, meta, expected_head=self.head)
-                except HeadMoved:
-                    self._load()  # another lighthouse committed first: order after it
-                    continue
+                expected = self.head
+            try:  # outside the lock: readers and managers' calls never wait for the store
+                self.backend.append(self.job, row, meta, expected_head=expected)
+            except HeadMoved:
+                self.reload()  # another lighthouse committed first: order after it
+                continue
+            with self._lock:
                 self._meta.update(meta)
-                self._rows.append(row)
-                self._next_version = version + 1
+                if self.head < version:  # else a reload (the watch) brought it in already
+                    self._rows.append(row)
+                self._next_version = max(self._next_version, version + 1)
                 if op == "cancel":
                     self._cancelled.add(int(change["version"]))
-                self._prune()
-                return row
+                pruned = self._prune()
+            if pruned is not None:
+                self.backend.prune(self.job, *pruned)
+            return row
         raise VersionConflict(version, self.head)
 
     def advance_step(self, step: int) -> bool:
@@ -334,9 +360,9 @@ class ConfigStore:
         return self._meta.get(f"file:{path}")
 
     def set_file_hash(self, path: str, digest: str) -> None:
+        self.backend.set_meta(self.job, {f"file:{path}": digest})
         with self._lock:
             self._meta[f"file:{path}"] = digest
-            self.backend.set_meta(self.job, {f"file:{path}": digest})
 
     def discard(self) -> None:
         """Stop using this store without writing anything more (its job is being deleted)."""
@@ -425,8 +451,9 @@ class ConfigStore:
             if step > row.effective_step and previous >= row.effective_step
         ]
 
-    def _prune(self) -> None:
-        """Drop the oldest versions beyond history_limit, folding them into the per-step base.
+    def _prune(self) -> tuple[set[int], dict[str, str], int] | None:
+        """Drop the oldest versions beyond history_limit, folding them into the per-step base;
+        returns what the backend must prune (done outside the lock), or None.
 
         Only a prefix that is both the oldest versions and the first in apply
         order can go, so every remaining version still resolves exactly. The
@@ -434,7 +461,7 @@ class ConfigStore:
         scheduled change holds back pruning of later versions until its step.
         """
         if self.history_limit is None or len(self._rows) <= self.history_limit:
-            return
+            return None
         # A cancelled change applies nowhere at or after its cancel: it can go whenever it is old enough.
         ordered = sorted(
             self._rows, key=lambda r: (-FOREVER if r.version in self._cancelled else r.order_step, r.version)
@@ -451,7 +478,7 @@ class ConfigStore:
             if newest == versions[k - 1]:
                 count = k  # the first k in apply order are the k oldest versions
         if count == 0:
-            return
+            return None
         prefix = ordered[:count]
         cancels = {int(r.change["version"]) for r in prefix if r.op == "cancel"} | self._pruned_cancels
         points: list[int] = sorted(
@@ -471,8 +498,8 @@ class ConfigStore:
         # Step switches to pruned versions go too, but for each group's latest one: it still
         # tells which (pruned) version the group served from that step on.
         oldest = min(r.version for r in self._rows if r.version not in gone)
-        self.backend.prune(self.job, gone, meta, oldest)
         self._meta.update(meta)
         self._base = base
         self._pruned_cancels = cancels
         self._rows = [r for r in self._rows if r.version not in gone]
+        return gone, meta, oldest
