@@ -140,9 +140,9 @@ class JobRegistry:
         if state.config_path is not None and state.config_path.exists():
             raise JobBusy(f"job {job} is loaded from {state.config_path}: remove that file first")
         with self._lock:
+            self.backend.delete_job(job)  # first: a store that cannot delete now leaves the job as it was
             self._states.pop(job, None)
             state.store.discard()
-            self.backend.delete_job(job)
             if job == DEFAULT_JOB:
                 self._states[DEFAULT_JOB] = self._new_state(DEFAULT_JOB)
         logger.info("job %s deleted", job)
