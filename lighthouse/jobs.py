@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from lighthouse.backend import StoreBackend
+from lighthouse.backend import StoreBackend, StoreUnavailable
 from lighthouse.config_file import FileContent, load_initial
 from lighthouse.state import LighthouseState
 from lighthouse.store import ConfigStore, NotFound
@@ -59,15 +59,24 @@ class JobRegistry:
             subscribe(self._job_changed, self._step_stored)
 
     def _job_changed(self, job: str, head: int) -> None:
-        """Another lighthouse changed ``job`` (its head is now ``head``): serve what the store holds."""
-        state = self._states.get(job)
-        if state is None:
-            if head != 0:
-                self.serve(job)  # opens it from the store
-            return
-        if state.store.head != head:  # else our own write, or already reloaded
-            state.reload()
-            logger.info("job %s: version %d from the shared store", job, state.store.head)
+        """Another lighthouse changed ``job`` (its head is now ``head``): serve what the store holds.
+
+        StoreUnavailable propagates (the watch delivers the change again); any other failure
+        is this job's alone and must not stall the watch of every job.
+        """
+        try:
+            state = self._states.get(job)
+            if state is None:
+                if head != 0:
+                    self.serve(job)  # opens it from the store
+                return
+            if state.store.head != head:  # else our own write, or already reloaded
+                state.reload()
+                logger.info("job %s: version %d from the shared store", job, state.store.head)
+        except StoreUnavailable:
+            raise
+        except Exception:
+            logger.exception("job %s: change from the shared store not taken", job)
 
     def _step_stored(self, job: str, step: int) -> None:
         state = self._states.get(job)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from lighthouse.client import LighthouseClient
-from tests.etcd_cluster import EtcdCluster, free_port, require_etcd
+from tests.etcd_cluster import EtcdCluster, free_port, make_certs, require_etcd
 from tests.http_util import call, change, get_json, history, live, wait_healthy
 from tests.procs import (
     LighthouseProc,
@@ -282,3 +282,24 @@ def test_quorum_loss_refuses_edits_keeps_serving_and_recovers(
     bad = [r for r in records if r["source"] == "fallback"]
     assert not bad, (len(records), bad[:3], bad[-3:], m.stderr(), a.stderr()[-3000:])
     assert {r["config"]["lr"] for r in records} == {"0.1", "0.5"}  # 0.9 was never committed
+
+
+def test_lighthouses_on_etcd_over_mutual_tls(tmp_path: Path, procs: ProcessPool) -> None:
+    require_etcd()
+    certs = make_certs(tmp_path / "certs")
+    with EtcdCluster(tmp_path / "etcd", size=1, tls=certs) as cluster:
+        store = f"etcds://{cluster.endpoints}/tls"
+        files = ["--store-ca", str(certs.ca), "--store-cert", str(certs.client_cert)]
+        files += ["--store-key", str(certs.client_key)]
+        a, b = (procs.lighthouse(store=store, extra=files) for _ in range(2))
+        try:
+            version = version_of(change(a.url, "PUT", {"lr": 1}))
+            poll(lambda: live(b.url)["version"] == version, 5, what="b serves the edit")
+        finally:
+            procs.stop_all()  # before etcd stops
+        no_client_cert = procs.spawn(
+            [sys.executable, "-m", "lighthouse", "serve", "--http-bind", "off", "--bind", "127.0.0.1:0",
+             "--store", store, "--store-ca", str(certs.ca)],
+            "lighthouse",
+        )  # fmt: skip
+        assert no_client_cert.wait(timeout=30) == 1  # etcd requires a client certificate

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from lighthouse.backend import Change, HeadMoved, StoreUnavailable
@@ -17,6 +18,7 @@ from lighthouse.etcd_backend import DEFAULT_PREFIX, EtcdBackend, open_etcd_store
 from lighthouse.jobs import JobRegistry
 from lighthouse.store import ConfigStore, VersionConflict
 from lighthouse.values import MAX_CONFIG_BYTES
+from protos.etcd import rpc_pb2, rpc_pb2_grpc
 from tests.etcd_cluster import EtcdCluster, free_port
 from tests.procs import poll
 
@@ -180,3 +182,18 @@ def test_a_registry_serves_what_another_lighthouse_committed(backends: list[Etcd
     finally:
         here.close()
         there.close()
+
+
+def test_a_watch_that_missed_compacted_revisions_reloads_every_job(
+    etcd1: EtcdCluster, backends: list[EtcdBackend]
+) -> None:
+    late, writer = backends  # ``late`` read the store before the writes below
+    store = ConfigStore(job="j", backend=writer)
+    for i in range(3):
+        store.commit("put", {"i": i}, source="t")
+    revision = writer.client.get("/").revision
+    with grpc.insecure_channel(etcd1.endpoints.split(",")[0]) as channel:
+        rpc_pb2_grpc.KVStub(channel).Compact(rpc_pb2.CompactionRequest(revision=revision, physical=True))
+    changed: list[tuple[str, int]] = []
+    late.subscribe(lambda job, head: changed.append((job, head)), lambda job, step: None)
+    poll(lambda: ("j", -1) in changed, 10, what="a reload of every job after the compaction")
