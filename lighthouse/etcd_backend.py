@@ -50,7 +50,9 @@ DEFAULT_TIMEOUT = 5.0
 MAX_ROW_WITH_CONFIG = 1024 * 1024
 MAX_REQUEST = 1536 * 1024 - 16 * 1024
 TXN_OPS = 100  # etcd's default --max-txn-ops is 128
-FLUSH_PAUSE = 0.05
+# Queued job steps and switches are written at most this often (one transaction per job whose
+# step moved), so another lighthouse orders its changes by a step at most this old.
+FLUSH_PAUSE = 0.25
 FLUSH_BACKOFF_MAX = 2.0
 FLUSH_TIMEOUT = 2.0  # per call of the background writer, so closing never waits long for it
 
@@ -149,6 +151,10 @@ class EtcdBackend:
     Raises StoreUnavailable at construction when etcd cannot be reached within ``timeout``.
     """
 
+    # Stores hand over every job step (``set_meta`` only queues it; the writer coalesces), so the
+    # other lighthouses order changes by a step at most FLUSH_PAUSE old.
+    step_save_interval = 0.0
+
     def __init__(
         self,
         endpoints: str | list[str],
@@ -167,6 +173,7 @@ class EtcdBackend:
         self._seen_switches: dict[str, list[Switch]] = {}  # last read, served when etcd is unreachable
         self._known_jobs: set[str] = set()
         self._base_revision: dict[str, int] = {}  # mod revision of each job's pruned base, as loaded
+        self._stored_steps: dict[str, tuple[int, int]] = {}  # job -> (step, mod revision) last seen
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._watch: etcd_client.Watch | None = None
@@ -344,6 +351,7 @@ class EtcdBackend:
             self._pending_switches.pop(job, None)
             self._seen_switches.pop(job, None)
             self._base_revision.pop(job, None)
+            self._stored_steps.pop(job, None)
         with _mapped():
             self.client.txn([], [Delete(self._job(job), prefix=True), Delete(self._index(job))])
 
@@ -394,17 +402,22 @@ class EtcdBackend:
                         pending.pop(sw, None)
 
     def _store_max_step(self, job: str, step: int, timeout: float | None) -> None:
-        """Raise the stored job step to ``step`` unless another lighthouse stored a higher one."""
+        """Raise the stored job step to ``step`` unless another lighthouse stored a higher one
+        (compare-and-swap on the key's revision, usually one transaction)."""
         key = self._job(job) + "meta/current_step"
-        while True:
-            current = self.client.get(key, timeout=timeout).kvs
-            if current and int(current[0].value) >= step:
-                return
-            revision = current[0].mod_revision if current else 0
-            if self.client.txn(
-                [Compare(key, "mod", "==", revision)], [Put(key, str(step))], timeout=timeout
-            ).succeeded:
-                return
+        with self._lock:
+            stored, revision = self._stored_steps.get(job, (-1, 0))
+        while stored < step:
+            result = self.client.txn(
+                [Compare(key, "mod", "==", revision)], [Put(key, str(step))], [Get(key)], timeout=timeout
+            )
+            if result.succeeded:
+                stored, revision = step, result.revision
+            else:  # another lighthouse wrote it since: compare with what is there now
+                kvs = result.gets[0]
+                stored, revision = (int(kvs[0].value), kvs[0].mod_revision) if kvs else (-1, 0)
+        with self._lock:
+            self._stored_steps[job] = (stored, revision)
 
     # ------------------------------------------------------------------ watch
     def subscribe(self, on_job_changed: JobChanged, on_step: StepChanged) -> None:

@@ -316,7 +316,9 @@ class ConfigStore:
         """Note that some group reached ``step``; True when that moved the job's current step.
 
         Saved at most once a second (and with every commit), so a restarted
-        lighthouse orders new changes after steps the job had already passed.
+        lighthouse orders new changes after steps the job had already passed. A backend
+        with its own ``step_save_interval`` (etcd queues steps and writes them in the
+        background) is given each one.
         """
         if step <= self._current_step:
             return False
@@ -325,7 +327,7 @@ class ConfigStore:
                 return False
             self._current_step = step
             now = time.monotonic()
-            if now - self._step_saved_at >= STEP_SAVE_INTERVAL:
+            if now - self._step_saved_at >= getattr(self.backend, "step_save_interval", STEP_SAVE_INTERVAL):
                 self._step_saved_at = now
                 self.backend.set_meta(self.job, {"current_step": str(step)})
             return True
