@@ -3,6 +3,10 @@
 ``ConfigStore`` (one per job) keeps the logic (resolve, scheduling, pruning,
 late groups); a backend only stores and returns records, so the logic never
 knows whether it runs on the embedded SQLite file or on etcd.
+
+A backend shared by several lighthouses (etcd) also offers
+``subscribe(on_job_changed, on_step)``: the job registry then reloads a job
+another lighthouse changed and adopts the job step it stored.
 """
 
 from __future__ import annotations
