@@ -3,6 +3,10 @@
 ``ConfigStore`` (one per job) keeps the logic (resolve, scheduling, pruning,
 late groups); a backend only stores and returns records, so the logic never
 knows whether it runs on the embedded SQLite file or on etcd.
+
+A backend shared by several lighthouses (etcd) also offers
+``subscribe(on_job_changed, on_step)``: the job registry then reloads a job
+another lighthouse changed and adopts the job step it stored.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ class JobRecords:
 
     rows: list[Change] = field(default_factory=list)
     meta: dict[str, str] = field(default_factory=dict)
+    # Versions whose ``config`` the backend did not keep (etcd, when change + config would not
+    # fit in one request): the store recomputes them, ``config`` being a function of the rows.
+    unresolved: set[int] = field(default_factory=set)
 
 
 class HeadMoved(Exception):

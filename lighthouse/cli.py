@@ -83,6 +83,17 @@ def main() -> None:
     help="Where every version is stored durably [default: $XDG_STATE_HOME/lighthouse-config].",
 )
 @click.option(
+    "--store",
+    "store_url",
+    default=None,
+    metavar="etcd://HOST:PORT[,HOST:PORT...][/PREFIX]",
+    help="Keep the versions in etcd instead of --state-dir, so several lighthouses serve the same "
+    "jobs (etcds:// = TLS; default prefix /lighthouse-config).",
+)
+@click.option("--store-ca", default=None, help="CA bundle that signed etcd's certificates (etcds://).")
+@click.option("--store-cert", default=None, help="Client certificate for etcd (mutual TLS).")
+@click.option("--store-key", default=None, help="Key of --store-cert.")
+@click.option(
     "--admin-token",
     envvar="LIGHTHOUSE_ADMIN_TOKEN",
     default=None,
@@ -126,14 +137,27 @@ def serve(
     log_level: str,
     config_dir: Path | None,
     tokens_path: Path | None,
+    store_url: str | None,
+    store_ca: str | None,
+    store_cert: str | None,
+    store_key: str | None,
 ) -> None:
     """Serve the config. Prints the gRPC address (line 1) and dashboard URL (line 2)."""
     configure_logging(log_level)
     termination = Termination()
+    from lighthouse.backend import StoreUnavailable
+    from lighthouse.etcd_backend import open_etcd_store
     from lighthouse.server import LighthouseServer
 
+    if store_url is not None and state_dir is not None:
+        raise click.UsageError(
+            "--state-dir is for the embedded store; with --store the versions live in etcd"
+        )
     state_dir = state_dir or default_state_dir()
+    backend = None
     try:
+        if store_url is not None:
+            backend = open_etcd_store(store_url, ca=store_ca, cert=store_cert, key=store_key)
         job_tokens = load_job_tokens(tokens_path) if tokens_path is not None else None
         server = LighthouseServer(
             bind,
@@ -149,11 +173,12 @@ def serve(
             schema_path=schema_path,
             tls=tls,
             http_tls=http_tls == "on",
+            backend=backend,
         )
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, StoreUnavailable) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     if admin_token is None and http_bind.lower() != "off":
@@ -162,7 +187,7 @@ def serve(
         )
     url = server.dashboard_url()
     announce(server.address(), *([url] if url else []))
-    logger.info("state in %s", state_dir)
+    logger.info("state in %s", store_url or state_dir)
     name = termination.wait()
     logger.info("%s received, shutting down", name)
     server.shutdown()

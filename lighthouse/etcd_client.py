@@ -149,8 +149,11 @@ class Put:
 
 @dataclass(frozen=True)
 class Delete:
+    """One key, every key under it (``prefix``), or the keys in [key, ``range_end``)."""
+
     key: str | bytes
     prefix: bool = False
+    range_end: str | bytes | None = None
 
 
 Op = Get | Put | Delete
@@ -220,9 +223,8 @@ def _op_pb(op: Op) -> rpc_pb2.RequestOp:
             request_put=rpc_pb2.PutRequest(key=_bytes(op.key), value=_bytes(op.value), lease=op.lease)
         )
     key = _bytes(op.key)
-    return rpc_pb2.RequestOp(
-        request_delete_range=rpc_pb2.DeleteRangeRequest(key=key, range_end=_range_end(key, op.prefix))
-    )
+    end = _bytes(op.range_end) if op.range_end is not None else _range_end(key, op.prefix)
+    return rpc_pb2.RequestOp(request_delete_range=rpc_pb2.DeleteRangeRequest(key=key, range_end=end))
 
 
 @dataclass
@@ -336,16 +338,24 @@ class EtcdClient:
         prefix: bool = False,
         revision: int = 0,
         serializable: bool = False,
+        limit: int = 0,
+        keys_only: bool = False,
         timeout: timedelta | float | None = None,
     ) -> GetResult:
         """The key (or every key under the prefix, sorted by key) at ``revision`` (0: latest).
 
         ``serializable`` reads the answering member's local copy: it works without a
         quorum but may be stale; the default read is linearizable (needs a quorum).
+        ``limit`` caps how many keys come back (0: all); ``keys_only`` leaves values empty.
         """
         k = _bytes(key)
         request = rpc_pb2.RangeRequest(
-            key=k, range_end=_range_end(k, prefix), revision=revision, serializable=serializable
+            key=k,
+            range_end=_range_end(k, prefix),
+            revision=revision,
+            serializable=serializable,
+            limit=limit,
+            keys_only=keys_only,
         )
         reply = self._call(lambda s, t: s.kv.Range(request, timeout=t), timeout)
         return GetResult([KeyValue.from_pb(kv) for kv in reply.kvs], reply.header.revision)

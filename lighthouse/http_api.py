@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from lighthouse.admin_api import AdminApi
+from lighthouse.backend import StoreUnavailable
 from lighthouse.http_messages import (
     MAX_BODY_BYTES,
     HttpError,
@@ -107,6 +108,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
             resp = error_response(HttpError(422, str(exc), violations=exc.violations))
         except ConfigError as exc:
             resp = error_response(HttpError(400, str(exc)))
+        except StoreUnavailable as exc:
+            resp = error_response(HttpError(503, str(exc)))
         except (TimeoutError, ConnectionError):
             self.close_connection = True
             return

@@ -24,10 +24,13 @@ class JobSchema:
         self.store = store
         self.path = path.resolve() if path is not None else None
         self.error: str | None = None  # why the --schema file is not in force
-        stored = store.schema()
-        self.schema: Schema | None = (
-            load_schema(stored["schema"]) if stored and stored["schema"] is not None else None
-        )
+        self.schema: Schema | None = None
+        self.reload()
+
+    def reload(self) -> None:
+        """Take the schema the store holds (at start, and when another lighthouse changed it)."""
+        stored = self.store.schema()
+        self.schema = load_schema(stored["schema"]) if stored and stored["schema"] is not None else None
 
     def check(self, plan: Plan) -> None:
         """Refuse a commit when a config it makes, live or at a later step, breaks the schema.
@@ -55,7 +58,7 @@ class JobSchema:
         scheduled config (or ``against``, a config about to load) violates it, unless ``force``."""
         schema = load_schema(document) if document is not None else None
         store = self.store
-        with store.lock:  # no commit between the check and the new schema
+        with store.commit_lock:  # no commit between the check and the new schema
             if schema is None:
                 violations = []
             elif against is not None:

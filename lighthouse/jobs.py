@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from lighthouse.backend import StoreBackend
+from lighthouse.backend import StoreBackend, StoreUnavailable
 from lighthouse.config_file import FileContent
 from lighthouse.state import LighthouseState
 from lighthouse.store import ConfigStore, NotFound
@@ -54,6 +54,34 @@ class JobRegistry:
         self._states[DEFAULT_JOB] = self._new_state(
             DEFAULT_JOB, default_config_path, default_schema_path, strict
         )
+        subscribe = getattr(backend, "subscribe", None)
+        if subscribe is not None:  # a store shared with other lighthouses (etcd)
+            subscribe(self._job_changed, self._step_stored)
+
+    def _job_changed(self, job: str, head: int) -> None:
+        """Another lighthouse changed ``job`` (its head is now ``head``): serve what the store holds.
+
+        StoreUnavailable propagates (the watch delivers the change again); any other failure
+        is this job's alone and must not stall the watch of every job.
+        """
+        try:
+            state = self._states.get(job)
+            if state is None:
+                if head != 0:
+                    self.serve(job)  # opens it from the store
+                return
+            if state.store.head != head:  # else our own write, or already reloaded
+                state.reload()
+                logger.info("job %s: version %d from the shared store", job, state.store.head)
+        except StoreUnavailable:
+            raise
+        except Exception:
+            logger.exception("job %s: change from the shared store not taken", job)
+
+    def _step_stored(self, job: str, step: int) -> None:
+        state = self._states.get(job)
+        if state is not None:
+            state.adopt_step(step)
 
     def _new_state(
         self,
@@ -140,9 +168,9 @@ class JobRegistry:
         if state.config_path is not None and state.config_path.exists():
             raise JobBusy(f"job {job} is loaded from {state.config_path}: remove that file first")
         with self._lock:
+            self.backend.delete_job(job)  # first: a store that cannot delete now leaves the job as it was
             self._states.pop(job, None)
             state.store.discard()
-            self.backend.delete_job(job)
             if job == DEFAULT_JOB:
                 self._states[DEFAULT_JOB] = self._new_state(DEFAULT_JOB)
         logger.info("job %s deleted", job)

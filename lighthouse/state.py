@@ -170,11 +170,26 @@ class LighthouseState:
                 replica_id, [(s.version, s.step, s.previous_step) for s in status.switches]
             )
         if plausible and self.store.advance_step(status.step):
-            # Appended to every reply: protobuf keeps the last value of a field, so the
-            # serialized snapshots stay as they are.
-            self._step_field = _CURRENT_STEP_TAG + _varint(self.store.current_step)
-            if len(self._snapshot.segments) > 1:
-                self._maybe_refresh_for_step()
+            self._step_moved()
+
+    def _step_moved(self) -> None:
+        # Appended to every reply: protobuf keeps the last value of a field, so the
+        # serialized snapshots stay as they are.
+        self._step_field = _CURRENT_STEP_TAG + _varint(self.store.current_step)
+        if len(self._snapshot.segments) > 1:
+            self._maybe_refresh_for_step()
+
+    def adopt_step(self, step: int) -> None:
+        """A job step another lighthouse on the same store reached: served and ordered by here too."""
+        if self.store.adopt_step(step):
+            self._step_moved()
+
+    def reload(self) -> None:
+        """Serve what the store holds now (another lighthouse on the same store changed the job)."""
+        self.store.reload()
+        self.schema.reload()
+        self._step_field = _CURRENT_STEP_TAG + _varint(self.store.current_step)
+        self.refresh()
 
     def _plausible_step(self, previous: int, step: int) -> bool:
         """Whether a manager's reported step may move the job's step (which orders every change).

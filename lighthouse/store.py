@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lighthouse.backend import Change, HeadMoved, StoreBackend, Switch
+from lighthouse.backend import Change, HeadMoved, JobRecords, StoreBackend, Switch
 from lighthouse.sqlite_backend import SqliteBackend, StateInUse
 from lighthouse.values import MAX_CONFIG_BYTES, ConfigError, ConfigTooLarge
 from protos.jobs import DEFAULT_JOB
@@ -140,12 +140,14 @@ class ConfigStore:
         self._owns_backend = backend is None
         self.backend: StoreBackend = backend if backend is not None else SqliteBackend(path)
         self._lock = threading.RLock()
+        # Held through a whole commit (which may wait for the store), never by readers: a store
+        # without quorum makes edits wait, not the managers' calls.
+        self._commit_lock = threading.Lock()
         self._closed = False
-        self._load()
+        self._take(self.backend.load(self.job))
 
-    def _load(self) -> None:
-        """(Re)read the job's records: at open, and when another writer appended first."""
-        records = self.backend.load(self.job)
+    def _take(self, records: JobRecords) -> None:
+        """Hold ``records``: the job as read at open, or again because another writer changed it."""
         meta = records.meta
         self._meta = meta
         self._rows: list[Change] = records.rows
@@ -166,8 +168,33 @@ class ConfigStore:
         self._pruned_cancels: set[int] = set(json.loads(meta.get("pruned_cancels", "[]")))
         self._cancelled.update(self._pruned_cancels)
         self._step_saved_at = time.monotonic()
+        for i, row in enumerate(self._rows):
+            if row.version in records.unresolved:
+                self._rows[i] = dataclasses.replace(
+                    row, config=self._resolve(self._rows, row.version, FOREVER)
+                )
+
+    def reload(self) -> None:
+        """Re-read the job's records: another lighthouse on the same store changed them.
+
+        Read outside the lock (readers never wait for the store); records older than what is
+        held (a commit of ours landed meanwhile) are ignored, unless the job was deleted or
+        recreated. The job's current step never goes down.
+        """
+        records = self.backend.load(self.job)
+        with self._lock:
+            newest = records.rows[-1].version if records.rows else 0
+            recreated = records.meta.get("state_id") not in (None, self.state_id)
+            if self._closed or (records.rows and newest < self.head and not recreated):
+                return
+            self._take(records)
 
     # ------------------------------------------------------------------ reads
+    @property
+    def commit_lock(self) -> threading.Lock:
+        """Held by every commit (and a schema change): changes are checked and stored one at a time."""
+        return self._commit_lock
+
     @property
     def lock(self) -> threading.RLock:
         """Hold to read several things from one instant (no commit in between)."""
@@ -226,13 +253,13 @@ class ConfigStore:
 
     def scheduled(self) -> list[dict[str, Any]]:
         """Every scheduled change with its status: pending, in_effect or cancelled."""
+        rows = self._rows
+        # Read before taking the lock: the backend may be slow (etcd) and readers must not wait.
+        switches = self.backend.switches(self.job) if any(r.scheduled for r in rows) else []
         with self._lock:
             out = []
-            switches = None
             for row in self._rows:
-                if row.effective_step is not None and switches is None:
-                    switches = self.backend.switches(self.job)
-                if row.effective_step is None or switches is None:
+                if row.effective_step is None:
                     continue
                 if row.version in self._cancelled:
                     status = "cancelled"
@@ -296,8 +323,17 @@ class ConfigStore:
     ) -> Plan:
         """Plan ``edits``, let ``check`` refuse the plan (by raising), then store it in one transaction.
 
-        A dry run stops before writing, so it answers exactly what the commit would.
+        A dry run stops before writing, so it answers exactly what the commit would. Commits
+        run one at a time (the commit lock) and wait for the backend outside the store's lock:
+        readers and managers' calls never wait for the store (etcd without quorum).
         """
+        with self._commit_lock:
+            return self._apply(edits, if_match, check, dry_run)
+
+    def _apply(
+        self, edits: list[Edit], if_match: int | None, check: Callable[[Plan], None] | None, dry_run: bool
+    ) -> Plan:
+        expected = self.head
         for _ in range(MAX_COMMIT_RETRIES):
             with self._lock:
                 plan = self.plan(edits, if_match=if_match)
@@ -310,24 +346,31 @@ class ConfigStore:
                     "last_version": str(plan.version),
                     "state_id": self.state_id,
                 }
-                try:
-                    self.backend.append(self.job, list(plan.rows), meta, expected_head=self.head)
-                except HeadMoved:
-                    self._load()  # another lighthouse committed first: plan again after it
-                    continue
+                expected = self.head
+            try:  # outside the lock: readers and managers' calls never wait for the store
+                self.backend.append(self.job, list(plan.rows), meta, expected_head=expected)
+            except HeadMoved:
+                self.reload()  # another lighthouse committed first: plan again after it
+                continue
+            with self._lock:
                 self._meta.update(meta)
-                self._rows.extend(plan.rows)
-                self._next_version = plan.version + 1
+                head = self.head  # past plan.version when a reload (the watch) brought them in already
+                self._rows.extend(r for r in plan.rows if r.version > head)
+                self._next_version = max(self._next_version, plan.version + 1)
                 self._cancelled.update(int(r.change["version"]) for r in plan.rows if r.op == "cancel")
-                self._prune()
-                return plan
-        raise VersionConflict(plan.version - 1, self.head)
+                pruned = self._prune()
+            if pruned is not None:
+                self.backend.prune(self.job, *pruned)
+            return plan
+        raise VersionConflict(expected, self.head)
 
     def advance_step(self, step: int) -> bool:
         """Note that some group reached ``step``; True when that moved the job's current step.
 
         Saved at most once a second (and with every commit), so a restarted
-        lighthouse orders new changes after steps the job had already passed.
+        lighthouse orders new changes after steps the job had already passed. A backend
+        with its own ``step_save_interval`` (etcd queues steps and writes them in the
+        background) is given each one.
         """
         if step <= self._current_step:
             return False
@@ -336,9 +379,20 @@ class ConfigStore:
                 return False
             self._current_step = step
             now = time.monotonic()
-            if now - self._step_saved_at >= STEP_SAVE_INTERVAL:
+            if now - self._step_saved_at >= getattr(self.backend, "step_save_interval", STEP_SAVE_INTERVAL):
                 self._step_saved_at = now
                 self.backend.set_meta(self.job, {"current_step": str(step)})
+            return True
+
+    def adopt_step(self, step: int) -> bool:
+        """Take a job step another lighthouse reached (it stored it); True when it moved ours.
+
+        Nothing is written: the step is already in the store.
+        """
+        with self._lock:
+            if step <= self._current_step or self._closed:
+                return False
+            self._current_step = step
             return True
 
     def record_switches(self, replica_id: str, switches: Iterable[tuple[int, int, int]]) -> None:
@@ -360,9 +414,9 @@ class ConfigStore:
         return self._meta.get(f"file:{path}")
 
     def set_file_hash(self, path: str, digest: str) -> None:
+        self.backend.set_meta(self.job, {f"file:{path}": digest})
         with self._lock:
             self._meta[f"file:{path}"] = digest
-            self.backend.set_meta(self.job, {f"file:{path}": digest})
 
     def discard(self) -> None:
         """Stop using this store without writing anything more (its job is being deleted)."""
@@ -522,8 +576,9 @@ class ConfigStore:
             if step > row.effective_step and previous >= row.effective_step
         ]
 
-    def _prune(self) -> None:
-        """Drop the oldest versions beyond history_limit, folding them into the per-step base.
+    def _prune(self) -> tuple[set[int], dict[str, str], int] | None:
+        """Drop the oldest versions beyond history_limit, folding them into the per-step base;
+        returns what the backend must prune (done outside the lock), or None.
 
         Only a prefix that is both the oldest versions and the first in apply
         order can go, so every remaining version still resolves exactly. The
@@ -531,7 +586,7 @@ class ConfigStore:
         scheduled change holds back pruning of later versions until its step.
         """
         if self.history_limit is None or len(self._rows) <= self.history_limit:
-            return
+            return None
         # A cancelled change applies nowhere at or after its cancel: it can go whenever it is old enough.
         ordered = sorted(
             self._rows, key=lambda r: (-FOREVER if r.version in self._cancelled else r.order_step, r.version)
@@ -548,7 +603,7 @@ class ConfigStore:
             if newest == versions[k - 1]:
                 count = k  # the first k in apply order are the k oldest versions
         if count == 0:
-            return
+            return None
         prefix = ordered[:count]
         cancels = {int(r.change["version"]) for r in prefix if r.op == "cancel"} | self._pruned_cancels
         points: list[int] = sorted(
@@ -568,8 +623,8 @@ class ConfigStore:
         # Step switches to pruned versions go too, but for each group's latest one: it still
         # tells which (pruned) version the group served from that step on.
         oldest = min(r.version for r in self._rows if r.version not in gone)
-        self.backend.prune(self.job, gone, meta, oldest)
         self._meta.update(meta)
         self._base = base
         self._pruned_cancels = cancels
         self._rows = [r for r in self._rows if r.version not in gone]
+        return gone, meta, oldest

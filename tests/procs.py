@@ -177,13 +177,20 @@ class ProcessPool:
         bind: str = "127.0.0.1:0",
         http_bind: str = "127.0.0.1:0",
         extra: Sequence[str] = (),
+        store: str | None = None,
     ) -> LighthouseProc:
-        """Start ``lighthouse serve``; ``config`` (dict or raw text) is written to a file first."""
+        """Start ``lighthouse serve``; ``config`` (dict or raw text) is written to a file first.
+
+        ``store`` (``etcd://...``) keeps the versions in etcd instead of a state directory.
+        """
         if config is not None:
             config_path = config_path or self.tmp_path / "config.json"
             config_path.write_text(config if isinstance(config, str) else json.dumps(config))
         args = [sys.executable, "-m", "lighthouse", "serve", "--bind", bind, "--http-bind", http_bind]
-        args += ["--state-dir", str(state_dir or self.tmp_path / "state")]
+        if store is None:
+            args += ["--state-dir", str(state_dir or self.tmp_path / "state")]
+        else:
+            args += ["--store", store]
         if config_path is not None:
             args += ["--config", str(config_path)]
         args += list(extra)

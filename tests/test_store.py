@@ -1,4 +1,8 @@
-"""ConfigStore (versioned SQLite store, resolve semantics) and the change paths of LighthouseState."""
+"""ConfigStore (versioned store, resolve semantics) and the change paths of LighthouseState.
+
+Every test that takes ``open_store`` (or ``store``) runs on both backends: SQLite and a real
+etcd (one prefix per test). Tests about the SQLite file itself say so and take paths.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,52 @@ import hashlib
 import json
 import random
 import sqlite3
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lighthouse.config_file import FileContent, read_config_file
+from lighthouse.etcd_backend import EtcdBackend
 from lighthouse.state import LighthouseState
 from lighthouse.store import FOREVER, ConfigStore, NotFound, VersionConflict
 from lighthouse.values import ConfigError
 from protos import lighthouse_config_pb2 as pb
 
+StoreOpener = Callable[..., ConfigStore]
+
+
+@pytest.fixture(params=["sqlite", "etcd"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreOpener]:
+    """``open_store(name=None, history_limit=None)``: a store; the same ``name`` reopens the same
+    records (a SQLite file, or an etcd prefix), as a restarted lighthouse would; no name: a fresh one.
+
+    On etcd, reopening first closes the backend the previous store of that name used (a
+    restarted lighthouse's previous process is gone: its queued writes are flushed).
+    """
+    backends: dict[str, EtcdBackend] = {}
+    endpoints = request.getfixturevalue("etcd1").endpoints if request.param == "etcd" else ""
+    run = uuid.uuid4().hex
+
+    def open_(name: str | None = None, history_limit: int | None = None) -> ConfigStore:
+        if request.param == "sqlite":
+            return ConfigStore(tmp_path / f"{name}.db" if name else None, history_limit=history_limit)
+        name = name or uuid.uuid4().hex
+        if name in backends:
+            backends[name].close()
+        backend = backends[name] = EtcdBackend(endpoints, prefix=f"/test-store/{run}/{name}")
+        return ConfigStore(backend=backend, history_limit=history_limit)
+
+    yield open_
+    for backend in backends.values():
+        backend.close()
+
 
 @pytest.fixture
-def store() -> ConfigStore:
-    return ConfigStore(None)
+def store(open_store: StoreOpener) -> ConfigStore:
+    return open_store()
 
 
 def put(store: ConfigStore, config: dict[str, Any], **kw: Any) -> int:
@@ -55,40 +90,39 @@ def test_versions_increase_by_one_and_rows_are_complete(store: ConfigStore) -> N
     assert store.get(1).config == {"a": 1}
 
 
-def test_versions_strictly_increase_across_reopen(tmp_path: Path) -> None:
-    db = tmp_path / "state" / "lighthouse.db"
+def test_versions_strictly_increase_across_reopen(open_store: StoreOpener) -> None:
     seen: list[int] = []
     state_ids: set[str] = set()
     for round_ in range(3):
-        s = ConfigStore(db)
+        s = open_store("db")
         state_ids.add(s.state_id)
         assert s.head == (seen[-1] if seen else 0)
         for i in range(3):
             seen.append(put(s, {"round": round_, "i": i}))
         s.close()
     assert seen == sorted(seen) and len(set(seen)) == len(seen)
-    assert len(state_ids) == 1  # same file, same state
-    s = ConfigStore(db)
+    assert len(state_ids) == 1  # same records, same state
+    s = open_store("db")
     assert s.live() == {"round": 2, "i": 2}
     assert [h["version"] for h in s.history()] == seen[::-1]
     s.close()
-    assert ConfigStore(tmp_path / "other.db").state_id not in state_ids  # a fresh state
+    assert open_store("other").state_id not in state_ids  # a fresh state
 
 
-def test_versions_never_reused_after_pruning_and_reopen(tmp_path: Path) -> None:
-    db = tmp_path / "lighthouse.db"
-    s = ConfigStore(db, history_limit=1)
+def test_versions_never_reused_after_pruning_and_reopen(open_store: StoreOpener) -> None:
+    s = open_store("db", history_limit=1)
     last = 0
     for i in range(5):
         last = put(s, {"i": i})
     s.close()
-    s = ConfigStore(db, history_limit=1)
+    s = open_store("db", history_limit=1)
     assert s.head == last
     assert put(s, {"i": "next"}) == last + 1
     s.close()
 
 
 def test_commit_is_durable_without_close(tmp_path: Path) -> None:
+    """SQLite only: reads the database file with another connection."""
     db = tmp_path / "lighthouse.db"
     s = ConfigStore(db)
     put(s, {"k": "v"})
@@ -98,32 +132,30 @@ def test_commit_is_durable_without_close(tmp_path: Path) -> None:
     s.close()
 
 
-def test_current_step_survives_reopen(tmp_path: Path) -> None:
-    db = tmp_path / "lighthouse.db"
-    s = ConfigStore(db)
+def test_current_step_survives_reopen(open_store: StoreOpener) -> None:
+    s = open_store("db")
     assert s.advance_step(5) is True
     assert s.advance_step(3) is False
     assert s.advance_step(5) is False
     assert s.current_step == 5
     s.close()
-    s2 = ConfigStore(db)
+    s2 = open_store("db")
     assert s2.current_step == 5
     s2.close()
 
 
-def test_unicode_and_nested_values_round_trip(tmp_path: Path) -> None:
-    db = tmp_path / "lighthouse.db"
+def test_unicode_and_nested_values_round_trip(open_store: StoreOpener) -> None:
     config = {"学习率": 0.5, "émoji🚀": {"nested": [1, None, {"ключ": "значение"}]}, "s": "ü"}
-    s = ConfigStore(db)
+    s = open_store("db")
     put(s, config)
     s.close()
-    s = ConfigStore(db)
+    s = open_store("db")
     assert s.live() == config
     s.close()
 
 
-def test_close_twice_is_safe(tmp_path: Path) -> None:
-    s = ConfigStore(tmp_path / "x.db")
+def test_close_twice_is_safe(open_store: StoreOpener) -> None:
+    s = open_store("x")
     s.close()
     s.close()
 
@@ -303,14 +335,13 @@ def test_cancel_refusals(store: ConfigStore) -> None:
     assert store.head == 4  # only the one accepted cancel
 
 
-def test_cancel_survives_reopen(tmp_path: Path) -> None:
-    db = tmp_path / "lighthouse.db"
-    s = ConfigStore(db)
+def test_cancel_survives_reopen(open_store: StoreOpener) -> None:
+    s = open_store("db")
     put(s, {"lr": 1})
     v2 = patch(s, {"lr": 2}, effective_step=100)
     s.commit("cancel", {"version": v2}, source="t")
     s.close()
-    s = ConfigStore(db)
+    s = open_store("db")
     assert s.resolve(s.head, 200) == {"lr": 1}
     with pytest.raises(ConfigError, match="already cancelled"):
         s.commit("cancel", {"version": v2}, source="t")
@@ -320,9 +351,8 @@ def test_cancel_survives_reopen(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ history_limit pruning
 
 
-def test_pruning_keeps_the_limit_and_the_content(tmp_path: Path) -> None:
-    db = tmp_path / "lighthouse.db"
-    s = ConfigStore(db, history_limit=3)
+def test_pruning_keeps_the_limit_and_the_content(open_store: StoreOpener) -> None:
+    s = open_store("db", history_limit=3)
     put(s, {"a": 0, "keep": "me"})
     for i in range(1, 10):
         patch(s, {"a": i, f"k{i}": i})
@@ -335,14 +365,14 @@ def test_pruning_keeps_the_limit_and_the_content(tmp_path: Path) -> None:
         s.resolve(2, 0)
     assert s.resolve(9, 0) == {k: v for k, v in expected.items() if k != "k9"} | {"a": 8}
     s.close()
-    s = ConfigStore(db, history_limit=3)  # the folded base is durable
+    s = open_store("db", history_limit=3)  # the folded base is durable
     assert s.live() == expected
     assert len(s.history()) == 3
     s.close()
 
 
-def test_pruning_never_drops_the_head() -> None:
-    s = ConfigStore(None, history_limit=1)
+def test_pruning_never_drops_the_head(open_store: StoreOpener) -> None:
+    s = open_store(history_limit=1)
     for i in range(5):
         patch(s, {"a": i}) if i else put(s, {"a": i})
         assert s.history()[0]["version"] == s.head
@@ -350,8 +380,8 @@ def test_pruning_never_drops_the_head() -> None:
         assert s.live() == {"a": i}
 
 
-def test_pruning_keeps_scheduled_changes_in_place() -> None:
-    s = ConfigStore(None, history_limit=2)
+def test_pruning_keeps_scheduled_changes_in_place(open_store: StoreOpener) -> None:
+    s = open_store(history_limit=2)
     put(s, {"lr": 1})
     s.advance_step(10)
     v_sched = patch(s, {"lr": 2}, effective_step=100)
@@ -363,10 +393,10 @@ def test_pruning_keeps_scheduled_changes_in_place() -> None:
     assert s.get(v_sched).effective_step == 100
 
 
-def test_pruning_continues_after_a_cancelled_schedule() -> None:
+def test_pruning_continues_after_a_cancelled_schedule(open_store: StoreOpener) -> None:
     # A cancelled scheduled change (and its cancel) no longer affects any step: it must not stop
     # --history-limit from bounding the history for the rest of the lighthouse's life.
-    s = ConfigStore(None, history_limit=3)
+    s = open_store(history_limit=3)
     put(s, {"a": 0})
     s.advance_step(10)
     v2 = patch(s, {"b": 1}, effective_step=50)
@@ -454,10 +484,10 @@ def file_content(path: Path, text: str) -> FileContent:
     return read_config_file(path)
 
 
-def test_apply_file_only_on_new_content(tmp_path: Path) -> None:
+def test_apply_file_only_on_new_content(tmp_path: Path, open_store: StoreOpener) -> None:
     path = tmp_path / "c.json"
     path.write_text('{"lr": 1}')
-    store = ConfigStore(tmp_path / "db" / "lighthouse.db")
+    store = open_store("db")
     state = state_with(store, path)
     assert store.head == 1 and store.latest() is not None and store.latest().source == "file"  # type: ignore[union-attr]
     assert store.file_hash(str(path.resolve())) == hashlib.sha256(b'{"lr": 1}').hexdigest()
@@ -478,51 +508,50 @@ def test_apply_file_only_on_new_content(tmp_path: Path) -> None:
     store.close()
 
 
-def test_restart_with_unchanged_file_keeps_api_edits(tmp_path: Path) -> None:
+def test_restart_with_unchanged_file_keeps_api_edits(tmp_path: Path, open_store: StoreOpener) -> None:
     path = tmp_path / "c.json"
     path.write_text('{"lr": 1}')
-    db = tmp_path / "db" / "lighthouse.db"
-    store = ConfigStore(db)
+    store = open_store("db")
     state = state_with(store, path)
     state.change("patch", {"lr": 7}, source="api")
     store.close()
 
-    store = ConfigStore(db)
+    store = open_store("db")
     state = state_with(store, path)  # same file bytes: the stored (edited) version stays live
     assert store.head == 2 and store.live() == {"lr": 7}
     store.close()
 
     path.write_text('{"lr": 8}')
-    store = ConfigStore(db)
+    store = open_store("db")
     state = state_with(store, path)  # the file changed while the lighthouse was down: it wins
     assert store.head == 3 and store.live() == {"lr": 8}
     assert state.snapshot.config == {"lr": "8"}
     store.close()
 
 
-def test_invalid_file_at_startup_keeps_stored_config(tmp_path: Path) -> None:
+def test_invalid_file_at_startup_keeps_stored_config(tmp_path: Path, open_store: StoreOpener) -> None:
     path = tmp_path / "c.json"
     path.write_text('{"lr": 1}')
-    db = tmp_path / "lighthouse.db"
-    store = ConfigStore(db)
+    store = open_store("db")
     state_with(store, path)
     store.close()
     path.write_text("not json")
-    store = ConfigStore(db)
+    store = open_store("db")
     state = state_with(store, path)
     assert store.live() == {"lr": 1}
     assert state.file_error is not None and str(path) in state.file_error
     store.close()
     with pytest.raises(ConfigError):
-        LighthouseState(ConfigStore(None), path, strict=True)
+        LighthouseState(open_store(), path, strict=True)
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_pruning_never_changes_what_any_step_resolves_to(seed: int) -> None:
+def test_pruning_never_changes_what_any_step_resolves_to(seed: int, open_store: StoreOpener) -> None:
     # Random histories of puts, patches (with deletes), scheduled changes, cancels and step
-    # progress: a pruned store must resolve every step exactly like one that keeps everything.
+    # progress: a pruned store must resolve every step exactly like one that keeps everything,
+    # also once reopened from its records.
     rnd = random.Random(seed)
-    full, pruned = ConfigStore(None), ConfigStore(None, history_limit=rnd.randint(1, 5))
+    full, pruned = open_store(), open_store("pruned", history_limit=rnd.randint(1, 5))
     stores = (full, pruned)
     for st in stores:
         st.commit("put", {"x": 0}, source="t")
@@ -550,6 +579,10 @@ def test_pruning_never_changes_what_any_step_resolves_to(seed: int) -> None:
         for step in (-1, 0, 10, 50, 99, 100, 120, 10**9):
             assert full.resolve(full.head, step) == pruned.resolve(pruned.head, step), (i, step)
     assert len(pruned.history(limit=1000)) <= len(full.history(limit=1000))
+    pruned.close()
+    reopened = open_store("pruned")
+    for step in (-1, 0, 10, 50, 99, 100, 120, 10**9):
+        assert full.resolve(full.head, step) == reopened.resolve(reopened.head, step), step
 
 
 def test_late_groups_are_those_that_served_steps_past_s_with_an_older_version(store: ConfigStore) -> None:
@@ -564,8 +597,8 @@ def test_late_groups_are_those_that_served_steps_past_s_with_an_older_version(st
     assert item["late_groups"] == [{"replica_id": "late", "switched_at_step": 130, "late_by_steps": 30}]
 
 
-def test_pruning_also_bounds_the_step_switches() -> None:
-    s = ConfigStore(None, history_limit=3)
+def test_pruning_also_bounds_the_step_switches(open_store: StoreOpener) -> None:
+    s = open_store(history_limit=3)
     s.commit("put", {"a": 0}, source="t")
     for i in range(1, 60):
         s.commit("patch", {"a": i}, source="t")

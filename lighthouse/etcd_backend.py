@@ -1,0 +1,498 @@
+"""The etcd store backend: every job's versions in an etcd cluster, so several lighthouses share them.
+
+Key layout under PREFIX (default ``/lighthouse-config``; numbers zero-padded to 20
+digits so keys sort by number)::
+
+    {p}/index/{job}                                   ""  (the job stored a version)
+    {p}/jobs/{job}/head                               latest version, decimal
+    {p}/jobs/{job}/v/{version}                        one Change as JSON
+    {p}/jobs/{job}/meta/{key}                         meta value (current_step, state_id, base, file:...)
+    {p}/jobs/{job}/sw/{replica}/{step}/{version}      previous_step of a step switch
+    {p}/jobs/{job}/schema/{time_ns}                   one schema change as JSON (id: create revision)
+
+An append is one transaction comparing the job's head, so two lighthouses never
+both commit a version and ``If-Match`` conflicts hold across lighthouses. A row
+holds its change and, when both fit in one etcd request (etcd refuses requests
+above ``--max-request-bytes``, 1.5 MiB by default), the resolved config; else the
+store recomputes the config on load (it is a function of the rows).
+
+The job step is written with "max" semantics (a compare-and-swap loop), so a
+lighthouse never lowers a step another one stored. Steps and step switches come
+from managers' calls: they are queued and written by a background thread, so a
+manager's call never waits for etcd (nor fails when etcd has no quorum).
+
+Each lighthouse watches the prefix (``subscribe``) and reloads a job when its head
+moved, so an edit made through one lighthouse is served by all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from lighthouse import etcd_client
+from lighthouse.backend import Change, HeadMoved, JobRecords, StoreUnavailable, Switch
+from lighthouse.etcd_client import Compare, Delete, EtcdClient, EtcdError, EtcdTLS, Event, Get, Put
+from lighthouse.values import ConfigTooLarge
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "/lighthouse-config"
+DEFAULT_TIMEOUT = 5.0
+# etcd's default --max-request-bytes is 1.5 MiB; a row with its config must leave room for the
+# rest of the append transaction (head, meta, index keys).
+MAX_ROW_WITH_CONFIG = 1024 * 1024
+MAX_REQUEST = 1536 * 1024 - 16 * 1024
+TXN_OPS = 100  # etcd's default --max-txn-ops is 128
+# Queued job steps and switches are written at most this often (one transaction per job whose
+# step moved), so another lighthouse orders its changes by a step at most this old.
+FLUSH_PAUSE = 0.25
+FLUSH_BACKOFF_MAX = 2.0
+FLUSH_TIMEOUT = 2.0  # per call of the background writer, so closing never waits long for it
+
+JobChanged = Callable[[str, int], None]  # (job, head now; 0 when deleted, -1 when unknown)
+StepChanged = Callable[[str, int], None]  # (job, step stored)
+
+
+def _num(n: int) -> str:
+    return f"{n:020d}"
+
+
+def _no_quorum(exc: Exception) -> StoreUnavailable:
+    return StoreUnavailable(f"the config store has no quorum (etcd cannot commit now): {exc}")
+
+
+@contextmanager
+def _mapped() -> Iterator[None]:
+    """etcd_client's StoreUnavailable -> the backend interface's (HTTP 503)."""
+    try:
+        yield
+    except etcd_client.StoreUnavailable as exc:
+        raise _no_quorum(exc) from None
+
+
+@dataclass(frozen=True)
+class StoreUrl:
+    endpoints: list[str]
+    prefix: str
+    tls: bool
+
+
+def parse_store_url(url: str) -> StoreUrl:
+    """``etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`` (``etcds://`` = TLS); ValueError says what is wrong."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("etcd", "etcds"):
+        raise ValueError(f"store {url!r}: expected etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (or etcds://)")
+    hosts, slash, path = rest.partition("/")
+    endpoints = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not endpoints:
+        raise ValueError(f"store {url!r}: no etcd endpoint (expected etcd://HOST:PORT[,HOST:PORT...])")
+    for endpoint in endpoints:
+        try:
+            port = urlsplit(f"//{endpoint}").port
+        except ValueError:
+            port = None
+        if port is None:
+            raise ValueError(f"store {url!r}: endpoint {endpoint!r} is not HOST:PORT")
+    prefix = ("/" + path).rstrip("/") if slash and path.strip("/") else DEFAULT_PREFIX
+    return StoreUrl(endpoints, prefix, scheme == "etcds")
+
+
+def open_etcd_store(
+    url: str, *, ca: str | None = None, cert: str | None = None, key: str | None = None
+) -> EtcdBackend:
+    """The backend ``--store URL`` names; ValueError for a bad URL, StoreUnavailable when etcd
+    cannot be reached."""
+    parsed = parse_store_url(url)
+    if not parsed.tls and (ca or cert or key):
+        raise ValueError(f"store {url!r}: certificates given but the scheme is etcd:// (use etcds://)")
+    if bool(cert) != bool(key):
+        raise ValueError("--store-cert and --store-key go together (mutual TLS)")
+    tls = EtcdTLS(ca=ca, cert=cert, key=key) if parsed.tls else None
+    return EtcdBackend(parsed.endpoints, parsed.prefix, tls=tls)
+
+
+def _row_json(row: Change, with_config: bool) -> bytes:
+    data: dict[str, Any] = {
+        "version": row.version,
+        "op": row.op,
+        "change": row.change,
+        "effective_step": row.effective_step,
+        "order_step": row.order_step,
+        "created_at": row.created_at,
+        "source": row.source,
+        "author": row.author,
+        "comment": row.comment,
+    }
+    if with_config:
+        data["config"] = row.config
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _row(value: bytes) -> tuple[Change, bool]:
+    """The Change and whether its config was stored."""
+    d = json.loads(value)
+    row = Change(
+        d["version"], d["op"], d["change"], d.get("config", {}), d["effective_step"], d["order_step"],
+        d["created_at"], d["source"], d["author"], d["comment"],
+    )  # fmt: skip
+    return row, "config" in d
+
+
+class EtcdBackend:
+    """Every job under one etcd prefix; safe to share between threads and between lighthouses.
+
+    Raises StoreUnavailable at construction when etcd cannot be reached within ``timeout``.
+    """
+
+    # Stores hand over every job step (``set_meta`` only queues it; the writer coalesces), so the
+    # other lighthouses order changes by a step at most FLUSH_PAUSE old.
+    step_save_interval = 0.0
+
+    def __init__(
+        self,
+        endpoints: str | list[str],
+        prefix: str = DEFAULT_PREFIX,
+        tls: EtcdTLS | None = None,
+        timeout: timedelta | float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.prefix = prefix.rstrip("/")
+        if not self.prefix:
+            raise ValueError("the etcd prefix must not be empty (default /lighthouse-config)")
+        self.client = EtcdClient(endpoints, timeout=timeout, tls=tls)
+        self._jobs_key = f"{self.prefix}/jobs/"
+        self._lock = threading.Lock()
+        self._pending_steps: dict[str, int] = {}
+        self._pending_switches: dict[str, dict[tuple[str, int, int], int]] = {}
+        self._seen_switches: dict[str, list[Switch]] = {}  # last read, served when etcd is unreachable
+        self._known_jobs: set[str] = set()
+        self._base_revision: dict[str, int] = {}  # mod revision of each job's pruned base, as loaded
+        self._stored_steps: dict[str, tuple[int, int]] = {}  # job -> (step, mod revision) last seen
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._watch: etcd_client.Watch | None = None
+        try:
+            with _mapped():
+                self._start_revision = self.client.get(self.prefix + "/", prefix=True, limit=1).revision
+        except BaseException:
+            self.client.close()
+            raise
+        self._flusher = threading.Thread(target=self._flush_loop, name="etcd-store-flush", daemon=True)
+        self._flusher.start()
+
+    # ------------------------------------------------------------------ keys
+    def _job(self, job: str) -> str:
+        return f"{self._jobs_key}{job}/"
+
+    def _index(self, job: str) -> str:
+        return f"{self.prefix}/index/{job}"
+
+    # ------------------------------------------------------------------ reads
+    def is_empty(self) -> bool:
+        """No key under the prefix (what ``lighthouse migrate`` requires)."""
+        with _mapped():
+            return not self.client.get(self.prefix + "/", prefix=True, limit=1, keys_only=True).kvs
+
+    def jobs(self) -> list[str]:
+        index = f"{self.prefix}/index/"
+        with _mapped():
+            kvs = self.client.get(index, prefix=True, keys_only=True).kvs
+        return sorted(kv.key.decode()[len(index) :] for kv in kvs)
+
+    def load(self, job: str) -> JobRecords:
+        base = self._job(job)
+        with _mapped():  # one transaction: rows and meta from one revision
+            result = self.client.txn([], [Get(base + "v/", prefix=True), Get(base + "meta/", prefix=True)])
+        with self._lock:
+            self._known_jobs.add(job)
+        records = JobRecords()
+        for kv in result.gets[0]:
+            row, has_config = _row(kv.value)
+            records.rows.append(row)
+            if not has_config:
+                records.unresolved.add(row.version)
+        records.meta = {kv.key.decode()[len(base) + 5 :]: kv.value.decode() for kv in result.gets[1]}
+        base_kv = [kv.mod_revision for kv in result.gets[1] if kv.key == (base + "meta/base").encode()]
+        with self._lock:
+            self._base_revision[job] = base_kv[0] if base_kv else 0
+        with self._lock:
+            step = self._pending_steps.get(job)
+        if step is not None and step > int(records.meta.get("current_step", "-1")):
+            records.meta["current_step"] = str(step)
+        return records
+
+    def switches(self, job: str) -> list[Switch]:
+        """Stored and queued switches; when etcd cannot answer, the last ones read (views stay up)."""
+        key = self._job(job) + "sw/"
+        with self._lock:  # before the read: a switch leaves the queue only once it is stored
+            pending = [(r, v, s, p) for (r, s, v), p in self._pending_switches.get(job, {}).items()]
+        try:
+            kvs = self.client.get(key, prefix=True, serializable=True, timeout=1.0).kvs
+        except etcd_client.StoreUnavailable as exc:
+            log.debug("job %s: switches from the last read (%s)", job, exc)
+            with self._lock:
+                stored = list(self._seen_switches.get(job, []))
+        else:
+            stored = []
+            for kv in kvs:
+                replica, step, version = kv.key.decode()[len(key) :].rsplit("/", 2)
+                stored.append((replica, int(version), int(step), int(kv.value)))
+            with self._lock:
+                self._seen_switches[job] = stored
+        return sorted(set(stored) | set(pending), key=lambda sw: (sw[0], sw[2], sw[1]))
+
+    # ----------------------------------------------------------------- writes
+    def append(self, job: str, rows: list[Change], meta: dict[str, str], expected_head: int) -> None:
+        base = self._job(job)
+        head = base + "head"
+        values = [_row_json(row, with_config=True) for row in rows]
+        if sum(map(len, values)) > MAX_ROW_WITH_CONFIG:
+            values = [_row_json(row, with_config=False) for row in rows]  # recomputed on load
+        size = sum(map(len, values))
+        if size > MAX_REQUEST:
+            raise ConfigTooLarge(f"the change is {size} bytes of JSON, more than etcd accepts")
+        meta = dict(meta)
+        step = meta.pop("current_step", None)
+        row_keys = [base + "v/" + _num(row.version) for row in rows]
+        compare = (
+            Compare(head, "create", "==", 0)
+            if expected_head == 0
+            else Compare(head, "value", "==", str(expected_head))
+        )
+        ops = [
+            *(Put(key, value) for key, value in zip(row_keys, values, strict=True)),
+            Put(head, str(rows[-1].version)),
+            Put(self._index(job), ""),
+            *(Put(base + "meta/" + k, v) for k, v in meta.items()),
+        ]
+        with _mapped():
+            result = self.client.txn([compare], ops, [Get(row_keys[-1]), Get(head)])
+        if not result.succeeded:
+            mine, current = result.gets
+            if mine and mine[0].value == values[-1]:
+                log.debug("job %s: version %d was committed by an earlier attempt", job, rows[-1].version)
+            else:
+                now = current[0].value.decode() if current else "0"
+                raise HeadMoved(f"job {job}: head is {now}, expected {expected_head}")
+        if step is not None:
+            self._queue_step(job, int(step))
+
+    def add_schema(self, job: str, record: dict[str, Any]) -> None:
+        """Schema changes sort by key (time of the change); their ``id`` is etcd's create revision."""
+        key = self._job(job) + "schema/" + _num(time.time_ns())
+        with _mapped():
+            self.client.put(key, json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+
+    def schemas(self, job: str, limit: int) -> list[dict[str, Any]]:
+        with _mapped():
+            kvs = self.client.get(self._job(job) + "schema/", prefix=True).kvs
+        out = [{**json.loads(kv.value), "id": kv.create_revision} for kv in kvs]
+        return sorted(out, key=lambda r: r["id"], reverse=True)[:limit]
+
+    def set_meta(self, job: str, items: dict[str, str]) -> None:
+        """``current_step`` is queued (max of every lighthouse's); anything else is written now."""
+        items = dict(items)
+        step = items.pop("current_step", None)
+        if step is not None:
+            self._queue_step(job, int(step))
+        if items:
+            base = self._job(job) + "meta/"
+            with _mapped():
+                self.client.txn([], [Put(base + k, v) for k, v in items.items()])
+
+    def add_switches(self, job: str, switches: list[Switch]) -> None:
+        with self._lock:
+            pending = self._pending_switches.setdefault(job, {})
+            for replica, version, step, previous in switches:
+                pending.setdefault((replica, step, version), previous)
+        self._wake.set()
+
+    def prune(self, job: str, gone: set[int], meta: dict[str, str], oldest_kept: int) -> None:
+        """Best effort: when etcd cannot take it now, the versions stay (pruning never changes what
+        any version resolves to) and the next prune deletes them too."""
+        if not gone:
+            return
+        base = self._job(job)
+        # Every version up to the newest gone one: the gone ones are the oldest, and this also
+        # removes those an earlier, failed prune left.
+        ops: list[etcd_client.Op] = [
+            Delete(base + "v/", range_end=base + "v/" + _num(max(gone) + 1)),
+            *(Put(base + "meta/" + k, v) for k, v in meta.items()),
+        ]
+        if sum(len(k) + len(v.encode()) for k, v in meta.items()) > MAX_REQUEST:
+            log.warning("job %s: the pruned history's base is too large for one etcd request; kept", job)
+            return
+        with self._lock:
+            loaded = self._base_revision.get(job, 0)
+        # Only over the base this store folded into: another lighthouse may have pruned further.
+        unchanged = Compare(base + "meta/base", "mod", "==", loaded)
+        try:
+            result = self.client.txn([unchanged], ops)
+            if not result.succeeded:
+                log.info("job %s: another lighthouse pruned the history first", job)
+                return
+            with self._lock:
+                self._base_revision[job] = result.revision
+            self._flush(only=job)  # the queued switches too
+            self._prune_switches(job, oldest_kept)
+        except (etcd_client.StoreUnavailable, EtcdError) as exc:
+            log.warning("job %s: pruning postponed: %s", job, exc)
+
+    def _prune_switches(self, job: str, oldest_kept: int) -> None:
+        """Drop switches to versions before ``oldest_kept`` but each group's latest such one."""
+        key = self._job(job) + "sw/"
+        latest: dict[str, int] = {}
+        old: list[tuple[str, int, bytes]] = []
+        for kv in self.client.get(key, prefix=True, keys_only=True).kvs:
+            replica, step, version = kv.key.decode()[len(key) :].rsplit("/", 2)
+            if int(version) < oldest_kept:
+                latest[replica] = max(latest.get(replica, int(step)), int(step))
+                old.append((replica, int(step), kv.key))
+        doomed = [Delete(k) for replica, step, k in old if step < latest[replica]]
+        for i in range(0, len(doomed), TXN_OPS):
+            self.client.txn([], doomed[i : i + TXN_OPS])
+
+    def delete_job(self, job: str) -> None:
+        with self._lock:
+            self._pending_steps.pop(job, None)
+            self._pending_switches.pop(job, None)
+            self._seen_switches.pop(job, None)
+            self._base_revision.pop(job, None)
+            self._stored_steps.pop(job, None)
+        with _mapped():
+            self.client.txn([], [Delete(self._job(job), prefix=True), Delete(self._index(job))])
+
+    # ------------------------------------------------------------- queued writes
+    def _queue_step(self, job: str, step: int) -> None:
+        with self._lock:
+            if step > self._pending_steps.get(job, -1):
+                self._pending_steps[job] = step
+        self._wake.set()
+
+    def _flush_loop(self) -> None:
+        backoff = FLUSH_PAUSE
+        while not self._stopping.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                self._flush(timeout=FLUSH_TIMEOUT)
+                backoff = FLUSH_PAUSE
+            except (etcd_client.StoreUnavailable, EtcdError) as exc:
+                log.warning("etcd store: job steps and step switches not saved yet: %s", exc)
+                self._wake.set()  # retry after a pause
+                backoff = min(backoff * 2, FLUSH_BACKOFF_MAX)
+            self._stopping.wait(backoff)
+
+    def _flush(self, timeout: float | None = None, only: str | None = None) -> None:
+        """Write the queued steps and switches (of every job or ``only`` one); what fails stays queued."""
+        with self._lock:
+            steps = [(job, step) for job, step in self._pending_steps.items() if only in (None, job)]
+            switches = [
+                (job, list(items.items()))
+                for job, items in self._pending_switches.items()
+                if items and only in (None, job)
+            ]
+        for job, step in steps:
+            self._store_max_step(job, step, timeout)
+            with self._lock:
+                if self._pending_steps.get(job) == step:
+                    del self._pending_steps[job]
+        for job, items in switches:
+            key = self._job(job) + "sw/"
+            for i in range(0, len(items), TXN_OPS):
+                chunk = items[i : i + TXN_OPS]
+                puts = [Put(f"{key}{r}/{_num(s)}/{_num(v)}", str(p)) for (r, s, v), p in chunk]
+                self.client.txn([], puts, timeout=timeout)
+                with self._lock:
+                    pending = self._pending_switches.get(job, {})
+                    for sw, _ in chunk:
+                        pending.pop(sw, None)
+
+    def _store_max_step(self, job: str, step: int, timeout: float | None) -> None:
+        """Raise the stored job step to ``step`` unless another lighthouse stored a higher one
+        (compare-and-swap on the key's revision, usually one transaction)."""
+        key = self._job(job) + "meta/current_step"
+        with self._lock:
+            stored, revision = self._stored_steps.get(job, (-1, 0))
+        while stored < step:
+            result = self.client.txn(
+                [Compare(key, "mod", "==", revision)], [Put(key, str(step))], [Get(key)], timeout=timeout
+            )
+            if result.succeeded:
+                stored, revision = step, result.revision
+            else:  # another lighthouse wrote it since: compare with what is there now
+                kvs = result.gets[0]
+                stored, revision = (int(kvs[0].value), kvs[0].mod_revision) if kvs else (-1, 0)
+        with self._lock:
+            self._stored_steps[job] = (stored, revision)
+
+    # ------------------------------------------------------------------ watch
+    def subscribe(self, on_job_changed: JobChanged, on_step: StepChanged) -> None:
+        """Call ``on_job_changed(job, head)`` when a job's head moves (or it is deleted: head 0) and
+        ``on_step(job, step)`` when a job step is stored, from the revision this backend first read.
+
+        When etcd compacted the revisions the watch needed, every job is reported with head -1.
+        """
+
+        def events(batch: list[Event]) -> None:
+            heads: dict[str, int] = {}
+            steps: dict[str, int] = {}
+            pruned: set[str] = set()
+            for event in batch:
+                key = event.kv.key.decode()
+                if not key.startswith(self._jobs_key):
+                    continue
+                job, _, sub = key[len(self._jobs_key) :].partition("/")
+                if sub == "head":
+                    heads[job] = int(event.kv.value) if event.type == "put" else 0
+                elif sub == "meta/current_step" and event.type == "put":
+                    steps[job] = max(steps.get(job, -1), int(event.kv.value))
+                elif sub == "meta/base" and event.revision != self._base_revision.get(job):
+                    pruned.add(job)  # another lighthouse pruned: reload the folded base
+                elif sub.startswith("schema/"):
+                    pruned.add(job)  # a schema change (maybe another lighthouse's): reload it
+            for job in pruned:
+                heads[job] = -1
+            for job, step in steps.items():
+                on_step(job, step)
+            for job, head in heads.items():
+                on_job_changed(job, head)
+
+        def compacted() -> int:
+            result = self.client.get(f"{self.prefix}/index/", prefix=True, keys_only=True)
+            with self._lock:
+                jobs = set(self._known_jobs)
+            jobs.update(kv.key.decode().rsplit("/", 1)[1] for kv in result.kvs)
+            for job in sorted(jobs):
+                on_job_changed(job, -1)
+            return result.revision
+
+        self._watch = self.client.watch(
+            self.prefix + "/",
+            start_revision=self._start_revision + 1,
+            on_events=events,
+            on_compacted=compacted,
+        )
+
+    def close(self) -> None:
+        """Stop watching; write what is queued (bounded), then close the connection."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._wake.set()
+        if self._watch is not None:
+            self._watch.stop()
+        self._flusher.join(timeout=FLUSH_TIMEOUT + 1)
+        try:
+            self._flush(timeout=1.0)
+        except (etcd_client.StoreUnavailable, EtcdError) as exc:
+            log.warning("etcd store: closing with job steps or switches unsaved: %s", exc)
+        self.client.close()
