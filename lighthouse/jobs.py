@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,8 @@ class JobRegistry:
         self._history_limit = history_limit
         self._lock = threading.Lock()
         self._states: dict[str, LighthouseState] = {}
+        self._peers: Callable[[str], list[dict[str, Any]]] | None = None
+        self._lighthouse = ""
         for job in backend.jobs():
             self._states[job] = self._new_state(job)
         default = self._states.get(DEFAULT_JOB) or self._new_state(DEFAULT_JOB)
@@ -57,7 +61,22 @@ class JobRegistry:
 
     def _new_state(self, job: str) -> LighthouseState:
         store = ConfigStore(job=job, backend=self.backend, history_limit=self._history_limit)
-        return LighthouseState(store)
+        state = LighthouseState(store)
+        self._attach_peers(state)
+        return state
+
+    def set_peers(self, peers: Callable[[str], list[dict[str, Any]]], lighthouse: str) -> None:
+        """Merge ``peers(job)`` (the job's managers that talk to other lighthouses on the same store)
+        into every job's managers table; ``lighthouse`` names this one in that table."""
+        with self._lock:
+            self._peers, self._lighthouse = peers, lighthouse
+            for state in self._states.values():
+                self._attach_peers(state)
+
+    def _attach_peers(self, state: LighthouseState) -> None:
+        if self._peers is not None:
+            state.peers = partial(self._peers, state.job)
+            state.lighthouse = self._lighthouse
 
     # ------------------------------------------------------------- lookup
     @property
