@@ -20,11 +20,13 @@ import pytest
 from lighthouse.etcd_client import EtcdClient, Event
 from lighthouse.jobs import JobRegistry
 from lighthouse.peer_managers import PeerManagers
+from lighthouse.server import LighthouseServer
 from lighthouse.sqlite_backend import SqliteBackend
 from lighthouse.state import LighthouseState
 from lighthouse.store import ConfigStore
 from protos import lighthouse_config_pb2 as pb
 from tests.etcd_cluster import EtcdCluster, require_etcd
+from tests.http_util import call
 from tests.procs import ProcessPool, poll
 
 VISIBLE_WITHIN = 2.0  # the promise: a manager is listed by every lighthouse within 2 s
@@ -219,3 +221,43 @@ def test_managers_merge_keeps_the_latest_report() -> None:
         ("g1", 2, "other:1"),
     ]
     state.store.close()
+
+
+class SqliteWithEtcd(SqliteBackend):
+    """An in-memory store of its own plus the etcd client and prefix a shared (etcd) store carries:
+    the managers table is what is under test here, not the shared versions."""
+
+    def __init__(self, client: EtcdClient, prefix: str) -> None:
+        super().__init__(None)
+        self.client = client
+        self.prefix = prefix
+
+
+def test_lighthouse_servers_share_their_managers_over_http(
+    client: EtcdClient, prefix: str, procs: ProcessPool
+) -> None:
+    servers = []
+    try:
+        for _ in range(2):
+            servers.append(
+                LighthouseServer(
+                    "127.0.0.1:0", http_bind="127.0.0.1:0", backend=SqliteWithEtcd(client, prefix)
+                )
+            )
+        for i, server in enumerate(servers):
+            procs.manager(server.address(), f"group{i}")
+
+        def listed(server: LighthouseServer) -> dict[str, str]:
+            url = server.dashboard_url()
+            assert url is not None
+            rows = call(url, "GET", "/api/managers").json["managers"]
+            return {m["replica_id"]: m["lighthouse"] for m in rows}
+
+        expected = {"group0": servers[0].address(), "group1": servers[1].address()}
+        for server in servers:
+            poll(lambda s=server: listed(s) == expected, 10.0, what=f"{server.address()} lists both managers")
+        servers[0].shutdown()  # revokes its lease: the other forgets its managers
+        poll(lambda: "group0" not in listed(servers[1]), VISIBLE_WITHIN + MARGIN, what="group0 withdrawn")
+    finally:
+        for server in servers:
+            server.shutdown()
