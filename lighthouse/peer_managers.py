@@ -230,6 +230,7 @@ class PeerManagers:
         self._thread.start()
 
     def _run(self) -> None:
+        failing = False  # log a failure once, and the recovery, not every round
         while not self._stop.is_set():
             try:
                 if self._watch is None:
@@ -242,7 +243,13 @@ class PeerManagers:
                     )
                 self.publish()
             except (StoreUnavailable, EtcdError) as exc:
-                logger.warning("managers of other lighthouses: %s", exc)
+                if not failing:
+                    logger.warning("cannot share the managers table through etcd: %s", exc)
+                failing = True
+            else:
+                if failing:
+                    logger.info("sharing the managers table through etcd again")
+                failing = False
             self._stop.wait(self.interval)
 
     def stop(self) -> None:

@@ -8,6 +8,7 @@ real PeerManagers over one real etcd; managers report through
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 import threading
 import time
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import Page, expect
 
+import tests.test_dashboard_browser as dashboard_browser
 from lighthouse.etcd_client import EtcdClient, Event
 from lighthouse.jobs import JobRegistry
 from lighthouse.peer_managers import PeerManagers
@@ -28,6 +31,9 @@ from protos import lighthouse_config_pb2 as pb
 from tests.etcd_cluster import EtcdCluster, require_etcd
 from tests.http_util import call
 from tests.procs import ProcessPool, poll
+
+browser = dashboard_browser.browser  # Debian's Chromium, as the dashboard tests use
+page = dashboard_browser.page
 
 VISIBLE_WITHIN = 2.0  # the promise: a manager is listed by every lighthouse within 2 s
 MARGIN = 1.0
@@ -234,7 +240,7 @@ class SqliteWithEtcd(SqliteBackend):
 
 
 def test_lighthouse_servers_share_their_managers_over_http(
-    client: EtcdClient, prefix: str, procs: ProcessPool
+    client: EtcdClient, prefix: str, procs: ProcessPool, page: Page
 ) -> None:
     servers = []
     try:
@@ -256,6 +262,11 @@ def test_lighthouse_servers_share_their_managers_over_http(
         expected = {"group0": servers[0].address(), "group1": servers[1].address()}
         for server in servers:
             poll(lambda s=server: listed(s) == expected, 10.0, what=f"{server.address()} lists both managers")
+        url = servers[1].dashboard_url()
+        assert url is not None
+        page.goto(url + "jobs/default")  # the dashboard names the lighthouse each group talks to
+        row = page.locator('#managers tr[data-replica="group0"] td.mono')
+        expect(row).to_have_text(re.compile(f"via {re.escape(servers[0].address())}$"))
         servers[0].shutdown()  # revokes its lease: the other forgets its managers
         poll(lambda: "group0" not in listed(servers[1]), VISIBLE_WITHIN + MARGIN, what="group0 withdrawn")
     finally:
