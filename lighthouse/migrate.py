@@ -10,6 +10,7 @@ managers and operators already know.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from dataclasses import dataclass
@@ -19,13 +20,10 @@ from typing import Protocol
 import click
 
 from lighthouse import backend
-from lighthouse.backend import StoreBackend
-from lighthouse.etcd_client import EtcdError, EtcdTLS, StoreUnavailable
+from lighthouse.backend import Change, StoreBackend
+from lighthouse.etcd_client import EtcdError, StoreUnavailable
 from lighthouse.server import STORE_FILE
 from lighthouse.sqlite_backend import SqliteBackend, StateInUse
-from lighthouse.store_url import parse_store_url
-
-_FILE = click.Path(dir_okay=False, exists=True)
 
 
 class MigrationTarget(StoreBackend, Protocol):
@@ -65,30 +63,42 @@ def migrate(source: StoreBackend, target: MigrationTarget) -> list[CopiedJob]:
             target.add_switches(job, switches)
         last = records.rows[-1]  # jobs() lists only jobs with a version
         target.append(job, last, records.meta, expected_head=head)
-        _check(job, source, target)
         copied.append(CopiedJob(job, len(records.rows), records.rows[0].version, last.version, len(switches)))
+    check(source, target)
     return copied
 
 
-def _check(job: str, source: StoreBackend, target: StoreBackend) -> None:
-    want, got = source.load(job), target.load(job)
-    if got.rows != want.rows:
-        raise CopyMismatch(f"job {job}: the target's versions differ from the source's")
-    wrong = sorted(k for k, v in want.meta.items() if got.meta.get(k) != v)
-    if wrong:
-        raise CopyMismatch(f"job {job}: the target's meta differs from the source's ({', '.join(wrong)})")
-    if sorted(target.switches(job)) != sorted(source.switches(job)):
-        raise CopyMismatch(f"job {job}: the target's step switches differ from the source's")
+def check(source: StoreBackend, target: StoreBackend) -> None:
+    """Raise CopyMismatch unless ``target`` holds every job of ``source`` with the same records."""
+    if target.jobs() != source.jobs():
+        raise CopyMismatch(f"the target holds jobs {target.jobs()}, the source {source.jobs()}")
+    for job in source.jobs():
+        want, got = source.load(job), target.load(job)
+        if not _same_rows(want.rows, got.rows):
+            raise CopyMismatch(f"job {job}: the target's versions differ from the source's")
+        wrong = sorted(k for k, v in want.meta.items() if got.meta.get(k) != v)
+        if wrong:
+            raise CopyMismatch(f"job {job}: the target's meta differs from the source's ({', '.join(wrong)})")
+        if sorted(target.switches(job)) != sorted(source.switches(job)):
+            raise CopyMismatch(f"job {job}: the target's step switches differ from the source's")
 
 
-def open_etcd(url: str, tls: EtcdTLS | None) -> MigrationTarget:
-    """The etcd backend for a ``--store`` URL."""
-    endpoints, prefix, tls_scheme = parse_store_url(url)
-    if tls is None and tls_scheme:
-        tls = EtcdTLS()  # the system's CA roots
+def _same_rows(want: list[Change], got: list[Change]) -> bool:
+    """Equal rows; a backend may leave out a row's resolved config (etcd, when change and config do
+    not fit in one request), which the store recomputes from the rows."""
+    if len(want) != len(got):
+        return False
+    return all(
+        g == w or (not g.config and dataclasses.replace(g, config=w.config) == w)
+        for w, g in zip(want, got, strict=True)
+    )
+
+
+def open_etcd(url: str, ca: str | None, cert: str | None, key: str | None) -> MigrationTarget:
+    """The etcd backend a ``--store`` URL names (``lighthouse serve --store`` opens the same)."""
     # Imported by name: the etcd backend module is developed on another branch.
     etcd_backend = importlib.import_module("lighthouse.etcd_backend")
-    target: MigrationTarget = etcd_backend.EtcdBackend(endpoints, prefix, tls)
+    target: MigrationTarget = etcd_backend.open_etcd_store(url, ca=ca, cert=cert, key=key)
     return target
 
 
@@ -99,24 +109,33 @@ def open_etcd(url: str, tls: EtcdTLS | None) -> MigrationTarget:
     type=click.Path(file_okay=False, exists=True, path_type=Path),
     help="The SQLite state directory to copy (the lighthouse using it must be stopped).",
 )
-@click.option("--store", "store_url", required=True, help="Target: etcd://HOST:PORT[,HOST:PORT...][/PREFIX].")
-@click.option("--etcd-ca", type=_FILE, default=None, help="CA bundle that signed etcd's certificate.")
-@click.option("--etcd-cert", type=_FILE, default=None, help="Client certificate (mutual TLS).")
-@click.option("--etcd-key", type=_FILE, default=None, help="Client key (mutual TLS).")
+@click.option(
+    "--store",
+    "store_url",
+    required=True,
+    metavar="etcd://HOST:PORT[,HOST:PORT...][/PREFIX]",
+    help="The empty etcd prefix to copy into (etcds:// = TLS; default prefix /lighthouse-config).",
+)
+@click.option("--store-ca", default=None, help="CA bundle that signed etcd's certificates (etcds://).")
+@click.option("--store-cert", default=None, help="Client certificate for etcd (mutual TLS).")
+@click.option("--store-key", default=None, help="Key of --store-cert.")
 def migrate_command(
-    state_dir: Path, store_url: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None
+    state_dir: Path, store_url: str, store_ca: str | None, store_cert: str | None, store_key: str | None
 ) -> None:
     """Copy every job's history from --state-dir into an empty etcd prefix (refuses a non-empty one)."""
     db = state_dir / STORE_FILE
     if not db.exists():
         click.echo(f"error: no {STORE_FILE} in {state_dir}: not a lighthouse state directory", err=True)
         sys.exit(1)
-    tls = EtcdTLS(etcd_ca, etcd_cert, etcd_key) if etcd_ca or etcd_cert or etcd_key else None
-    source = target = None
+    source: SqliteBackend | None = None
+    target: MigrationTarget | None = None
     try:
         source = SqliteBackend(db)
-        target = open_etcd(store_url, tls)
+        target = open_etcd(store_url, store_ca, store_cert, store_key)
         copied = migrate(source, target)
+        target.close()  # writes what the backend queued (job steps, step switches)...
+        target = open_etcd(store_url, store_ca, store_cert, store_key)
+        check(source, target)  # ...and a fresh connection reads it all back
     except StateInUse as exc:
         click.echo(f"error: {exc}; stop that lighthouse before migrating", err=True)
         sys.exit(1)

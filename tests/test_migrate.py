@@ -3,13 +3,14 @@ that holds data."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from lighthouse.migrate import CopiedJob, TargetNotEmpty, migrate
+from lighthouse.migrate import CopiedJob, CopyMismatch, TargetNotEmpty, check, migrate
 from lighthouse.sqlite_backend import SqliteBackend
 from lighthouse.store import FOREVER, ConfigStore
 from tests.etcd_cluster import EtcdCluster, require_etcd
@@ -73,6 +74,34 @@ def test_migrate_copies_every_job_exactly(tmp_path: Path) -> None:
     assert store.commit("patch", {"y": 2}, source="api").version == 9
 
 
+def test_check_finds_a_record_that_differs(tmp_path: Path) -> None:
+    source = SqliteBackend(make_state(tmp_path))
+    for tamper, what in (
+        (lambda b: b.set_meta("llm", {"current_step": "11"}), r"meta differs.*\(current_step\)"),
+        (lambda b: b.add_switches("llm", [("w9", 2, 11, 10)]), "step switches differ"),
+        (lambda b: b.prune("default", {6}, {}, 7), "versions differ"),
+    ):
+        target = SqliteBackend(None)
+        migrate(source, target)
+        tamper(target)
+        with pytest.raises(CopyMismatch, match=what):
+            check(source, target)
+
+
+def test_check_accepts_a_row_whose_config_the_target_left_out(tmp_path: Path) -> None:
+    source = SqliteBackend(make_state(tmp_path))
+    target = SqliteBackend(None)
+    migrate(source, target)
+    row = target.load("llm").rows[-1]
+    target.delete_job("llm")
+    first = source.load("llm").rows[0]
+    target.append("llm", first, {}, expected_head=0)
+    bare = dataclasses.replace(row, config={})  # as etcd keeps a row too large for one request
+    target.append("llm", bare, source.load("llm").meta, expected_head=first.version)
+    target.add_switches("llm", source.switches("llm"))
+    check(source, target)
+
+
 def test_migrate_refuses_a_store_that_holds_data(tmp_path: Path) -> None:
     source = SqliteBackend(make_state(tmp_path))
     target = SqliteBackend(None)
@@ -119,6 +148,7 @@ def test_cli_refuses_a_state_dir_a_running_lighthouse_holds(tmp_path: Path, proc
 
 
 def test_cli_refuses_a_malformed_store_url(tmp_path: Path) -> None:
+    pytest.importorskip("lighthouse.etcd_backend")  # its URL parser (another branch until merged)
     make_state(tmp_path)
     done = run_migrate("--state-dir", str(tmp_path), "--store", "http://127.0.0.1:2379")
     assert done.returncode == 1
@@ -136,7 +166,7 @@ def test_cli_migrates_into_an_empty_etcd_prefix_only(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         assert "migrated 2 job(s)" in done.stdout
         source = SqliteBackend(db)
-        target = etcd_backend.EtcdBackend(cluster.endpoints.split(","), "/migrated", None)
+        target = etcd_backend.EtcdBackend(cluster.endpoints, "/migrated")
         try:
             assert target.jobs() == ["default", "llm"]
             for job in ("default", "llm"):
