@@ -272,3 +272,36 @@ def test_lighthouse_servers_share_their_managers_over_http(
     finally:
         for server in servers:
             server.shutdown()
+
+
+def serve_on_etcd(procs: ProcessPool, store: str) -> tuple[str, str]:
+    """A real ``lighthouse serve --store``; returns its gRPC address and dashboard URL."""
+    args = [sys.executable, "-m", "lighthouse", "serve", "--store", store]
+    lh = procs.spawn([*args, "--bind", "127.0.0.1:0", "--http-bind", "127.0.0.1:0"], "lighthouse")
+    return lh.readline(), lh.readline()
+
+
+def test_lighthouses_on_one_etcd_prefix_list_every_manager(
+    cluster: EtcdCluster, prefix: str, procs: ProcessPool
+) -> None:
+    # `serve --store` is written on another branch: this runs once both are merged.
+    pytest.importorskip("lighthouse.etcd_backend")
+    store = f"etcd://{cluster.endpoints}{prefix}"
+    (addr_a, url_a), (addr_b, url_b) = serve_on_etcd(procs, store), serve_on_etcd(procs, store)
+    procs.manager(addr_a, "g0")
+    procs.manager(addr_b, "g1")
+    procs.manager(addr_b, "w0", extra=["--job", "llm"])
+
+    def listed(url: str, job: str = "default") -> dict[str, str]:
+        rows = call(url, "GET", f"/api/jobs/{job}/managers").json["managers"]
+        return {m["replica_id"]: m["lighthouse"] for m in rows}
+
+    for url in (url_a, url_b):
+        poll(lambda u=url: listed(u) == {"g0": addr_a, "g1": addr_b}, 15.0, what=f"{url} lists g0 and g1")
+        poll(lambda u=url: listed(u, "llm") == {"w0": addr_b}, 15.0, what=f"{url} lists job llm's w0")
+    jobs = {line["job"]: line for line in call(url_a, "GET", "/api/jobs").json["jobs"]}
+    assert (jobs["default"]["managers"], jobs["llm"]["managers"]) == (2, 1)
+
+    b = next(p for p in procs.procs if p.name == "lighthouse" and p.seen[0] == addr_b)
+    b.popen.kill()  # SIGKILL: its lease expires; its managers leave lh-a's table with it
+    poll(lambda: listed(url_a) == {"g0": addr_a}, 15.0, what="lh-b's managers gone from lh-a")
