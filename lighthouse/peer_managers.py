@@ -10,7 +10,8 @@ in. A lighthouse that dies stops refreshing its lease, and etcd deletes its
 summaries when the lease expires.
 
 Ages cross hosts as wall-clock ``seen_at`` times: the monotonic clock of one
-process means nothing to another.
+process means nothing to another (so a remote manager's ``last_seen_s`` is as
+good as the hosts' clock sync, which NTP keeps well under a second).
 """
 
 from __future__ import annotations

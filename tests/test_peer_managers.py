@@ -149,6 +149,18 @@ def test_a_killed_lighthouse_s_managers_go_when_its_lease_expires(
         pool.stop_all()
 
 
+def test_a_lost_lease_is_replaced_and_the_managers_published_again(
+    client: EtcdClient, lighthouses: list[Lighthouse]
+) -> None:
+    a, b = lighthouses
+    a.report("g0")
+    poll(lambda: "g0" in b.managers(), VISIBLE_WITHIN + MARGIN, what="lh-b sees g0")
+    # What etcd does to a lighthouse cut off for longer than the TTL: its lease ends, its keys go.
+    client.lease_revoke(a.peers._lease)
+    poll(lambda: "g0" not in b.managers(), VISIBLE_WITHIN + MARGIN, what="g0 gone with the lease")
+    poll(lambda: "g0" in b.managers(), a.peers.ttl + VISIBLE_WITHIN, what="lh-a publishes g0 again")
+
+
 def test_writes_are_batched_however_many_manager_calls(
     client: EtcdClient, lighthouses: list[Lighthouse], prefix: str
 ) -> None:
