@@ -12,6 +12,7 @@ import click
 from lighthouse.access import load_job_tokens
 from lighthouse.admin_cli import config, jobs
 from lighthouse.daemon import Termination, announce, configure_logging
+from lighthouse.migrate import migrate_command
 from lighthouse.tls_options import server_tls_options
 from lighthouse.values import ConfigError
 from protos.rpc import DEFAULT_DASHBOARD_PORT, DEFAULT_LIGHTHOUSE_PORT
@@ -195,3 +196,4 @@ def serve(
 
 main.add_command(config)
 main.add_command(jobs)
+main.add_command(migrate_command)

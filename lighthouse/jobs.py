@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,8 @@ class JobRegistry:
         self._history_limit = history_limit
         self._lock = threading.Lock()
         self._states: dict[str, LighthouseState] = {}
+        self._peers: Callable[[str], list[dict[str, Any]]] | None = None
+        self._lighthouse = ""
         for job in backend.jobs():
             if job != DEFAULT_JOB:
                 self._states[job] = self._new_state(job)
@@ -91,7 +95,22 @@ class JobRegistry:
         strict: bool = False,
     ) -> LighthouseState:
         store = ConfigStore(job=job, backend=self.backend, history_limit=self._history_limit)
-        return LighthouseState(store, config_path, strict=strict, schema_path=schema_path)
+        state = LighthouseState(store, config_path, strict=strict, schema_path=schema_path)
+        self._attach_peers(state)
+        return state
+
+    def set_peers(self, peers: Callable[[str], list[dict[str, Any]]], lighthouse: str) -> None:
+        """Merge ``peers(job)`` (the job's managers that talk to other lighthouses on the same store)
+        into every job's managers table; ``lighthouse`` names this one in that table."""
+        with self._lock:
+            self._peers, self._lighthouse = peers, lighthouse
+            for state in self._states.values():
+                self._attach_peers(state)
+
+    def _attach_peers(self, state: LighthouseState) -> None:
+        if self._peers is not None:
+            state.peers = partial(self._peers, state.job)
+            state.lighthouse = self._lighthouse
 
     # ------------------------------------------------------------- lookup
     @property

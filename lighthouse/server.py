@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import grpc
 from lighthouse.backend import StoreBackend
 from lighthouse.config_file import ConfigDirWatcher, FileContent, FileWatcher, read_schema_file
 from lighthouse.jobs import JobRegistry, TooManyJobs
+from lighthouse.peer_managers import PeerManagers
 from lighthouse.sqlite_backend import SqliteBackend
 from lighthouse.state import LighthouseState
 from lighthouse.store import ConfigStore
@@ -61,6 +63,7 @@ class LighthouseServer:
         self._watchers: list[FileWatcher | ConfigDirWatcher] = []
         self._http = None
         self._server: grpc.Server | None = None
+        self._peers: PeerManagers | None = None
         self.jobs = JobRegistry(
             backend if backend is not None else SqliteBackend(store_path),
             history_limit=history_limit,
@@ -95,6 +98,7 @@ class LighthouseServer:
             credentials = certificates.grpc_credentials() if certificates is not None else None
             self._server, port = start_server(bind, [handler], max_workers, credentials)
             self._address = dialable_address(bind, port)
+            self._start_peers()
             if http_bind is not None:
                 from lighthouse.http_api import DashboardServer
 
@@ -128,6 +132,14 @@ class LighthouseServer:
             self._address,
             "" if tls is None else " (mutual TLS)" if tls.client_ca is not None else " (TLS)",
         )
+
+    def _start_peers(self) -> None:
+        """On a store shared by several lighthouses (etcd), share the managers table with the others."""
+        backend = self.jobs.backend
+        client, prefix = getattr(backend, "client", None), getattr(backend, "prefix", None)
+        if client is not None and prefix is not None:
+            self._peers = PeerManagers(client, prefix, uuid.uuid4().hex, self._address, self.jobs)
+            self._peers.start()
 
     @property
     def state(self) -> LighthouseState:
@@ -186,6 +198,9 @@ class LighthouseServer:
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None
+        if self._peers is not None:
+            self._peers.stop()
+            self._peers = None
         self.jobs.close()
 
     def __enter__(self) -> LighthouseServer:

@@ -149,6 +149,14 @@ class SqliteBackend:
             meta = dict(self._db.execute("SELECT key, value FROM job_meta WHERE job = ?", (job,)).fetchall())
         return JobRecords(rows, meta)
 
+    def is_empty(self) -> bool:
+        """No job holds anything (a store ``lighthouse migrate`` may copy into)."""
+        with self._lock:
+            return not any(
+                self._db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone()
+                for table in ("job_versions", "job_meta", "job_switches")
+            )
+
     def switches(self, job: str) -> list[Switch]:
         with self._lock:
             return [

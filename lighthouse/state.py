@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,10 @@ class LighthouseState:
         self._heartbeat_count = itertools.count(1)
         self._lock = threading.Lock()
         self._managers: dict[str, ManagerRecord] = {}
+        # Managers of this job that talk to other lighthouses on the same store (None: no peers),
+        # and this lighthouse's name for its own managers in the merged table.
+        self.peers: Callable[[], list[dict[str, Any]]] | None = None
+        self.lighthouse = ""
         self._refresh_lock = threading.Lock()
         self._snapshot = self._build_snapshot()
         self._step_field = _CURRENT_STEP_TAG + _varint(store.current_step)
@@ -210,9 +215,31 @@ class LighthouseState:
             self.refresh()
 
     def managers(self) -> list[dict[str, Any]]:
+        """Every manager of the job; with peers, also those of other lighthouses, each saying which
+        lighthouse it talks to (a group seen by two lighthouses: the one that heard from it last)."""
         now = time.monotonic()
         with self._lock:
-            return [m.to_json(now) for m in sorted(self._managers.values(), key=lambda m: m.replica_id)]
+            local = [m.to_json(now) for m in sorted(self._managers.values(), key=lambda m: m.replica_id)]
+        peers = self.peers
+        if peers is None:
+            return local
+        merged: dict[str, dict[str, Any]] = {}
+        for m in [*local, *peers()]:
+            m.setdefault("lighthouse", self.lighthouse)
+            known = merged.get(m["replica_id"])
+            if known is None or m["last_seen_s"] < known["last_seen_s"]:
+                merged[m["replica_id"]] = m
+        return [merged[r] for r in sorted(merged)]
+
+    def local_managers(self) -> list[dict[str, Any]]:
+        """The managers that talk to this lighthouse, with ``seen_at`` on the wall clock (other
+        lighthouses do not share this process's monotonic clock)."""
+        now, wall = time.monotonic(), time.time()
+        with self._lock:
+            records = [m.to_json(now) for m in sorted(self._managers.values(), key=lambda m: m.replica_id)]
+        for m in records:
+            m["seen_at"] = round(wall - m.pop("last_seen_s"), 3)
+        return records
 
     # ------------------------------------------------------------ changes
     def change(

@@ -40,7 +40,7 @@
           "tr",
           { dataset: { replica: m.replica_id }, class: late ? "row-late" : null },
           el("td", { class: "key" }, m.replica_id),
-          el("td", { class: "mono" }, m.address),
+          el("td", { class: "mono" }, m.address, m.lighthouse ? el("span", { class: "sub" }, `via ${m.lighthouse}`) : null),
           el("td", { class: "last-seen" }, `${m.last_seen_s.toFixed(1)} s`, late ? el("span", { class: "pill warn" }, "late") : null),
           el(
             "td",
