@@ -40,8 +40,9 @@ from urllib.parse import urlsplit
 
 from lighthouse import etcd_client
 from lighthouse.backend import Change, HeadMoved, JobRecords, StoreUnavailable, Switch
-from lighthouse.etcd_client import Compare, Delete, EtcdClient, EtcdError, EtcdTLS, Event, Get, Put
+from lighthouse.etcd_client import Compare, Delete, EtcdClient, EtcdError, Event, Get, Put
 from lighthouse.values import ConfigTooLarge
+from protos.tls import TLSConfig
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def open_etcd_store(
         raise ValueError(f"store {url!r}: certificates given but the scheme is etcd:// (use etcds://)")
     if bool(cert) != bool(key):
         raise ValueError("--store-cert and --store-key go together (mutual TLS)")
-    tls = EtcdTLS(ca=ca, cert=cert, key=key) if parsed.tls else None
+    tls = TLSConfig(ca=ca, cert=cert, key=key) if parsed.tls else None
     return EtcdBackend(parsed.endpoints, parsed.prefix, tls=tls)
 
 
@@ -161,7 +162,7 @@ class EtcdBackend:
         self,
         endpoints: str | list[str],
         prefix: str = DEFAULT_PREFIX,
-        tls: EtcdTLS | None = None,
+        tls: TLSConfig | None = None,
         timeout: timedelta | float = DEFAULT_TIMEOUT,
     ) -> None:
         self.prefix = prefix.rstrip("/")

@@ -22,13 +22,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import grpc
 
 from protos.etcd import kv_pb2, rpc_pb2, rpc_pb2_grpc
 from protos.rpc import grpc_target, seconds
+from protos.tls import TLSConfig
 
 log = logging.getLogger(__name__)
 
@@ -72,21 +72,6 @@ class EtcdError(Exception):
         super().__init__(f"etcd: {details} ({code.name})")
         self.code = code
         self.details = details
-
-
-@dataclass(frozen=True)
-class EtcdTLS:
-    """Paths of the CA bundle and of the client certificate and key (mutual TLS when both are set)."""
-
-    ca: str | None = None
-    cert: str | None = None
-    key: str | None = None
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        def read(path: str | None) -> bytes | None:
-            return Path(path).read_bytes() if path else None
-
-        return grpc.ssl_channel_credentials(read(self.ca), read(self.key), read(self.cert))
 
 
 @dataclass(frozen=True)
@@ -254,7 +239,7 @@ class EtcdClient:
         *,
         timeout: timedelta | float = DEFAULT_TIMEOUT,
         attempt_timeout: timedelta | float = DEFAULT_ATTEMPT_TIMEOUT,
-        tls: EtcdTLS | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self.endpoints = parse_endpoints(endpoints)
         self.timeout = seconds(timeout, DEFAULT_TIMEOUT)
@@ -277,7 +262,11 @@ class EtcdClient:
                 if self._tls is None:
                     channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
                 else:
-                    channel = grpc.secure_channel(target, self._tls.credentials(), options=_CHANNEL_OPTIONS)
+                    channel = grpc.secure_channel(
+                        target,
+                        self._tls.channel_credentials(),
+                        options=[*_CHANNEL_OPTIONS, *self._tls.channel_options()],
+                    )
                 stubs = _Stubs(
                     channel,
                     rpc_pb2_grpc.KVStub(channel),

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from lighthouse.etcd_client import EtcdClient, EtcdError, EtcdTLS, StoreUnavailable
+from lighthouse.etcd_client import EtcdClient, EtcdError, StoreUnavailable
+from protos.tls import TLSConfig
 from tests.procs import child_env, poll
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
@@ -41,8 +42,8 @@ class CertFiles:
     client_key: Path
 
     @property
-    def client(self) -> EtcdTLS:
-        return EtcdTLS(ca=str(self.ca), cert=str(self.client_cert), key=str(self.client_key))
+    def client(self) -> TLSConfig:
+        return TLSConfig(ca=str(self.ca), cert=str(self.client_cert), key=str(self.client_key))
 
 
 def make_certs(directory: Path) -> CertFiles:

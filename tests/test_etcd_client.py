@@ -16,7 +16,6 @@ from lighthouse.etcd_client import (
     Delete,
     EtcdClient,
     EtcdError,
-    EtcdTLS,
     Event,
     Get,
     KeyValue,
@@ -25,6 +24,7 @@ from lighthouse.etcd_client import (
     prefix_end,
 )
 from protos.etcd import rpc_pb2, rpc_pb2_grpc
+from protos.tls import TLSConfig
 from tests.etcd_cluster import EtcdCluster, free_port, make_certs, require_etcd
 from tests.procs import poll
 
@@ -302,7 +302,7 @@ def test_mutual_tls_on_a_single_member(tmp_path: Path) -> None:
         with EtcdClient(cluster.endpoints, tls=certs.client) as client:
             client.put("/tls/a", "1")
             assert client.get("/tls/a").kvs[0].value == b"1"
-        for refused in (None, EtcdTLS(ca=str(certs.ca))):  # plaintext; TLS without a client cert
+        for refused in (None, TLSConfig(ca=str(certs.ca))):  # plaintext; TLS without a client cert
             with (
                 EtcdClient(cluster.endpoints, timeout=1.0, tls=refused) as client,
                 pytest.raises(StoreUnavailable),
