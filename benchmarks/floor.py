@@ -50,7 +50,7 @@ class FloorClient:
 
 def main() -> None:
     from benchmarks.stack import encoded_config
-    from lighthouse.daemon import Termination, announce
+    from protos.daemon import Termination, announce
     from protos.rpc import start_server
 
     termination = Termination()

@@ -164,7 +164,7 @@ def _serve_torchft() -> None:
 
 
 def _wait() -> None:
-    from lighthouse.daemon import Termination
+    from protos.daemon import Termination
 
     Termination().wait()
 

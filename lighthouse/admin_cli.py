@@ -16,9 +16,9 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from lighthouse.admin_client import DEFAULT_URL, AdminClient, AdminError
-from lighthouse.tls_options import client_tls_options
 from lighthouse.values import ConfigError, decode_cli_value, parse_config, parse_json
-from protos.jobs import DEFAULT_JOB, JOB_ENV, InvalidJobId
+from protos.cli_options import client_tls_options, job_option
+from protos.jobs import InvalidJobId
 from protos.tls import TLSConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -44,13 +44,7 @@ def connection_options(func: F) -> F:
     @click.option(
         "--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds."
     )
-    @click.option(
-        "--job",
-        envvar=JOB_ENV,
-        default=DEFAULT_JOB,
-        show_default=True,
-        help=f"The training job whose config to read or change (env {JOB_ENV}).",
-    )
+    @job_option("The training job whose config to read or change")
     @client_tls_options(peer="lighthouse")
     @functools.wraps(func)
     def wrapper(

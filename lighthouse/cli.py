@@ -11,10 +11,10 @@ import click
 
 from lighthouse.access import load_job_tokens
 from lighthouse.admin_cli import config, jobs
-from lighthouse.daemon import Termination, announce, configure_logging
 from lighthouse.migrate import migrate_command
-from lighthouse.tls_options import server_tls_options
 from lighthouse.values import ConfigError
+from protos.cli_options import server_tls_options
+from protos.daemon import Termination, announce, configure_logging
 from protos.rpc import DEFAULT_DASHBOARD_PORT, DEFAULT_LIGHTHOUSE_PORT
 from protos.tls import ServerTLS
 

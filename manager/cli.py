@@ -8,9 +8,8 @@ import sys
 
 import click
 
-from lighthouse.daemon import Termination, announce, configure_logging
-from lighthouse.tls_options import client_tls_options, server_tls_options
-from protos.jobs import DEFAULT_JOB, JOB_ENV
+from protos.cli_options import client_tls_options, job_option, server_tls_options
+from protos.daemon import Termination, announce, configure_logging
 from protos.tls import ServerTLS, TLSConfig
 
 logger = logging.getLogger("manager")
@@ -71,13 +70,7 @@ def main() -> None:
     show_default=True,
     help="How many recent steps stay pinned (all ranks get the same config for a step).",
 )
-@click.option(
-    "--job",
-    envvar=JOB_ENV,
-    default=DEFAULT_JOB,
-    show_default=True,
-    help=f"The training job this group belongs to (env {JOB_ENV}).",
-)
+@job_option("The training job this group belongs to")
 @client_tls_options(
     "--lighthouse-ca", "--lighthouse-cert", "--lighthouse-key", dest="lighthouse_tls", peer="lighthouse"
 )

@@ -1,8 +1,8 @@
-"""The TLS options of every CLI (``lighthouse``, ``manager``, the admin commands), as click decorators.
+"""Options every CLI shares (``lighthouse``, ``manager``, the admin commands), as click decorators.
 
-Each decorator adds its options and hands the command one ``tls`` object
-(``ServerTLS``/``TLSConfig``, or None when no option was given), so every
-command spells and checks them the same way.
+``--job`` names the training job; the TLS decorators add their options and hand
+the command one ``tls`` object (``ServerTLS``/``TLSConfig``, or None when no
+option was given), so every command spells and checks them the same way.
 """
 
 from __future__ import annotations
@@ -14,9 +14,18 @@ from typing import Any, TypeVar
 
 import click
 
+from protos.jobs import DEFAULT_JOB, JOB_ENV
 from protos.tls import ServerTLS, TLSConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def job_option(what: str) -> Callable[[F], F]:
+    """``--job NAME`` (env LIGHTHOUSE_JOB, default ``default``); ``what`` completes its help."""
+    return click.option(
+        "--job", envvar=JOB_ENV, default=DEFAULT_JOB, show_default=True, help=f"{what} (env {JOB_ENV})."
+    )
+
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
