@@ -140,15 +140,15 @@ class JobRegistry:
             return state
 
     def existing(self, job: str) -> LighthouseState:
-        """A job that stored a version or has managers (the job ``default`` always exists); else NotFound."""
+        """A job that exists (the job ``default`` always does); else NotFound."""
         state = self._states.get(check_job_id(job))
-        if state is None or not (job == DEFAULT_JOB or state.store.head > 0 or state.managers()):
+        if state is None or not (job == DEFAULT_JOB or _exists(state)):
             raise NotFound(f"no job {job!r} on this lighthouse")
         return state
 
     def names(self) -> list[str]:
-        """Jobs that exist, sorted (``default`` only when it has a config or managers, or is alone)."""
-        names = [job for job, state in list(self._states.items()) if state.store.head > 0 or state.managers()]
+        """Jobs that exist, sorted (``default`` only when it exists or is alone)."""
+        names = [job for job, state in list(self._states.items()) if _exists(state)]
         return sorted(names) or [DEFAULT_JOB]
 
     def states(self) -> list[LighthouseState]:
@@ -225,3 +225,9 @@ class JobRegistry:
         for state in list(self._states.values()):
             state.store.close()
         self.backend.close()
+
+
+def _exists(state: LighthouseState) -> bool:
+    """A job exists once it stored a version, a manager asked for it, or a config file names it
+    (one that never loaded still shows, with its file error)."""
+    return state.store.head > 0 or state.config_path is not None or bool(state.managers())

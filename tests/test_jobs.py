@@ -19,7 +19,7 @@ from protos.jobs import InvalidJobId, check_job_id
 from protos.rpc import LIGHTHOUSE_GET_CONFIG, make_channel
 from tests.helpers_lighthouse import run_cli
 from tests.http_util import call, get_json
-from tests.procs import ProcessPool, poll
+from tests.procs import ProcessPool, poll, records_so_far, wait_ready, worker_records
 from worker_client import ManagerClient
 
 LEGACY_STATE = Path(__file__).resolve().parent / "data" / "state_v1"
@@ -181,7 +181,10 @@ def test_config_dir(procs: ProcessPool, tmp_path: Path) -> None:
     (folder / "alpha.json").write_text(json.dumps({"lr": 0.1}))
     (folder / "beta.json").write_text(json.dumps({"lr": 0.2, "name": "ß"}))
     (folder / "bad name.json").write_text("{}")
+    (folder / "broken.json").write_text('{"lr": ')  # invalid from the start
     lh = procs.lighthouse(extra=["--config-dir", str(folder)])
+    broken = get_json(lh.url, "api/jobs/broken/config")  # listed, empty, with its file error
+    assert broken["version"] == 0 and broken["config"] == {} and "broken.json" in broken["file"]["error"]
     assert get_json(lh.url, "api/jobs/alpha/config")["config"] == {"lr": 0.1}
     assert get_json(lh.url, "api/jobs/beta/config")["config"] == {"lr": 0.2, "name": "ß"}
     # A new file creates its job; an edit is a new version of that job only.
@@ -201,7 +204,9 @@ def test_config_dir(procs: ProcessPool, tmp_path: Path) -> None:
     assert beta["config"] == {"lr": 0.2, "name": "ß"} and beta["version"] == 1
     assert "beta.json" in beta["file"]["error"]
     jobs = {j["job"] for j in get_json(lh.url, "api/jobs")["jobs"]}
-    assert jobs == {"alpha", "beta", "gamma"}  # "bad name" is not a job id
+    assert jobs == {"alpha", "beta", "gamma", "broken"}  # "bad name" is not a job id
+    (folder / "broken.json").write_text(json.dumps({"lr": 0.4}))  # fixed: its first version
+    poll(lambda: get_json(lh.url, "api/jobs/broken/config")["version"] == 1, 10, what="broken fixed")
 
 
 def test_metrics_are_labelled_per_job(procs: ProcessPool) -> None:
@@ -286,3 +291,33 @@ def test_config_dir_schemas_are_per_job(procs: ProcessPool, tmp_path: Path) -> N
     assert call(lh.url, "PUT", "api/jobs/beta/schema", schema).status == 422  # beta's lr is 3
     history = get_json(lh.url, "api/jobs/alpha/schema/history")["schemas"]
     assert len(history) == 1 and history[0]["source"] == "file"
+
+
+def test_an_edit_of_one_job_reaches_its_workers_only(procs: ProcessPool) -> None:
+    """Two jobs, two managers each with the same replica ids, a worker process per manager."""
+    lh = procs.lighthouse({"lr": 0.1})
+    for job, lr in (("alpha", 0.2), ("beta", 0.3)):
+        assert call(lh.url, "PUT", f"api/jobs/{job}/config", {"lr": lr}).status == 200
+    workers = {}
+    for job in ("alpha", "beta"):
+        for group in ("group0", "group1"):
+            m = procs.manager(lh.address, group, cache_ttl=0.1, extra=["--job", job])
+            workers[job, group] = procs.worker(
+                m.address, group=group, rank=0, steps=150, step_interval=0.02, wait=False
+            )
+    wait_ready(list(workers.values()))
+    poll(lambda: all(len(records_so_far(w)) > 10 for w in workers.values()), 30, what="workers stepping")
+    assert call(lh.url, "PATCH", "api/jobs/alpha/config", {"lr": 0.9}).status == 200
+    for (job, group), worker in workers.items():
+        lrs = [r["config"].get("lr") for r in worker_records(worker, timeout=60)]
+        if job == "alpha":
+            assert set(lrs) <= {"0.2", "0.9"} and lrs[-1] == "0.9", (group, lrs)
+        else:
+            assert set(lrs) == {"0.3"}, (group, lrs)  # never alpha's values
+    managers = {j["job"]: j["managers"] for j in get_json(lh.url, "api/jobs")["jobs"]}
+    assert managers == {"default": 0, "alpha": 2, "beta": 2} or managers == {
+        "alpha": 2,
+        "beta": 2,
+        "default": 0,
+    }
+    assert [v["version"] for v in get_json(lh.url, "api/jobs/beta/config/history")["versions"]] == [1]
