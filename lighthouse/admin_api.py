@@ -14,6 +14,7 @@ import hashlib
 import ipaddress
 import re
 import socket
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
@@ -276,7 +277,14 @@ class AdminApi:
             "Heartbeats received.",
             lambda st: st.heartbeat_calls,
         )
-        job_metric("lighthouse_managers", "gauge", "Managers ever heard from.", lambda st: len(st.managers()))
+        # Managers this lighthouse hears from itself: scraping every lighthouse of a shared store
+        # then counts each manager once (the dashboard and /api/managers show them all).
+        job_metric(
+            "lighthouse_managers",
+            "gauge",
+            "Managers ever heard from by this lighthouse.",
+            lambda st: len(st.local_managers()),
+        )
         job_metric(
             "lighthouse_config_file_error",
             "gauge",
@@ -289,10 +297,11 @@ class AdminApi:
             "Highest step any manager reported.",
             lambda st: st.store.current_step,
         )
+        wall = time.time()
         per_manager = [
             (f'{{job="{_label(st.job)}",replica_id="{_label(m["replica_id"])}"}}', m)
             for st in states
-            for m in st.managers()
+            for m in st.local_managers()
         ]
         metric(
             "lighthouse_manager_version",
@@ -304,7 +313,7 @@ class AdminApi:
             "lighthouse_manager_last_seen_seconds",
             "gauge",
             "Seconds since each manager was last heard from.",
-            [(labels, m["last_seen_s"]) for labels, m in per_manager],
+            [(labels, round(max(0.0, wall - m["seen_at"]), 3)) for labels, m in per_manager],
         )
         body = ("\n".join(lines) + "\n").encode()
         return Response(200, body, METRICS_TYPE, {"Cache-Control": "no-store"})

@@ -311,6 +311,10 @@ def test_lighthouses_on_one_etcd_prefix_list_every_manager(
         poll(lambda u=url: listed(u, "llm") == {"w0": addr_b}, 15.0, what=f"{url} lists job llm's w0")
     jobs = {line["job"]: line for line in call(url_a, "GET", "/api/jobs").json["jobs"]}
     assert (jobs["default"]["managers"], jobs["llm"]["managers"]) == (2, 1)
+    # /metrics counts only a lighthouse's own managers: scraping both counts each manager once.
+    metrics_a = call(url_a, "GET", "/metrics").body.decode()
+    assert 'replica_id="g0"' in metrics_a and 'replica_id="g1"' not in metrics_a
+    assert 'lighthouse_managers{job="default"} 1' in metrics_a
 
     b = next(p for p in procs.procs if p.name == "lighthouse" and p.seen[0] == addr_b)
     b.popen.kill()  # SIGKILL: its lease expires; its managers leave lh-a's table with it
