@@ -263,6 +263,14 @@ def write_json(results: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
 
 
+def publish(text: str, results: dict[str, Any], out: Path | None, name: str) -> None:
+    """End of a standalone benchmark: print its table; with ``--out``, write ``out/name.json``."""
+    print(text)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(results, out / f"{name}.json")
+
+
 def write_chart(results: dict[str, Any], path: Path) -> None:
     """One PNG: latency per case, throughput, fan-in, propagation and scale."""
     import matplotlib
