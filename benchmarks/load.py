@@ -355,10 +355,12 @@ def measure_window(
     duration: float,
     exclude_job: str | None = None,
     during: Callable[[float], Any] | None = None,
+    other_pids: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """One timed window once every sim has called: lighthouse CPU and calls/s (summed over
     ``lighthouses``, (child, dashboard URL) pairs), the sims' client-side latency and errors.
-    ``during(end)`` runs in this thread through the window (e.g. edits); its result is ``during``."""
+    ``during(end)`` runs in this thread through the window (e.g. edits); its result is ``during``.
+    ``other_pids`` (e.g. etcd members) get their CPU measured over the window too."""
     start = time.monotonic() + 2 * ttl  # every loop has made its first call
     cmd: dict[str, Any] = {"op": "measure", "start": start, "duration": duration}
     if exclude_job is not None:
@@ -366,18 +368,20 @@ def measure_window(
     for sim in fleet.sims:
         sim.send(json.dumps(cmd))
     time.sleep(max(0.0, start - time.monotonic()))
-    cpu0 = [cpu_seconds(lh.pid) for lh, _ in lighthouses]
+    pids = [lh.pid for lh, _ in lighthouses] + list(other_pids)
+    cpu0 = [cpu_seconds(pid) for pid in pids]
     calls0, t0 = sum(lighthouse_calls(url) for _, url in lighthouses), time.monotonic()
     extra = during(t0 + duration) if during is not None else None
     time.sleep(max(0.0, t0 + duration - time.monotonic()))
-    cpu1 = [cpu_seconds(lh.pid) for lh, _ in lighthouses]
+    cpu1 = [cpu_seconds(pid) for pid in pids]
     calls1, t1 = sum(lighthouse_calls(url) for _, url in lighthouses), time.monotonic()
     answers = [json.loads(sim.readline(duration + 60)) for sim in fleet.sims]
     cpu = [100 * (b - a) / (t1 - t0) for a, b in zip(cpu0, cpu1, strict=True)]
     result = {
         "ttl_s": ttl,
-        "lighthouse_cpu_pct": sum(cpu),
-        "lighthouse_cpu_pct_each": cpu,
+        "lighthouse_cpu_pct": sum(cpu[: len(lighthouses)]),
+        "lighthouse_cpu_pct_each": cpu[: len(lighthouses)],
+        "other_cpu_pct_each": cpu[len(lighthouses) :],
         "lighthouse_calls_per_s": (calls1 - calls0) / (t1 - t0),
         "client_calls": sum(a["calls"] for a in answers),
         "errors": sum(a["errors"] for a in answers),

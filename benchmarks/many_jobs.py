@@ -17,17 +17,15 @@ in several processes calling ``LighthouseClient.fetch`` once per TTL).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.load import SimFleet, measure_window
 from benchmarks.procs import Children
-from benchmarks.report import publish
+from benchmarks.report import machine_line, machine_load, run_standalone, standalone_parser
 from benchmarks.stack import CONFIG, start_lighthouse
 from lighthouse.admin_client import AdminClient
 
@@ -56,7 +54,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     jobs = [f"job-{k:03d}" for k in range(args.jobs)]
     managers = args.jobs * args.managers_per_job
     windows: list[dict[str, Any]] = []
-    load_before = os.getloadavg()
+    load_before = machine_load()
     with Children(work / "logs") as children:
         lh, addr, url = start_lighthouse(children, work, "lighthouse-jobs")
         for job in [*jobs, "single"]:
@@ -85,9 +83,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "managers": managers,
         "ttl_s": args.ttl,
         "edit_rate_per_s": args.edit_rate,
-        "cpus": os.cpu_count(),
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
+        "machine_before": load_before,
+        "machine_after": machine_load(),
         "windows": windows,
         "summary": summarize_cases(windows),
     }
@@ -159,33 +156,21 @@ def render(results: dict[str, Any]) -> str:
         f"{s['one_job']['cpu_pct']:.0f}% of a core",
         f"other jobs' p99 with job-000 edited / without: {_ms(s['jobs_edited']['others_p99_ms'])} vs "
         f"{_ms(s['jobs']['others_p99_ms'])} ms ({s['jobs_edited']['edits']} edits)",
-        f"load average before/after: {results['loadavg_before'][0]:.2f}/{results['loadavg_after'][0]:.2f} "
-        f"on {results['cpus']} CPUs",
+        machine_line(results["machine_before"], results["machine_after"]),
     ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.many_jobs", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--quick", action="store_true", help="tiny counts: a smoke run of seconds")
+    parser = standalone_parser("many_jobs", __doc__)
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--managers-per-job", type=int, default=10)
     parser.add_argument("--ttl", type=float, default=1.0)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per timed window")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--edit-rate", type=float, default=10.0, help="PATCHes per second to job-000")
-    parser.add_argument("--processes", type=int, default=4, help="processes hosting the simulated managers")
-    parser.add_argument("--out", type=Path, default=None, help="also write many_jobs.json here")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.jobs, args.managers_per_job, args.ttl, args.duration = 5, 4, 0.5, 1.0
-        args.rounds, args.processes = 1, 2
-    with tempfile.TemporaryDirectory(prefix="bench-jobs-") as tmp:
-        results = run(args, Path(tmp))
-    publish(render(results), results, args.out, "many_jobs")
-    return 0
+    quick = {"jobs": 5, "managers_per_job": 4, "ttl": 0.5, "duration": 1.0, "rounds": 1, "processes": 2}
+    return run_standalone("many_jobs", parser, argv, quick, run, render)
 
 
 if __name__ == "__main__":
