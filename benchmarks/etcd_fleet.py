@@ -141,10 +141,10 @@ def render(results: dict[str, Any]) -> str:
         f"Fleet: {f['lighthouses']} lighthouses on one {f['etcd_members']}-member etcd, "
         f"{f['managers']} simulated managers at TTL {f['ttl_s']:g}s",
         f"{'calls/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'errors':>6}  "
-        "lighthouse CPU % each  etcd CPU % each",
+        "lighthouse CPU % each  etcd CPU % each  sims CPU %",
         f"{f['lighthouse_calls_per_s']:8.0f} {_ms(us['p50']):>7} {_ms(us['p99']):>7} {_ms(us['max']):>7} "
         f"{f['errors']:6d}  {' / '.join(f'{c:.0f}' for c in f['lighthouse_cpu_pct_each']):21}  "
-        f"{' / '.join(f'{c:.0f}' for c in f['other_cpu_pct_each'])}",
+        f"{' / '.join(f'{c:.0f}' for c in f['other_cpu_pct_each']):15}  {f['sims_cpu_pct']:.0f}",
         f"p99 goal < 50 ms and no errors: {'MET' if met else 'NOT MET'}",
         "",
         f"Gap: manager serve --lighthouse A,B (TTL {results['gap']['ttl_s']:g}s), a worker stepping "

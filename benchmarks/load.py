@@ -360,7 +360,7 @@ def measure_window(
     """One timed window once every sim has called: lighthouse CPU and calls/s (summed over
     ``lighthouses``, (child, dashboard URL) pairs), the sims' client-side latency and errors.
     ``during(end)`` runs in this thread through the window (e.g. edits); its result is ``during``.
-    ``other_pids`` (e.g. etcd members) get their CPU measured over the window too."""
+    ``other_pids`` (e.g. etcd members) and the sims' processes get their CPU measured too."""
     start = time.monotonic() + 2 * ttl  # every loop has made its first call
     cmd: dict[str, Any] = {"op": "measure", "start": start, "duration": duration}
     if exclude_job is not None:
@@ -368,7 +368,7 @@ def measure_window(
     for sim in fleet.sims:
         sim.send(json.dumps(cmd))
     time.sleep(max(0.0, start - time.monotonic()))
-    pids = [lh.pid for lh, _ in lighthouses] + list(other_pids)
+    pids = [lh.pid for lh, _ in lighthouses] + list(other_pids) + [sim.pid for sim in fleet.sims]
     cpu0 = [cpu_seconds(pid) for pid in pids]
     calls0, t0 = sum(lighthouse_calls(url) for _, url in lighthouses), time.monotonic()
     extra = during(t0 + duration) if during is not None else None
@@ -381,7 +381,8 @@ def measure_window(
         "ttl_s": ttl,
         "lighthouse_cpu_pct": sum(cpu[: len(lighthouses)]),
         "lighthouse_cpu_pct_each": cpu[: len(lighthouses)],
-        "other_cpu_pct_each": cpu[len(lighthouses) :],
+        "other_cpu_pct_each": cpu[len(lighthouses) : len(lighthouses) + len(other_pids)],
+        "sims_cpu_pct": sum(cpu[len(lighthouses) + len(other_pids) :]),  # the load generator's share
         "lighthouse_calls_per_s": (calls1 - calls0) / (t1 - t0),
         "client_calls": sum(a["calls"] for a in answers),
         "errors": sum(a["errors"] for a in answers),

@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--managers-per-job", type=int, default=10)
     parser.add_argument("--ttl", type=float, default=1.0)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per timed window")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--edit-rate", type=float, default=10.0, help="PATCHes per second to job-000")
     quick = {"jobs": 5, "managers_per_job": 4, "ttl": 0.5, "duration": 1.0, "rounds": 1, "processes": 2}
     return run_standalone("many_jobs", parser, argv, quick, run, render)
