@@ -182,6 +182,7 @@ def serve_sims(lighthouse: str, count: int, ttl: float, prefix: str, jobs: list[
     stop = threading.Event()
     records: list[list[tuple[float, float, bool]]] = [[] for _ in range(count)]
     in_flight: list[float | None] = [None] * count  # start of the call each sim is waiting on
+    updates: list[list[float]] = [[] for _ in range(count)]  # calls that brought a new version
     job_of = [jobs[(offset + i) % len(jobs)] if jobs else DEFAULT_JOB for i in range(count)]
 
     def sim(i: int) -> None:
@@ -204,6 +205,8 @@ def serve_sims(lighthouse: str, count: int, ttl: float, prefix: str, jobs: list[
                     reply = client.fetch(
                         timeout=5.0, known_version=version, known_state_id=state_id, status=status
                     )
+                    if version and reply.version != version:
+                        updates[i].append(t0)
                     version, state_id, ok = reply.version, reply.state_id, True
                 except Exception:
                     ok = False
@@ -244,6 +247,10 @@ def serve_sims(lighthouse: str, count: int, ttl: float, prefix: str, jobs: list[
             }
             if exclude is not None:  # the calls of every other job (an edited job's neighbours)
                 answer["lat_others"] = [lat for (_, lat, ok), job in window if ok and job != exclude]
+                answer["updates_others"] = sum(
+                    start <= t < end for i, ups in enumerate(updates) if job_of[i] != exclude for t in ups
+                )
+            answer["updates"] = sum(start <= t < end for ups in updates for t in ups)
             _reply(answer)
     finally:
         stop.set()

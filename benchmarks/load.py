@@ -386,10 +386,12 @@ def measure_window(
         "lighthouse_calls_per_s": (calls1 - calls0) / (t1 - t0),
         "client_calls": sum(a["calls"] for a in answers),
         "errors": sum(a["errors"] for a in answers),
+        "new_versions": sum(a["updates"] for a in answers),  # calls that brought a new config
         **summarize([x for a in answers for x in a["lat"]]),
     }
     if exclude_job is not None:
         result["others"] = summarize([x for a in answers for x in a["lat_others"]])
+        result["others"]["new_versions"] = sum(a["updates_others"] for a in answers)
     if during is not None:
         result["during"] = extra
     return result

@@ -108,6 +108,8 @@ def summarize_cases(windows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "others_p99_ms": med(lambda w: _ms_of(w.get("others", {}).get("p99"))),
             "errors": sum(w["errors"] for w in rows),
             "edits": sum((w.get("during") or {}).get("edits", 0) for w in rows),
+            "new_versions": sum(w["new_versions"] for w in rows),
+            "others_new_versions": sum(w.get("others", {}).get("new_versions", 0) for w in rows),
         }
     return out
 
@@ -156,6 +158,8 @@ def render(results: dict[str, Any]) -> str:
         f"{s['one_job']['cpu_pct']:.0f}% of a core",
         f"other jobs' p99 with job-000 edited / without: {_ms(s['jobs_edited']['others_p99_ms'])} vs "
         f"{_ms(s['jobs']['others_p99_ms'])} ms ({s['jobs_edited']['edits']} edits)",
+        f"calls that brought a new config while job-000 was edited: {s['jobs_edited']['new_versions']} "
+        f"(of those, other jobs: {s['jobs_edited']['others_new_versions']})",
         machine_line(results["machine_before"], results["machine_after"]),
     ]
     return "\n".join(lines)
