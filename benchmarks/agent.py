@@ -10,7 +10,9 @@ Roles (``python -m benchmarks.agent ROLE ...``):
   64 managers without 64 interpreter start-ups); prints their addresses.
 * ``sims``: many lightweight simulated managers, each a loop calling
   ``LighthouseClient.fetch(status=..., known_version=...)`` once per TTL, as a
-  real manager's refresh loop does (scale).
+  real manager's refresh loop does (scale). ``--jobs A,B,...`` spreads them over
+  jobs in turn (``--offset``: this process's first global index), and
+  ``--lighthouse A,B,C`` over lighthouses by replica id, as managers do.
 
 Times cross processes as ``time.monotonic()`` (CLOCK_MONOTONIC is system-wide).
 """
@@ -172,16 +174,19 @@ def serve_managers(lighthouse: str, count: int, ttl: float, prefix: str) -> None
 
 
 # ------------------------------------------------------------------- sims
-def serve_sims(lighthouse: str, count: int, ttl: float, prefix: str) -> None:
+def serve_sims(lighthouse: str, count: int, ttl: float, prefix: str, jobs: list[str], offset: int) -> None:
     from lighthouse.client import LighthouseClient
     from protos import lighthouse_config_pb2 as pb
+    from protos.jobs import DEFAULT_JOB
 
     stop = threading.Event()
     records: list[list[tuple[float, float, bool]]] = [[] for _ in range(count)]
     in_flight: list[float | None] = [None] * count  # start of the call each sim is waiting on
+    updates: list[list[float]] = [[] for _ in range(count)]  # calls that brought a new version
+    job_of = [jobs[(offset + i) % len(jobs)] if jobs else DEFAULT_JOB for i in range(count)]
 
     def sim(i: int) -> None:
-        client = LighthouseClient(lighthouse)
+        client = LighthouseClient(lighthouse, job=job_of[i], spread_key=f"{prefix}-{i}")
         version, state_id, requests = 0, "", 0
         t = time.monotonic() + ttl * random.random()
         try:
@@ -200,6 +205,8 @@ def serve_sims(lighthouse: str, count: int, ttl: float, prefix: str) -> None:
                     reply = client.fetch(
                         timeout=5.0, known_version=version, known_state_id=state_id, status=status
                     )
+                    if version and reply.version != version:
+                        updates[i].append(t0)
                     version, state_id, ok = reply.version, reply.state_id, True
                 except Exception:
                     ok = False
@@ -221,18 +228,30 @@ def serve_sims(lighthouse: str, count: int, ttl: float, prefix: str) -> None:
             if cmd["op"] == "quit":
                 break
             start, end = cmd["start"], cmd["start"] + cmd["duration"]
+            exclude = cmd.get("exclude_job")
             _sleep_until(end + 1.0)
             now = time.monotonic()
-            window = [r for rec in records for r in list(rec) if start <= r[0] < end]
+            window = [
+                (r, job_of[i]) for i, rec in enumerate(records) for r in list(rec) if start <= r[0] < end
+            ]
             # A call still waiting counts with the time it has waited so far (a lower bound).
-            window += [(t0, (now - t0) * 1e6, True) for t0 in list(in_flight) if t0 and start <= t0 < end]
-            _reply(
-                {
-                    "calls": len(window),
-                    "errors": sum(not ok for *_, ok in window),
-                    "lat": [lat for _, lat, ok in window if ok],
-                }
-            )
+            window += [
+                ((t0, (now - t0) * 1e6, True), job_of[i])
+                for i, t0 in enumerate(list(in_flight))
+                if t0 and start <= t0 < end
+            ]
+            answer = {
+                "calls": len(window),
+                "errors": sum(not ok for (*_, ok), _ in window),
+                "lat": [lat for (_, lat, ok), _ in window if ok],
+            }
+            if exclude is not None:  # the calls of every other job (an edited job's neighbours)
+                answer["lat_others"] = [lat for (_, lat, ok), job in window if ok and job != exclude]
+                answer["updates_others"] = sum(
+                    start <= t < end for i, ups in enumerate(updates) if job_of[i] != exclude for t in ups
+                )
+            answer["updates"] = sum(start <= t < end for ups in updates for t in ups)
+            _reply(answer)
     finally:
         stop.set()
         for t in threads:
@@ -246,13 +265,16 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=1)
     parser.add_argument("--ttl", type=float, default=1.0)
     parser.add_argument("--prefix", default="bench")
+    parser.add_argument("--jobs", default="", help="sims: comma-separated jobs, taken in turn")
+    parser.add_argument("--offset", type=int, default=0, help="sims: global index of this process's first")
     args = parser.parse_args()
     if args.role == "workers":
         serve_workers()
     elif args.role == "managers":
         serve_managers(args.lighthouse, args.count, args.ttl, args.prefix)
     else:
-        serve_sims(args.lighthouse, args.count, args.ttl, args.prefix)
+        jobs = [j for j in args.jobs.split(",") if j]
+        serve_sims(args.lighthouse, args.count, args.ttl, args.prefix, jobs, args.offset)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ etcd is Debian's ``etcd-server``, started and stopped by the run.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.procs import Child, Children
+from benchmarks.report import publish
 from benchmarks.stack import CONFIG, patch_config, start_lighthouse
 from lighthouse.client import LighthouseClient
 from tests.etcd_cluster import EtcdCluster
@@ -94,10 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-etcd-") as tmp:
         results = run(args.edits, Path(tmp))
-    print(render(results))
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "etcd_store.json").write_text(json.dumps(results, indent=2) + "\n")
+    publish(render(results), results, args.out, "etcd_store")
     return 0
 
 

@@ -13,6 +13,7 @@ import json
 import random
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -298,6 +299,104 @@ def outage(
 
 
 # ------------------------------------------------------------------ scale
+class SimFleet:
+    """``count`` simulated managers (``agent sims``) over ``processes`` processes; stopped on exit.
+
+    ``lighthouse`` may list several (``A,B,C``): each sim starts on one picked by its
+    replica id, as a manager does. ``jobs`` are taken in turn over all the sims.
+    """
+
+    def __init__(
+        self,
+        children: Children,
+        name: str,
+        lighthouse: str,
+        count: int,
+        processes: int,
+        ttl: float,
+        jobs: list[str] | None = None,
+    ) -> None:
+        self.children = children
+        self.sims: list[Child] = []
+        offset = 0
+        try:
+            for i in range(processes):
+                n = count // processes + (i < count % processes)
+                args = [
+                    "-m", "benchmarks.agent", "sims", "--lighthouse", lighthouse, "--count", str(n),
+                    "--ttl", str(ttl), "--prefix", f"{name}-{i}", "--jobs", ",".join(jobs or []),
+                    "--offset", str(offset),
+                ]  # fmt: skip
+                self.sims.append(children.python(f"{name}-{i}", *args))
+                offset += n
+            for sim in self.sims:
+                sim.readline()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for sim in self.sims:
+            with contextlib.suppress(OSError):
+                sim.send(json.dumps({"op": "quit"}))
+            self.children.stop(sim)
+
+    def __enter__(self) -> SimFleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def measure_window(
+    fleet: SimFleet,
+    lighthouses: list[tuple[Child, str]],
+    ttl: float,
+    duration: float,
+    exclude_job: str | None = None,
+    during: Callable[[float], Any] | None = None,
+    other_pids: tuple[int, ...] = (),
+) -> dict[str, Any]:
+    """One timed window once every sim has called: lighthouse CPU and calls/s (summed over
+    ``lighthouses``, (child, dashboard URL) pairs), the sims' client-side latency and errors.
+    ``during(end)`` runs in this thread through the window (e.g. edits); its result is ``during``.
+    ``other_pids`` (e.g. etcd members) and the sims' processes get their CPU measured too."""
+    start = time.monotonic() + 2 * ttl  # every loop has made its first call
+    cmd: dict[str, Any] = {"op": "measure", "start": start, "duration": duration}
+    if exclude_job is not None:
+        cmd["exclude_job"] = exclude_job
+    for sim in fleet.sims:
+        sim.send(json.dumps(cmd))
+    time.sleep(max(0.0, start - time.monotonic()))
+    pids = [lh.pid for lh, _ in lighthouses] + list(other_pids) + [sim.pid for sim in fleet.sims]
+    cpu0 = [cpu_seconds(pid) for pid in pids]
+    calls0, t0 = sum(lighthouse_calls(url) for _, url in lighthouses), time.monotonic()
+    extra = during(t0 + duration) if during is not None else None
+    time.sleep(max(0.0, t0 + duration - time.monotonic()))
+    cpu1 = [cpu_seconds(pid) for pid in pids]
+    calls1, t1 = sum(lighthouse_calls(url) for _, url in lighthouses), time.monotonic()
+    answers = [json.loads(sim.readline(duration + 60)) for sim in fleet.sims]
+    cpu = [100 * (b - a) / (t1 - t0) for a, b in zip(cpu0, cpu1, strict=True)]
+    result = {
+        "ttl_s": ttl,
+        "lighthouse_cpu_pct": sum(cpu[: len(lighthouses)]),
+        "lighthouse_cpu_pct_each": cpu[: len(lighthouses)],
+        "other_cpu_pct_each": cpu[len(lighthouses) : len(lighthouses) + len(other_pids)],
+        "sims_cpu_pct": sum(cpu[len(lighthouses) + len(other_pids) :]),  # the load generator's share
+        "lighthouse_calls_per_s": (calls1 - calls0) / (t1 - t0),
+        "client_calls": sum(a["calls"] for a in answers),
+        "errors": sum(a["errors"] for a in answers),
+        "new_versions": sum(a["updates"] for a in answers),  # calls that brought a new config
+        **summarize([x for a in answers for x in a["lat"]]),
+    }
+    if exclude_job is not None:
+        result["others"] = summarize([x for a in answers for x in a["lat_others"]])
+        result["others"]["new_versions"] = sum(a["updates_others"] for a in answers)
+    if during is not None:
+        result["during"] = extra
+    return result
+
+
 def scale(
     children: Children, work_dir: Path, levels: list[int], processes: int, ttl: float, duration: float
 ) -> list[dict[str, Any]]:
@@ -306,53 +405,8 @@ def scale(
     results = []
     try:
         for level in levels:
-            sims: list[Child] = []
-            try:
-                for i in range(processes):
-                    count = level // processes + (i < level % processes)
-                    sims.append(
-                        children.python(
-                            f"sims-{level}-{i}",
-                            "-m",
-                            "benchmarks.agent",
-                            "sims",
-                            "--lighthouse",
-                            addr,
-                            "--count",
-                            str(count),
-                            "--ttl",
-                            str(ttl),
-                            "--prefix",
-                            f"sim{level}-{i}",
-                        )
-                    )
-                for sim in sims:
-                    sim.readline()
-                start = time.monotonic() + 2 * ttl  # every loop has made its first call
-                for sim in sims:
-                    sim.send(json.dumps({"op": "measure", "start": start, "duration": duration}))
-                time.sleep(max(0.0, start - time.monotonic()))
-                cpu0, calls0, t0 = cpu_seconds(lh.pid), lighthouse_calls(url), time.monotonic()
-                time.sleep(duration)
-                cpu1, calls1, t1 = cpu_seconds(lh.pid), lighthouse_calls(url), time.monotonic()
-                answers = [json.loads(sim.readline(duration + 60)) for sim in sims]
-                lat = [x for a in answers for x in a["lat"]]
-                results.append(
-                    {
-                        "managers": level,
-                        "ttl_s": ttl,
-                        "lighthouse_cpu_pct": 100 * (cpu1 - cpu0) / (t1 - t0),
-                        "lighthouse_calls_per_s": (calls1 - calls0) / (t1 - t0),
-                        "client_calls": sum(a["calls"] for a in answers),
-                        "errors": sum(a["errors"] for a in answers),
-                        **summarize(lat),
-                    }
-                )
-            finally:
-                for sim in sims:
-                    with contextlib.suppress(OSError):
-                        sim.send(json.dumps({"op": "quit"}))
-                    children.stop(sim)
+            with SimFleet(children, f"sim{level}", addr, level, processes, ttl) as fleet:
+                results.append({"managers": level, **measure_window(fleet, [(lh, url)], ttl, duration)})
     finally:
         children.stop(lh)
     return results

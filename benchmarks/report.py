@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -261,6 +265,52 @@ def render(results: dict[str, Any]) -> str:
 # ------------------------------------------------------------------ files
 def write_json(results: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+
+
+def standalone_parser(name: str, doc: str) -> argparse.ArgumentParser:
+    """The options every standalone simulated-manager benchmark shares."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny counts: a smoke run of seconds")
+    parser.add_argument("--processes", type=int, default=4, help="processes hosting the simulated managers")
+    parser.add_argument("--out", type=Path, default=None, help=f"also write {name}.json here")
+    return parser
+
+
+def machine_load() -> dict[str, Any]:
+    """The 1-minute load average and CPU count, to record beside figures from a shared machine."""
+    return {"cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0]}
+
+
+def machine_line(before: dict[str, Any], after: dict[str, Any]) -> str:
+    load = f"{before['loadavg_1m']:.2f}/{after['loadavg_1m']:.2f}"
+    return f"load average before/after: {load} on {before['cpus']} CPUs"
+
+
+def run_standalone(
+    name: str,
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    quick: dict[str, Any],
+    run: Callable[[argparse.Namespace, Path], dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+) -> int:
+    """``main`` of a standalone benchmark: parse (``--quick`` overrides with ``quick``), run in a
+    throwaway folder, print the table, write the JSON."""
+    args = parser.parse_args(argv)
+    if args.quick:
+        vars(args).update(quick)
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
+        results = run(args, Path(tmp))
+    publish(render(results), results, args.out, name)
+    return 0
+
+
+def publish(text: str, results: dict[str, Any], out: Path | None, name: str) -> None:
+    """End of a standalone benchmark: print its table; with ``--out``, write ``out/name.json``."""
+    print(text)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(results, out / f"{name}.json")
 
 
 def write_chart(results: dict[str, Any], path: Path) -> None:

@@ -116,14 +116,17 @@ def patch_config(url: str, body: dict[str, Any], timeout: float = 10.0) -> int:
 
 
 def lighthouse_calls(url: str, timeout: float = 10.0) -> int:
-    """GetConfig + Heartbeat calls served so far, from ``/metrics`` (or the managers' fetch counts)."""
+    """GetConfig + Heartbeat calls so far, all jobs summed, from ``/metrics`` (or the managers' fetches)."""
     try:
         with urllib.request.urlopen(f"{url}/metrics", timeout=timeout) as response:
             text = response.read().decode()
         total, found = 0.0, False
         for line in text.splitlines():
             name, _, value = line.partition(" ")
-            if name in ("lighthouse_get_config_calls_total", "lighthouse_heartbeat_calls_total"):
+            if name.partition("{")[0] in (
+                "lighthouse_get_config_calls_total",
+                "lighthouse_heartbeat_calls_total",
+            ):
                 total += float(value)
                 found = True
         if found:

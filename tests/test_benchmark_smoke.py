@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.procs import ROOT
 
@@ -42,3 +43,34 @@ def test_etcd_store_benchmark_runs(tmp_path: Path) -> None:
     results = json.loads((tmp_path / "etcd_store.json").read_text())
     assert results["propagation_to_other_lighthouse"]["n"] == 5
     assert "etcd / SQLite" in out.stdout
+
+
+def test_many_jobs_benchmark_runs(tmp_path: Path) -> None:
+    out, results = run_quick("many_jobs", tmp_path)
+    assert {w["case"] for w in results["windows"]} == {"jobs", "one_job", "jobs_edited"}
+    for window in results["windows"]:
+        assert window["client_calls"] > 0 and window["p99"] is not None
+    assert results["summary"]["jobs_edited"]["edits"] > 0
+    assert "p99 goal" in out.stdout
+
+
+def test_etcd_fleet_benchmark_runs(tmp_path: Path) -> None:
+    out, results = run_quick("etcd_fleet", tmp_path)
+    assert results["fleet"]["client_calls"] > 0 and results["fleet"]["p99"] is not None
+    (gap,) = results["gap"]["rounds"]
+    assert gap["steps"] > 0 and gap["max_gap_after_kill_ms"] is not None
+    assert gap["survivor_calls_after_kill"] > 0  # the manager moved to the other lighthouse
+    assert "longest gap after a kill" in out.stdout
+
+
+def run_quick(name: str, out_dir: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``python -m benchmarks.NAME --quick``: it must exit 0; its stdout and JSON results."""
+    out = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", "--quick", "--out", str(out_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out, json.loads((out_dir / f"{name}.json").read_text())
