@@ -75,6 +75,10 @@ class StoreUnavailable(Exception):
 class StoreBackend(Protocol):
     """Durable records of every job. ``append`` returns only once the record is committed."""
 
+    # True when other lighthouses write to the same store (etcd): what this one holds in memory
+    # (a job's schema) may then be older than the store.
+    shared: bool
+
     def jobs(self) -> list[str]:
         """Jobs with at least one stored version, sorted."""
         ...

@@ -154,6 +154,8 @@ class EtcdBackend:
     Raises StoreUnavailable at construction when etcd cannot be reached within ``timeout``.
     """
 
+    shared = True  # several lighthouses on one prefix
+
     # Stores hand over every job step (``set_meta`` only queues it; the writer coalesces), so the
     # other lighthouses order changes by a step at most FLUSH_PAUSE old.
     step_save_interval = 0.0

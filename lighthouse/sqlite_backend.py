@@ -87,6 +87,8 @@ def _lock_exclusively(path: Path) -> IO[str]:
 class SqliteBackend:
     """One SQLite database for every job; ``path=None`` keeps it in memory (lost on exit)."""
 
+    shared = False  # one lighthouse per state directory (a lock file guarantees it)
+
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self._lock = threading.Lock()  # one connection, used by every job's store

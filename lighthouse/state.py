@@ -283,13 +283,16 @@ class LighthouseState:
             # stay scheduled (they apply at their step, on top), they are not applied now.
             content = store.resolve(version, store.current_step)
             edits.append(Edit("put", content, "rollback", author, comment or f"rollback to {version}"))
-            return self._apply(edits, dry_run=dry_run)
+        # Applied outside the read lock: the commit waits for the backend, readers must not.
+        return self._apply(edits, dry_run=dry_run)
 
     def cancel(self, version: int, *, author: str = "-", comment: str = "") -> Plan:
         edit = Edit("cancel", {"version": version}, "api", author, comment or f"cancel {version}")
         return self._apply([edit])
 
     def _apply(self, edits: list[Edit], *, if_match: int | None = None, dry_run: bool = False) -> Plan:
+        if self.store.backend.shared:  # another lighthouse may have changed the schema a moment ago
+            self.schema.reload()  # (read before the store's lock: an etcd outage never blocks readers)
         plan = self.store.apply(edits, if_match=if_match, check=self.schema.check, dry_run=dry_run)
         if not dry_run:
             self.refresh()
