@@ -143,6 +143,9 @@ def test_timeline_draws_versions_now_scheduled_and_late_groups(page: Page, tmp_p
         page.goto(lh.url + "jobs/default")  # the job default has a timeline of its own
         expect(page.locator("#timeline .tl-seg")).to_have_count(1)
         expect(page.locator("#timeline .tl-now")).to_contain_text("no step reported")
+        page.goto(lh.url + "config")  # the unprefixed editor says it edits the job default
+        expect(page.locator("#job-name")).to_have_text("default")
+        expect(page.locator('a[data-nav="jobs"]')).to_be_visible()
         assert csp == []
 
 

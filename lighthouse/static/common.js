@@ -20,7 +20,10 @@ const LH = (() => {
 
   // The page links of the page's job, its name in the header and a link back to the jobs list.
   function jobLinks() {
-    if (JOB === null) return;
+    if (JOB === null) {
+      showDefaultJob();
+      return;
+    }
     const base = `/jobs/${encodeURIComponent(JOB)}`;
     for (const a of document.querySelectorAll('a[href="/"]:not([data-nav="jobs"]), a[href="/config"]')) {
       a.setAttribute("href", a.getAttribute("href") === "/" ? base : `${base}/config`);
@@ -32,6 +35,22 @@ const LH = (() => {
       jobName.closest(".job-badge").hidden = false;
     }
     document.title = `${JOB} · ${document.title}`;
+  }
+
+  // The unprefixed pages act on the job "default": say so once the lighthouse serves other jobs too.
+  async function showDefaultJob() {
+    const jobName = document.getElementById("job-name");
+    if (!jobName) return;
+    try {
+      const res = await fetch("/api/jobs", { cache: "no-store" });
+      const jobs = (await res.json()).jobs || [];
+      if (!jobs.some((j) => j.job !== "default")) return;
+    } catch {
+      return;
+    }
+    jobName.textContent = "default";
+    jobName.closest(".job-badge").hidden = false;
+    for (const a of document.querySelectorAll('a[data-nav="jobs"]')) a.hidden = false;
   }
 
   // A number whose JSON text a JS number cannot reproduce (1.0, 1e-05, 2**64): kept as written,
