@@ -207,9 +207,7 @@ class AdminApi:
         return json_response({"jobs": self.jobs.overview()})
 
     def get_job(self, req: Request) -> Response:
-        state = self.state(req)
-        (line,) = [j for j in self.jobs.overview() if j["job"] == state.job] or [{"job": state.job}]
-        return json_response(line)
+        return json_response(self.jobs.summary(self.state(req)))
 
     def delete_job(self, req: Request) -> Response:
         author = self.authorize(req, admin_only=True)

@@ -2,9 +2,9 @@
 
 Jobs share nothing but the backend and this table: versions, history,
 scheduled changes, job step and managers are per job, so nothing done to one
-job is visible in another. A job exists once it stored a version; a job a
-manager asks for before that is served an empty config (version 0) and is
-listed, so an operator sees groups waiting for a config.
+job is visible in another. A job exists once it stored a version, a config file
+names it, or a manager asked for it: such a job is served an empty config
+(version 0) and listed, so an operator sees groups waiting for a config.
 """
 
 from __future__ import annotations
@@ -196,30 +196,29 @@ class JobRegistry:
 
     def overview(self) -> list[dict[str, Any]]:
         """GET /api/jobs: one line per job."""
-        out = []
-        for state in self.states():
-            store = state.store
-            latest = store.latest()
-            managers = state.managers()
-            out.append(
-                {
-                    "job": store.job,
-                    "version": store.head,
-                    "updated_at": latest.created_at if latest else None,
-                    "author": latest.author if latest else None,
-                    "source": latest.source if latest else None,
-                    "managers": len(managers),
-                    "managers_live": sum(1 for m in managers if m["last_seen_s"] < LIVE_MANAGER_SECONDS),
-                    "managers_behind": sum(1 for m in managers if m["version"] < store.head),
-                    "late_groups": len(
-                        {g["replica_id"] for s in store.scheduled() for g in s.get("late_groups", [])}
-                    ),
-                    "current_step": store.current_step,
-                    "scheduled": sum(1 for s in store.scheduled() if s["status"] == "pending"),
-                    "file_error": state.file_error,
-                }
-            )
-        return out
+        return [self.summary(state) for state in self.states()]
+
+    @staticmethod
+    def summary(state: LighthouseState) -> dict[str, Any]:
+        """One job's line of the jobs list (GET /api/jobs/{job})."""
+        store = state.store
+        latest = store.latest()
+        managers = state.managers()
+        scheduled = store.scheduled()  # reads the step switches from the backend: once
+        return {
+            "job": store.job,
+            "version": store.head,
+            "updated_at": latest.created_at if latest else None,
+            "author": latest.author if latest else None,
+            "source": latest.source if latest else None,
+            "managers": len(managers),
+            "managers_live": sum(1 for m in managers if m["last_seen_s"] < LIVE_MANAGER_SECONDS),
+            "managers_behind": sum(1 for m in managers if m["version"] < store.head),
+            "late_groups": len({g["replica_id"] for s in scheduled for g in s.get("late_groups", [])}),
+            "current_step": store.current_step,
+            "scheduled": sum(1 for s in scheduled if s["status"] == "pending"),
+            "file_error": state.file_error,
+        }
 
     def close(self) -> None:
         for state in list(self._states.values()):

@@ -75,6 +75,8 @@ def test_jobs_are_isolated_over_http_and_grpc(procs: ProcessPool) -> None:
     assert set(jobs) == {"default", "alpha", "beta"}
     assert jobs["alpha"]["version"] == 2 and jobs["alpha"]["managers"] == 1
     assert jobs["beta"]["scheduled"] == 1 and jobs["default"]["managers"] == 0
+    assert get_json(lh.url, "api/jobs/alpha") == jobs["alpha"]  # one job's line of the list
+    assert call(lh.url, "GET", "api/jobs/nope").status == 404
 
     # `manager get` shows the job.
     out = subprocess_json([*manager_cmd(), "get", "--addr", mb.address])
