@@ -78,6 +78,9 @@ class StoreBackend(Protocol):
     # True when other lighthouses write to the same store (etcd): what this one holds in memory
     # (a job's schema) may then be older than the store.
     shared: bool
+    # How often a store hands the job's step over (``set_meta("current_step")``): a backend that
+    # queues steps and writes them in the background takes every one (0).
+    step_save_interval: float
 
     def jobs(self) -> list[str]:
         """Jobs with at least one stored version, sorted."""

@@ -88,6 +88,7 @@ class SqliteBackend:
     """One SQLite database for every job; ``path=None`` keeps it in memory (lost on exit)."""
 
     shared = False  # one lighthouse per state directory (a lock file guarantees it)
+    step_save_interval = 1.0  # a synchronous write: at most once a second per job
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path

@@ -38,7 +38,6 @@ from protos.jobs import DEFAULT_JOB
 __all__ = ["FOREVER", "Change", "ConfigStore", "NotFound", "Segment", "StateInUse", "VersionConflict"]
 
 FOREVER = 2**62  # a step later than any real step
-STEP_SAVE_INTERVAL = 1.0
 MAX_COMMIT_RETRIES = 20  # another lighthouse appending first, again and again
 
 
@@ -144,6 +143,7 @@ class ConfigStore:
         # without quorum makes edits wait, not the managers' calls.
         self._commit_lock = threading.Lock()
         self._closed = False
+        self._current_step = -1  # the job's step never goes down, also across reloads
         self._take(self.backend.load(self.job))
 
     def _take(self, records: JobRecords) -> None:
@@ -163,7 +163,7 @@ class ConfigStore:
         self._next_version = (
             max(int(meta.get("last_version", "0")), self._rows[-1].version if self._rows else 0) + 1
         )
-        self._current_step = max(int(meta.get("current_step", "-1")), getattr(self, "_current_step", -1))
+        self._current_step = max(int(meta.get("current_step", "-1")), self._current_step)
         self._cancelled = {int(r.change["version"]) for r in self._rows if r.op == "cancel"}
         self._pruned_cancels: set[int] = set(json.loads(meta.get("pruned_cancels", "[]")))
         self._cancelled.update(self._pruned_cancels)
@@ -367,10 +367,8 @@ class ConfigStore:
     def advance_step(self, step: int) -> bool:
         """Note that some group reached ``step``; True when that moved the job's current step.
 
-        Saved at most once a second (and with every commit), so a restarted
-        lighthouse orders new changes after steps the job had already passed. A backend
-        with its own ``step_save_interval`` (etcd queues steps and writes them in the
-        background) is given each one.
+        Saved at most every ``backend.step_save_interval`` (and with every commit), so a
+        restarted lighthouse orders new changes after steps the job had already passed.
         """
         if step <= self._current_step:
             return False
@@ -379,7 +377,7 @@ class ConfigStore:
                 return False
             self._current_step = step
             now = time.monotonic()
-            if now - self._step_saved_at >= getattr(self.backend, "step_save_interval", STEP_SAVE_INTERVAL):
+            if now - self._step_saved_at >= self.backend.step_save_interval:
                 self._step_saved_at = now
                 self.backend.set_meta(self.job, {"current_step": str(step)})
             return True
@@ -437,11 +435,10 @@ class ConfigStore:
             "author": author,
             "comment": comment,
         }
-        with self._lock:
-            self.backend.add_schema(self.job, record)
-            latest = self.schema()
-            assert latest is not None
-            return latest
+        self.backend.add_schema(self.job, record)  # not under the read lock: the store may be slow
+        latest = self.schema()
+        assert latest is not None
+        return latest
 
     def schema_history(self, limit: int = 100) -> list[dict[str, Any]]:
         """Every schema change with who and when, newest first."""
