@@ -217,9 +217,7 @@ class LighthouseState:
     def managers(self) -> list[dict[str, Any]]:
         """Every manager of the job; with peers, also those of other lighthouses, each saying which
         lighthouse it talks to (a group seen by two lighthouses: the one that heard from it last)."""
-        now = time.monotonic()
-        with self._lock:
-            local = [m.to_json(now) for m in sorted(self._managers.values(), key=lambda m: m.replica_id)]
+        local = self._records(time.monotonic())
         peers = self.peers
         if peers is None:
             return local
@@ -231,12 +229,16 @@ class LighthouseState:
                 merged[m["replica_id"]] = m
         return [merged[r] for r in sorted(merged)]
 
+    def _records(self, now: float) -> list[dict[str, Any]]:
+        """The managers that talk to this lighthouse, by replica id, ages from ``now`` (monotonic)."""
+        with self._lock:
+            return [m.to_json(now) for m in sorted(self._managers.values(), key=lambda m: m.replica_id)]
+
     def local_managers(self) -> list[dict[str, Any]]:
         """The managers that talk to this lighthouse, with ``seen_at`` on the wall clock (other
         lighthouses do not share this process's monotonic clock)."""
-        now, wall = time.monotonic(), time.time()
-        with self._lock:
-            records = [m.to_json(now) for m in sorted(self._managers.values(), key=lambda m: m.replica_id)]
+        records = self._records(time.monotonic())
+        wall = time.time()
         for m in records:
             m["seen_at"] = round(wall - m.pop("last_seen_s"), 3)
         return records
