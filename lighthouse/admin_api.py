@@ -256,6 +256,7 @@ class AdminApi:
             lines.extend(f"{name}{labels} {value!r}" for labels, value in samples)
 
         per_job = [(f'{{job="{_label(st.job)}"}}', st) for st in states]
+        local = {st.job: st.local_managers() for st in states}  # read once for both series
 
         def job_metric(
             name: str, kind: str, help_text: str, value: Callable[[LighthouseState], float]
@@ -281,7 +282,7 @@ class AdminApi:
             "lighthouse_managers",
             "gauge",
             "Managers ever heard from by this lighthouse.",
-            lambda st: len(st.local_managers()),
+            lambda st: len(local[st.job]),
         )
         job_metric(
             "lighthouse_config_file_error",
@@ -299,7 +300,7 @@ class AdminApi:
         per_manager = [
             (f'{{job="{_label(st.job)}",replica_id="{_label(m["replica_id"])}"}}', m)
             for st in states
-            for m in st.local_managers()
+            for m in local[st.job]
         ]
         metric(
             "lighthouse_manager_version",
