@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar
 import grpc
 
 from protos.etcd import kv_pb2, rpc_pb2, rpc_pb2_grpc
-from protos.rpc import grpc_target, seconds
+from protos.rpc import grpc_target, seconds, split_addresses
 from protos.tls import TLSConfig
 
 log = logging.getLogger(__name__)
@@ -223,11 +223,8 @@ class _Stubs:
 
 def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
     """``"h:p,h:p"`` or a list of addresses -> gRPC targets; ValueError when there is none."""
-    items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
-    targets = [grpc_target(item) for item in items if item.strip()]
-    if not targets:
-        raise ValueError(f"no etcd endpoint in {endpoints!r}")
-    return targets
+    text = endpoints if isinstance(endpoints, str) else ",".join(endpoints)
+    return [grpc_target(item) for item in split_addresses(text, what="etcd endpoint")]
 
 
 class EtcdClient:

@@ -168,11 +168,12 @@ def seconds(value: timedelta | float | None, default: float) -> float:
     return float(value)
 
 
-def split_addresses(addresses: str) -> list[str]:
-    """``"A,B,C"`` -> ``["A", "B", "C"]`` (each checked); raises ValueError for an empty or bad list."""
+def split_addresses(addresses: str, what: str = "address") -> list[str]:
+    """``"A,B,C"`` -> ``["A", "B", "C"]`` (each checked); raises ValueError for an empty or bad list
+    (``what`` names the missing thing: "no etcd endpoint in ...")."""
     items = [a.strip() for a in addresses.split(",") if a.strip()]
     if not items:
-        raise ValueError(f"no address in {addresses!r}")
+        raise ValueError(f"no {what} in {addresses!r}")
     for item in items:
         parse_address(item)
     return items
