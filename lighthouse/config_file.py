@@ -88,9 +88,8 @@ def load_initial(path: Path | None, strict: bool) -> FileContent:
 class _Poller:
     """A daemon thread calling ``poll()`` every ``interval`` seconds until ``stop()``."""
 
-    interval: float
-
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, interval: float) -> None:
+        self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -120,9 +119,8 @@ class FileWatcher(_Poller):
         interval: float = 1.0,
         read: Callable[[Path], FileContent] = read_config_file,
     ) -> None:
-        super().__init__("config-file-watcher")
+        super().__init__("config-file-watcher", interval)
         self.path = path
-        self.interval = interval
         self._on_change = on_change
         self._read = read
         self._last_stat: tuple[float, int] | None = self._stat()
@@ -166,9 +164,8 @@ class ConfigDirWatcher(_Poller):
         on_schema: Callable[[str, Path, FileContent, FileContent | None, bool], object],
         interval: float = 1.0,
     ) -> None:
-        super().__init__("config-dir-watcher")
+        super().__init__("config-dir-watcher", interval)
         self.folder = folder
-        self.interval = interval
         self._on_config = on_config
         self._on_schema = on_schema
         self._watchers: dict[str, FileWatcher] = {}
