@@ -136,8 +136,8 @@ class LeaseBook(Generic[T]):
         want = step + length
         deadline = time.monotonic() + wait
         request = False
-        with self._cond:
-            while True:
+        while True:
+            with self._cond:
                 limit = max(self.stored, self.floor) if self._floor_grantable else self.stored
                 if self._frozen is not None:
                     limit = min(limit, self._frozen)
@@ -146,16 +146,17 @@ class LeaseBook(Generic[T]):
                     self.wanted = want + headroom
                     request = True
                 remaining = deadline - time.monotonic()
-                if limit >= step or remaining <= 0:
+                if limit >= step or (remaining <= 0 and not request):
+                    horizon = min(want, limit) if limit >= step else NO_LEASE
+                    if horizon > self.granted:
+                        self.granted = horizon
+                    served = self._served
                     break
-                if request:  # wake the writer before waiting for it
-                    self._request_ceiling(self)
-                    request = False
-                self._cond.wait(remaining)
-            horizon = min(want, limit) if limit >= step else NO_LEASE
-            if horizon > self.granted:
-                self.granted = horizon
-            served = self._served
+                if not request:  # wait for the writer, or for a commit to end
+                    self._cond.wait(remaining)
+                    continue
+            self._request_ceiling(self)  # outside the lock: a writer may store it at once
+            request = False
         if request:
             self._request_ceiling(self)
         assert served is not None, "publish() before grant()"

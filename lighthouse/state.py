@@ -22,26 +22,15 @@ from lighthouse.leases import NO_LEASE
 from lighthouse.store import ConfigStore, Edit, Plan, Segment
 from lighthouse.values import ConfigError, encode_config, validate_object
 from protos import lighthouse_config_pb2 as pb
+from protos.rpc import varint_field
 
 logger = logging.getLogger(__name__)
 
 MAX_STEP_LEAP = 1_000_000  # steps between two reports of one manager that count at once
 MAX_LEASE_WAIT = 1.0  # seconds a call may wait for a lease (a first ceiling write, a commit)
 MIN_RATE_INTERVAL = 0.01  # seconds between two reports of a manager for a step-rate sample
-_CURRENT_STEP_TAG = bytes([pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER << 3])  # varint field
-_LEASE_TAG = bytes([pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER << 3])  # varint field
-
-
-def _varint(value: int) -> bytes:
-    """Protobuf varint of an int64 (negative numbers as 10-byte two's complement)."""
-    if value < 0:
-        value += 1 << 64
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+_CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
+_STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
 
 
 @dataclass
@@ -115,7 +104,7 @@ class LighthouseState:
         self._refresh_lock = threading.Lock()
         self._snapshot = self._build_snapshot()
         store.leases.publish(self._snapshot, self._snapshot.version)
-        self._step_field = _CURRENT_STEP_TAG + _varint(store.current_step)
+        self._step_field = varint_field(_CURRENT_STEP, store.current_step)
         initial = load_initial(config_path, strict) if config_path is not None else None
         if schema_path is not None:
             schema_file = read_schema_file(schema_path)
@@ -181,7 +170,7 @@ class LighthouseState:
             body = snap.not_modified_reply
         else:
             body = snap.full_reply
-        return body + self._step_field + _LEASE_TAG + _varint(horizon)
+        return body + self._step_field + varint_field(_STABLE_THROUGH, horizon)
 
     def _note_lease(self, replica_id: str, horizon: int) -> None:
         with self._lock:
@@ -231,7 +220,7 @@ class LighthouseState:
     def _step_moved(self) -> None:
         # Appended to every reply: protobuf keeps the last value of a field, so the
         # serialized snapshots stay as they are.
-        self._step_field = _CURRENT_STEP_TAG + _varint(self.store.current_step)
+        self._step_field = varint_field(_CURRENT_STEP, self.store.current_step)
         if len(self._snapshot.segments) > 1:
             self._maybe_refresh_for_step()
 
@@ -244,7 +233,7 @@ class LighthouseState:
         """Serve what the store holds now (another lighthouse on the same store changed the job)."""
         self.store.reload()
         self.schema.reload()
-        self._step_field = _CURRENT_STEP_TAG + _varint(self.store.current_step)
+        self._step_field = varint_field(_CURRENT_STEP, self.store.current_step)
         self.refresh()
 
     def _plausible_step(self, previous: int, step: int) -> bool:

@@ -31,7 +31,7 @@ from manager.snapshot import Snapshot
 from manager.upstream import FetchFailed, UpstreamCache
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, check_job_id
-from protos.rpc import dialable_address, start_server
+from protos.rpc import dialable_address, start_server, varint_field
 from protos.tls import ServerCertificates, ServerTLS, TLSConfig, explain_rpc_error
 
 logger = logging.getLogger(__name__)
@@ -39,14 +39,19 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL = 1.0
 
 
-class _Lease:
-    """A snapshot and the highest step it is promised for (one object: read atomically)."""
+_STABLE_THROUGH = pb.ManagerConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
 
-    __slots__ = ("snapshot", "through")
+
+class _Lease:
+    """A snapshot and the highest step it is promised for (one object: read atomically), with that
+    step serialized once for the workers' replies."""
+
+    __slots__ = ("field", "snapshot", "through")
 
     def __init__(self, snapshot: Snapshot, through: int) -> None:
         self.snapshot = snapshot
         self.through = through
+        self.field = varint_field(_STABLE_THROUGH, through)
 
 
 class ManagerServer:
@@ -159,13 +164,16 @@ class ManagerServer:
             snapshot, fetched = answer.snapshot, answer.fetched
         else:
             snapshot, fetched = self._renew_for(step)
+            lease = self._lease
+        # The answer says how far the group's config is promised (nothing for a fallback).
+        promised = lease.field if lease is not None and snapshot is lease.snapshot else b""
         segment = snapshot.segment(step)
         if request.peek or self._pins.outside_window(step):  # peek: look, pin nothing, move no step
-            return snapshot.reply(segment, False)
+            return snapshot.reply(segment, False) + promised
         if not fetched:
             self.cache_hits = next(self._hit_count)
-        pinned = self._pins.pin(step, snapshot, snapshot.reply(segment, True))
-        return pinned if pinned is not None else snapshot.reply(segment, False)
+        pinned = self._pins.pin(step, snapshot, snapshot.reply(segment, True) + promised)
+        return pinned if pinned is not None else snapshot.reply(segment, False) + promised
 
     def _renew_for(self, step: int) -> tuple[Snapshot, bool]:
         """A step beyond the lease: wait for a renewal that covers it (bounded by the lighthouse

@@ -127,7 +127,7 @@ class ManagerConfigRequest(_message.Message):
     def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., known_version: _Optional[int] = ..., peek: _Optional[bool] = ...) -> None: ...
 
 class ManagerConfigResponse(_message.Message):
-    __slots__ = ("config_data", "version", "source", "pinned", "job")
+    __slots__ = ("config_data", "version", "source", "pinned", "job", "stable_through_step")
     class ConfigDataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -140,9 +140,11 @@ class ManagerConfigResponse(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    STABLE_THROUGH_STEP_FIELD_NUMBER: _ClassVar[int]
     config_data: _containers.ScalarMap[str, str]
     version: int
     source: str
     pinned: bool
     job: str
-    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., pinned: _Optional[bool] = ..., job: _Optional[str] = ...) -> None: ...
+    stable_through_step: int
+    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., pinned: _Optional[bool] = ..., job: _Optional[str] = ..., stable_through_step: _Optional[int] = ...) -> None: ...

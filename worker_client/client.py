@@ -61,7 +61,7 @@ class _Decoder:
     __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self._last: tuple[bytes, dict[str, str], int, str, bool, str] | None = None
+        self._last: tuple[bytes, dict[str, str], int, str, bool, str, int | None] | None = None
 
     def __call__(self, raw: bytes, step: int | None) -> Config:
         last = self._last
@@ -74,9 +74,18 @@ class _Decoder:
                 reply.source,
                 reply.pinned,
                 reply.job,
+                reply.stable_through_step if reply.HasField("stable_through_step") else None,
             )
-        _, data, version, source, pinned, job = last
-        return Config(data, version=version, source=source, step=step, pinned=pinned, job=job)
+        _, data, version, source, pinned, job, through = last
+        return Config(
+            data,
+            version=version,
+            source=source,
+            step=step,
+            pinned=pinned,
+            job=job,
+            stable_through_step=through,
+        )
 
 
 class _Prefetcher:
