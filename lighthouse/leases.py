@@ -19,8 +19,9 @@ it does not know of. Its own promises it knows exactly, so its changes take effe
 Lease length, per job: ``L = max(min_steps, ceil(rate * seconds)) + extra_steps``, where
 ``rate`` is the job's step rate (steps per second of its fastest group, measured from the steps
 managers report) and ``seconds`` what the manager asks for (its cache TTL). A manager renews in
-the background once it is half-way through its lease, so L is long enough to renew before H,
-and E lies about one TTL plus ``extra_steps`` ahead of the fastest group.
+the background once it is half-way through its lease, so an outage of half a TTL changes
+nothing its workers see, and E lies at most about one TTL plus ``extra_steps`` ahead of the
+fastest group.
 """
 
 from __future__ import annotations

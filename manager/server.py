@@ -8,9 +8,10 @@ carrying the manager's heartbeat on the same call.
 Step leases (see ``lighthouse.leases``): each answer of the lighthouse promises
 its config for every step up to a horizon H. A worker's call for a step up to H
 is answered from that snapshot whatever the TTL, also while the lighthouse is
-unreachable. The lease lasts about one cache TTL at the job's step rate and the
-background loop renews it with every refresh (just before the TTL ends), so the
-step's call does not wait for it. A call for a step above H waits for a renewal
+unreachable. The lease lasts about one cache TTL at the job's step rate; the
+background loop renews it once the group is half-way through it (so an outage
+of half a TTL changes nothing workers see) and the step's call never waits for
+it. A call for a step above H waits for a renewal
 (the deadline bounds it) and, without one, gets the fallback: a group that
 cannot confirm its config must not train a step on one that may differ from
 the other groups'.
@@ -98,6 +99,8 @@ class ManagerServer:
         self._lease: _Lease | None = None
         self._leases_supported: bool | None = None  # None until the lighthouse first answered
         self._step_wanted = -1  # a step a worker waits for, beyond the lease (asked of the lighthouse)
+        self._renew_at = 0  # the step from which the background loop renews the lease
+        self._renew = threading.Event()  # wakes the background loop: a lease to renew, or stop
         self.steps_past_lease = 0
         self._past_lease_count = itertools.count(1)
 
@@ -173,6 +176,8 @@ class ManagerServer:
         if not fetched:
             self.cache_hits = next(self._hit_count)
         pinned = self._pins.pin(step, snapshot, snapshot.reply(segment, True) + promised)
+        if step >= self._renew_at:
+            self._renew.set()  # half-way through the lease: the background loop renews it
         return pinned if pinned is not None else snapshot.reply(segment, False) + promised
 
     def _renew_for(self, step: int) -> tuple[Snapshot, bool]:
@@ -242,18 +247,21 @@ class ManagerServer:
             raise FetchFailed(explain_rpc_error(exc, self._lighthouse.tls is not None)) from None
         self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
         snapshot = self._take_reply(reply, held)
-        self._take_lease(reply, snapshot)
+        self._take_lease(reply, snapshot, max(status.step, wanted))
         return snapshot
 
-    def _take_lease(self, reply: pb.LighthouseConfigResponse, snapshot: Snapshot) -> None:
+    def _take_lease(self, reply: pb.LighthouseConfigResponse, snapshot: Snapshot, base: int) -> None:
         """Hold the lease that came with ``snapshot`` (the newest snapshot is valid for every step
-        promised before, within one lighthouse state)."""
+        promised before, within one lighthouse state), and renew it half-way through."""
         self._leases_supported = reply.HasField("stable_through_step")
         held = self._lease
         through = reply.stable_through_step if self._leases_supported else -1
         if held is not None and held.snapshot.state_id == snapshot.state_id:
             through = max(through, held.through)
         self._lease = _Lease(snapshot, through) if through >= 0 else None
+        granted = reply.stable_through_step
+        if granted >= base >= 0:
+            self._renew_at = base + max(1, (granted - base + 1) // 2)
 
     def _take_reply(self, reply: pb.LighthouseConfigResponse, held: Snapshot | None) -> Snapshot:
         """The snapshot to serve after ``reply`` (the held one when not modified or older)."""
@@ -286,11 +294,13 @@ class ManagerServer:
         return fresh
 
     def _refresh_loop(self) -> None:
-        """Refresh (and renew the step lease) just before the cache expires; send a bare heartbeat
-        when the TTL is longer than that."""
+        """Refresh just before the cache expires, and renew the step lease once the group is half-way
+        through it; send a bare heartbeat when the TTL is longer than that."""
         cache = self._cache
         while not self._stopped.is_set():
             refresh_in = cache.next_refresh_in()
+            if self._lease is not None and self._pins.max_step >= self._renew_at and not cache.failing:
+                refresh_in = 0.0  # half the lease is used up
             heartbeat_in = self._last_contact + HEARTBEAT_INTERVAL - time.monotonic()
             if refresh_in <= 0:
                 if cache.in_flight:  # a worker's call is fetching: let it finish
@@ -300,7 +310,8 @@ class ManagerServer:
             elif heartbeat_in <= 0 and not cache.failing:
                 self._heartbeat()
             else:
-                self._stopped.wait(refresh_in if cache.failing else min(refresh_in, heartbeat_in))
+                self._renew.wait(refresh_in if cache.failing else min(refresh_in, heartbeat_in))
+                self._renew.clear()
 
     def _heartbeat(self, timeout: float | None = None) -> None:
         status = self._status()
@@ -329,6 +340,7 @@ class ManagerServer:
         step and step switches (the replay and late-group views need them)."""
         first = not self._stopped.is_set()
         self._stopped.set()
+        self._renew.set()
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None

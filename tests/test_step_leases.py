@@ -7,7 +7,6 @@ rest run the real lighthouse, managers and worker processes.
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -24,7 +23,6 @@ from tests.http_util import call as http_call
 from tests.http_util import live, wait_healthy
 from tests.procs import (
     ROOT,
-    LighthouseProc,
     Proc,
     ProcessPool,
     child_env,
@@ -320,7 +318,8 @@ def test_no_change_is_committed_below_a_promise_made_before_a_crash(
     lh.signal(signal.SIGKILL)
     lh.wait(10)
     promised = max(r["stable_through_step"] or -1 for r in records_so_far(worker))
-    again = restart_on(procs, lh, state)
+    again = procs.restart_lighthouse(lh, state_dir=state)
+    wait_healthy(again.url)
     reply = call(again.url, "PATCH", "/api/config", {"lr": 0.2})
     assert reply["effective_step"] > promised, (reply, promised)
     poll(
@@ -333,21 +332,3 @@ def test_no_change_is_committed_below_a_promise_made_before_a_crash(
     # Before it, the old config (or, had the restart outlasted the lease, the fallback): never the new.
     assert all(r["config"] == {"lr": "0.1"} for r in records if r["step"] < first and confirmed(r))
     assert all(r["config"] == {"lr": "0.2"} for r in records if r["step"] >= first)
-
-
-def restart_on(procs: ProcessPool, old: LighthouseProc, state: Path) -> LighthouseProc:
-    """A new lighthouse on ``old``'s ports and state directory (the ports free up at once after a kill)."""
-    bind = old.address
-    http_bind = re.sub(r"^https?://", "", old.url).rstrip("/")
-
-    def start() -> LighthouseProc | None:
-        try:
-            return procs.lighthouse(state_dir=state, bind=bind, http_bind=http_bind)
-        except AssertionError as exc:
-            if "exited" in str(exc):
-                return None
-            raise
-
-    new: LighthouseProc = poll(start, 20, interval=0.2, what="a lighthouse on the same ports")
-    wait_healthy(new.url)
-    return new
