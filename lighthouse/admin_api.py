@@ -33,7 +33,7 @@ from lighthouse.http_messages import (
 from lighthouse.jobs import JobBusy, JobRegistry
 from lighthouse.schema import SchemaViolation
 from lighthouse.state import LighthouseState
-from lighthouse.store import ConfigStore, NotFound, Plan
+from lighthouse.store import ConfigStore, NotFound, Plan, StepPromised
 from lighthouse.timeline import DEFAULT_SEGMENTS, timeline
 from lighthouse.values import ConfigError
 from protos.jobs import DEFAULT_JOB, InvalidJobId, check_job_id
@@ -362,7 +362,7 @@ class AdminApi:
         state = self.state(req)
         try:
             plan = state.cancel(version, author=author, comment=self._comment(req))
-        except SchemaViolation:
+        except (SchemaViolation, StepPromised):
             raise
         except ConfigError as exc:  # not scheduled, already cancelled or already in effect
             raise HttpError(409, str(exc), version=state.store.head) from None
@@ -409,7 +409,8 @@ class AdminApi:
                 "config": plan.live,  # this version's config at the job's step, as planned
                 "changes": plan.changes(),
                 "op": row.op,
-                "effective_step": row.effective_step,
+                "effective_step": row.effective_step,  # where every group switches (None: at once)
+                "scheduled": row.scheduled,
                 "created_at": row.created_at,
                 "source": row.source,
                 "author": row.author,

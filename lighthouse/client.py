@@ -107,15 +107,25 @@ class LighthouseClient:
         known_state_id: str = "",
         status: pb.ManagerStatus | None = None,
         replica_id: str = "",
+        lease_seconds: float = 0.0,
+        lease_from_step: int | None = None,
     ) -> pb.LighthouseConfigResponse:
-        """The full reply: version, per-step segments, and not_modified when ``known_version`` is current."""
+        """The full reply: version, per-step segments, and not_modified when ``known_version`` is current.
+
+        With a ``status`` that reports a step (a manager), the reply carries a step lease
+        (``stable_through_step``) sized for a renewal every ``lease_seconds``, covering
+        ``lease_from_step`` when given (a step a worker waits for).
+        """
         request = pb.LighthouseConfigRequest(
             replica_id=replica_id or (status.replica_id if status is not None else ""),
             known_version=known_version,
             known_state_id=known_state_id,
             status=status,
             job=self._wire_job,
+            lease_seconds=lease_seconds,
         )
+        if lease_from_step is not None:
+            request.lease_from_step = lease_from_step
         deadline = seconds(timeout, 5.0)
         reply: pb.LighthouseConfigResponse = self._call(
             lambda e, t: e.get_config(request, timeout=t), deadline

@@ -110,13 +110,15 @@ class GetResult:
 class Compare:
     """``target(key) op value``: e.g. ``Compare(b"head", "mod", "==", 7)``.
 
-    A key that does not exist has mod/create revision and version 0.
+    A key that does not exist has mod/create revision and version 0. With ``range_end``
+    the compare holds for every key in [key, range_end) (true when there is none).
     """
 
     key: str | bytes
     target: Literal["mod", "create", "version", "value"]
     op: Literal["==", "!=", "<", ">"]
     value: int | bytes | str
+    range_end: str | bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,8 @@ _RESULTS = {
 
 def _compare_pb(c: Compare) -> rpc_pb2.Compare:
     msg = rpc_pb2.Compare(key=_bytes(c.key), target=_TARGETS[c.target], result=_RESULTS[c.op])
+    if c.range_end is not None:
+        msg.range_end = _bytes(c.range_end)
     if c.target == "value":
         if isinstance(c.value, int):
             raise TypeError("a value compare takes str or bytes")

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from lighthouse.backend import StoreBackend, StoreUnavailable
+from lighthouse.backend import HeadMoved, StoreBackend, StoreUnavailable
 from lighthouse.config_file import FileContent
+from lighthouse.leases import CeilingWriter, LeaseBook, LeasePolicy
 from lighthouse.state import LighthouseState
 from lighthouse.store import ConfigStore, NotFound
 from protos.jobs import DEFAULT_JOB, check_job_id
@@ -45,9 +47,15 @@ class JobRegistry:
         default_config_path: Path | None = None,
         default_schema_path: Path | None = None,
         strict: bool = False,
+        lease_policy: LeasePolicy | None = None,
     ) -> None:
         self.backend = backend
         self._history_limit = history_limit
+        self._lease_policy = lease_policy or LeasePolicy()
+        self.owner = uuid.uuid4().hex  # this lighthouse life, owner of its step-lease ceilings
+        self._ceilings = CeilingWriter(
+            self._save_ceiling, retry=(HeadMoved,), unavailable=(StoreUnavailable,)
+        )
         self._lock = threading.Lock()
         self._states: dict[str, LighthouseState] = {}
         self._peers: Callable[[str], list[dict[str, Any]]] | None = None
@@ -60,7 +68,7 @@ class JobRegistry:
         )
         subscribe = getattr(backend, "subscribe", None)
         if subscribe is not None:  # a store shared with other lighthouses (etcd)
-            subscribe(self._job_changed, self._step_stored)
+            subscribe(self._job_changed, self._step_stored, self._ceiling_stored)
 
     def _job_changed(self, job: str, head: int) -> None:
         """Another lighthouse changed ``job`` (its head is now ``head``): serve what the store holds.
@@ -87,6 +95,20 @@ class JobRegistry:
         if state is not None:
             state.adopt_step(step)
 
+    def _ceiling_stored(self, job: str, key: str, ceiling: int, revision: int) -> None:
+        """A lighthouse stored a step-lease ceiling of ``job``: another one's bounds our changes."""
+        state = self._states.get(job)
+        if state is not None and key != self.backend.lease_ceiling_key(self.owner):
+            state.store.leases.raise_floor(ceiling, revision)
+
+    def _save_ceiling(self, job: str, ceiling: int, served_version: int) -> None:
+        state = self._states.get(job)
+        if state is not None:
+            state.store.save_lease_ceiling(ceiling, served_version)
+
+    def _request_ceiling(self, job: str, book: LeaseBook[object]) -> None:
+        self._ceilings.request(job, book)
+
     def _new_state(
         self,
         job: str,
@@ -94,7 +116,14 @@ class JobRegistry:
         schema_path: Path | None = None,
         strict: bool = False,
     ) -> LighthouseState:
-        store = ConfigStore(job=job, backend=self.backend, history_limit=self._history_limit)
+        store = ConfigStore(
+            job=job,
+            backend=self.backend,
+            history_limit=self._history_limit,
+            owner=self.owner,
+            lease_policy=self._lease_policy,
+            request_ceiling=partial(self._request_ceiling, job),
+        )
         state = LighthouseState(store, config_path, strict=strict, schema_path=schema_path)
         self._attach_peers(state)
         return state
@@ -221,6 +250,7 @@ class JobRegistry:
         }
 
     def close(self) -> None:
+        self._ceilings.stop()
         for state in list(self._states.values()):
             state.store.close()
         self.backend.close()

@@ -12,6 +12,7 @@ import grpc
 from lighthouse.backend import StoreBackend
 from lighthouse.config_file import ConfigDirWatcher, FileContent, FileWatcher, read_schema_file
 from lighthouse.jobs import JobRegistry, TooManyJobs
+from lighthouse.leases import LeasePolicy
 from lighthouse.peer_managers import PeerManagers
 from lighthouse.sqlite_backend import SqliteBackend
 from lighthouse.state import LighthouseState
@@ -34,7 +35,8 @@ class LighthouseServer:
     ``config_path`` (and ``schema_path``) are the files of the job ``default``;
     ``config_dir`` holds one ``<job>.json`` (and ``<job>.schema.json``) per job.
     ``tls`` serves gRPC over TLS (mutual with ``client_ca``) and the dashboard
-    over HTTPS with the same pair, unless ``http_tls=False``.
+    over HTTPS with the same pair, unless ``http_tls=False``. ``lease_policy``
+    sizes the step leases granted to managers (see ``lighthouse.leases``).
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class LighthouseServer:
         schema_path: str | Path | None = None,
         tls: ServerTLS | None = None,
         http_tls: bool = True,
+        lease_policy: LeasePolicy | None = None,
     ) -> None:
         path = Path(config_path) if config_path is not None else None
         schema_file = Path(schema_path) if schema_path is not None else None
@@ -70,6 +73,7 @@ class LighthouseServer:
             default_config_path=path,
             default_schema_path=schema_file,
             strict=strict,
+            lease_policy=lease_policy,
         )
         try:
             certificates = ServerCertificates(tls) if tls is not None else None
@@ -167,7 +171,7 @@ class LighthouseServer:
     def _get_config(self, request: pb.LighthouseConfigRequest, context: grpc.ServicerContext) -> bytes:
         # Returns the reply already serialized: no per-call protobuf work on the hot path.
         state = self.jobs.get(request.job or DEFAULT_JOB) or self._job_state(request.job, context)
-        return state.get_config_reply(request, context.peer())
+        return state.get_config_reply(request, context.peer(), context.time_remaining())
 
     def _heartbeat(
         self, request: pb.LighthouseHeartbeatRequest, context: grpc.ServicerContext

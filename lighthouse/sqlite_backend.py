@@ -2,13 +2,18 @@
 
 A state directory written before jobs existed (tables without a job column)
 is migrated in one transaction on open: its versions become the job
-``default``.
+``default``; one written before step leases gains the ``made_now`` column.
+
+Job steps arrive with managers' calls; they are queued and written by a
+background thread (all jobs in one transaction, at most once a second), so a
+manager's call never waits for a disk write.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import sqlite3
@@ -17,9 +22,18 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from lighthouse.backend import Change, HeadMoved, JobRecords, Switch
+from lighthouse.backend import Change, HeadMoved, JobRecords, LeaseView, Switch
 
-FORMAT_VERSION = 2  # PRAGMA user_version: 0 = the single-job layout, 2 = per-job tables
+logger = logging.getLogger(__name__)
+
+# PRAGMA user_version: 0 = the single-job layout, 2 = per-job tables, 3 = changes made now carry
+# the effective step the lighthouse chose (made_now)
+FORMAT_VERSION = 3
+STEP_SAVE_PAUSE = 1.0  # seconds between two writes of queued job steps (one transaction for all jobs)
+LEASE_CEILING_KEY = "lease_ceiling"
+VERSION_COLUMNS = (
+    "job, version, op, change, config, effective_step, order_step, created_at, source, author, comment"
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS job_meta (
@@ -37,6 +51,7 @@ CREATE TABLE IF NOT EXISTS job_versions (
     source TEXT NOT NULL,
     author TEXT NOT NULL,
     comment TEXT NOT NULL,
+    made_now INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job, version)
 );
 CREATE TABLE IF NOT EXISTS job_schemas (
@@ -88,12 +103,16 @@ class SqliteBackend:
     """One SQLite database for every job; ``path=None`` keeps it in memory (lost on exit)."""
 
     shared = False  # one lighthouse per state directory (a lock file guarantees it)
-    step_save_interval = 1.0  # a synchronous write: at most once a second per job
+    step_save_interval = 0.0  # every step is queued; the writer thread coalesces them
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self._lock = threading.Lock()  # one connection, used by every job's store
         self._closed = False
+        self._queue_lock = threading.Lock()  # the queued steps only: never held across a disk write
+        self._pending_steps: dict[str, int] = {}
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
         self._lock_file: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,6 +130,8 @@ class SqliteBackend:
             if self._lock_file is not None:
                 self._lock_file.close()
             raise
+        self._writer = threading.Thread(target=self._write_steps, name="sqlite-steps", daemon=True)
+        self._writer.start()
 
     def _open_schema(self) -> None:
         tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -125,9 +146,13 @@ class SqliteBackend:
             for statement in SCHEMA.split(";"):
                 if statement.strip():
                     self._db.execute(statement)
+            if "job_versions" in tables and user_version < 3:  # written before step leases
+                self._db.execute("ALTER TABLE job_versions ADD COLUMN made_now INTEGER NOT NULL DEFAULT 0")
             if "versions" in tables:  # the single-job layout: its state is the job "default"
                 job = LEGACY_DEFAULT_JOB
-                self._db.execute("INSERT INTO job_versions SELECT ?, * FROM versions", (job,))
+                self._db.execute(
+                    f"INSERT INTO job_versions ({VERSION_COLUMNS}) SELECT ?, * FROM versions", (job,)
+                )
                 self._db.execute("INSERT INTO job_meta SELECT ?, key, value FROM meta", (job,))
                 self._db.execute("INSERT INTO job_switches SELECT ?, * FROM switches", (job,))
                 for table in ("versions", "meta", "switches"):
@@ -145,15 +170,20 @@ class SqliteBackend:
                 _row(r)
                 for r in self._db.execute(
                     "SELECT version, op, change, config, effective_step, order_step, created_at, source,"
-                    " author, comment FROM job_versions WHERE job = ? ORDER BY version",
+                    " author, comment, made_now FROM job_versions WHERE job = ? ORDER BY version",
                     (job,),
                 )
             ]
             meta = dict(self._db.execute("SELECT key, value FROM job_meta WHERE job = ?", (job,)).fetchall())
+        with self._queue_lock:
+            step = self._pending_steps.get(job)
+        if step is not None and step > int(meta.get("current_step", "-1")):
+            meta["current_step"] = str(step)  # queued, not written yet: still the job's step
         return JobRecords(rows, meta)
 
     def is_empty(self) -> bool:
         """No job holds anything (a store ``lighthouse migrate`` may copy into)."""
+        self._flush_steps()  # a queued job step counts
         with self._lock:
             return not any(
                 self._db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone()
@@ -172,8 +202,15 @@ class SqliteBackend:
             ]
 
     # ----------------------------------------------------------------- writes
-    def append(self, job: str, rows: list[Change], meta: dict[str, str], expected_head: int) -> None:
-        dumps = json.dumps
+    def append(
+        self,
+        job: str,
+        rows: list[Change],
+        meta: dict[str, str],
+        expected_head: int,
+        leases: LeaseView | None = None,
+    ) -> None:
+        dumps = json.dumps  # ``leases`` is moot: no other lighthouse writes this database
         with self._lock, self._db:  # one transaction: the rows and their meta
             self._db.execute("BEGIN IMMEDIATE")
             (head,) = self._db.execute(
@@ -182,7 +219,7 @@ class SqliteBackend:
             if head != expected_head:
                 raise HeadMoved(f"job {job}: head is {head}, expected {expected_head}")
             self._db.executemany(
-                "INSERT INTO job_versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO job_versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         job,
@@ -196,6 +233,7 @@ class SqliteBackend:
                         row.source,
                         row.author,
                         row.comment,
+                        int(row.made_now),
                     )
                     for row in rows
                 ],
@@ -203,9 +241,63 @@ class SqliteBackend:
             self._set_meta(job, meta)
 
     def set_meta(self, job: str, items: dict[str, str]) -> None:
-        with self._lock:
-            if not self._closed:
-                self._set_meta(job, items)
+        """``current_step`` is queued for the writer thread (a manager's call never waits for the
+        disk, not even for the lock a commit holds through its fsync); the rest is written now."""
+        items = dict(items)
+        step = items.pop("current_step", None)
+        if step is not None:
+            with self._queue_lock:
+                if int(step) > self._pending_steps.get(job, -1):
+                    self._pending_steps[job] = int(step)
+            self._wake.set()
+        if items:
+            with self._lock:
+                if not self._closed:
+                    self._set_meta(job, items)
+
+    def lease_ceiling_key(self, owner: str) -> str:
+        """One key whatever the owner: a single lighthouse writes this database, and each life
+        stores at least what the one before it had (see ``leases``)."""
+        return LEASE_CEILING_KEY
+
+    def save_lease_ceiling(self, job: str, owner: str, ceiling: int, served_head: int) -> None:
+        self.set_meta(job, {LEASE_CEILING_KEY: str(ceiling)})
+
+    def _write_steps(self) -> None:
+        """Write queued job steps, every job in one transaction, at most once per STEP_SAVE_PAUSE."""
+        while not self._stopping.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                self._flush_steps()
+            except sqlite3.Error as exc:  # a full disk, say: the steps stay queued, tried again
+                logger.warning("job steps not saved yet: %s", exc)
+                self._wake.set()
+            self._stopping.wait(STEP_SAVE_PAUSE)
+
+    def _flush_steps(self) -> None:
+        with self._queue_lock:
+            steps, self._pending_steps = self._pending_steps, {}
+        if not steps:
+            return
+        items = [(job, "current_step", str(step)) for job, step in steps.items()]
+        try:
+            with self._lock, self._db:
+                if self._closed:
+                    return
+                self._db.execute("BEGIN IMMEDIATE")
+                # Max semantics: a queued step never lowers one stored meanwhile (a commit stores one).
+                self._db.executemany(
+                    "INSERT INTO job_meta VALUES (?1, ?2, ?3) ON CONFLICT (job, key) DO UPDATE"
+                    " SET value = ?3 WHERE CAST(value AS INTEGER) < CAST(?3 AS INTEGER)",
+                    items,
+                )
+        except BaseException:
+            with self._queue_lock:  # put back what was not written (newer steps win)
+                for job, step in steps.items():
+                    if step > self._pending_steps.get(job, -1):
+                        self._pending_steps[job] = step
+            raise
 
     def add_switches(self, job: str, switches: list[Switch]) -> None:
         now = time.time()
@@ -256,15 +348,26 @@ class SqliteBackend:
             )
 
     def delete_job(self, job: str) -> None:
+        with self._queue_lock:
+            self._pending_steps.pop(job, None)
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
             for table in ("job_versions", "job_meta", "job_switches", "job_schemas"):
                 self._db.execute(f"DELETE FROM {table} WHERE job = ?", (job,))
 
     def close(self) -> None:
+        """Write the queued job steps, then close the database."""
+        self._stopping.set()
+        self._wake.set()
+        self._writer.join(timeout=5)
         with self._lock:
             if self._closed:
                 return
+        try:
+            self._flush_steps()
+        except sqlite3.Error as exc:
+            logger.warning("closing with job steps unsaved: %s", exc)
+        with self._lock:
             self._closed = True
             self._db.close()
             if self._lock_file is not None:
@@ -277,4 +380,6 @@ class SqliteBackend:
 
 
 def _row(r: tuple[Any, ...]) -> Change:
-    return Change(r[0], r[1], json.loads(r[2]), json.loads(r[3]), r[4], r[5], r[6], r[7], r[8], r[9])
+    return Change(
+        r[0], r[1], json.loads(r[2]), json.loads(r[3]), r[4], r[5], r[6], r[7], r[8], r[9], bool(r[10])
+    )

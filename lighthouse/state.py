@@ -18,26 +18,19 @@ from typing import Any
 
 from lighthouse.config_file import FileContent, load_initial, read_schema_file
 from lighthouse.job_schema import JobSchema
+from lighthouse.leases import NO_LEASE
 from lighthouse.store import ConfigStore, Edit, Plan, Segment
 from lighthouse.values import ConfigError, encode_config, validate_object
 from protos import lighthouse_config_pb2 as pb
+from protos.rpc import varint_field
 
 logger = logging.getLogger(__name__)
 
 MAX_STEP_LEAP = 1_000_000  # steps between two reports of one manager that count at once
-_CURRENT_STEP_TAG = bytes([pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER << 3])  # varint field
-
-
-def _varint(value: int) -> bytes:
-    """Protobuf varint of an int64 (negative numbers as 10-byte two's complement)."""
-    if value < 0:
-        value += 1 << 64
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+MAX_LEASE_WAIT = 1.0  # seconds a call may wait for a lease (a first ceiling write, a commit)
+MIN_RATE_INTERVAL = 0.01  # seconds between two reports of a manager for a step-rate sample
+_CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
+_STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
 
 
 @dataclass
@@ -52,6 +45,10 @@ class ManagerRecord:
     step: int = -1
     last_seen: float = field(default_factory=time.monotonic)
     fetches: int = 0
+    lease_through: int = -1  # the highest step lease it holds (reported, or granted here)
+    steps_past_lease: int = 0  # steps it served without a confirmed config (it reports them)
+    past_lease: bool = False  # at its last report: past its lease, or serving steps unconfirmed
+    rate: float = 0.0  # its steps per second, between its last two reports
 
     def to_json(self, now: float) -> dict[str, Any]:
         return {
@@ -63,6 +60,9 @@ class ManagerRecord:
             "cache_hits": self.cache_hits,
             "step": self.step,
             "fetches": self.fetches,
+            "lease_through_step": self.lease_through,
+            "past_lease": self.past_lease,
+            "steps_past_lease": self.steps_past_lease,
         }
 
 
@@ -103,7 +103,8 @@ class LighthouseState:
         self.lighthouse = ""
         self._refresh_lock = threading.Lock()
         self._snapshot = self._build_snapshot()
-        self._step_field = _CURRENT_STEP_TAG + _varint(store.current_step)
+        store.leases.publish(self._snapshot, self._snapshot.version)
+        self._step_field = varint_field(_CURRENT_STEP, store.current_step)
         initial = load_initial(config_path, strict) if config_path is not None else None
         if schema_path is not None:
             schema_file = read_schema_file(schema_path)
@@ -137,26 +138,55 @@ class LighthouseState:
     def refresh(self) -> None:
         """Rebuild the served reply after a change (or when the job's step crossed a scheduled step).
 
-        Serialized: a build that read an older head must never replace a newer snapshot.
+        Serialized: a build that read an older head must never replace a newer snapshot. Step
+        leases are granted with the snapshot published here (see ``leases.LeaseBook``).
         """
         with self._refresh_lock:
-            self._snapshot = self._build_snapshot()
+            snapshot = self._build_snapshot()
+            self._snapshot = snapshot
+            self.store.leases.publish(snapshot, snapshot.version)
 
-    def get_config_reply(self, request: pb.LighthouseConfigRequest, peer: str) -> bytes:
+    def get_config_reply(
+        self, request: pb.LighthouseConfigRequest, peer: str, time_remaining: float | None = None
+    ) -> bytes:
+        """The serialized answer to a manager's fetch; one that reports a step gets a step lease.
+
+        ``time_remaining`` (the call's deadline) bounds the rare wait for a lease: the job's first
+        ceiling write, or a commit under way while the group is past every promise.
+        """
         self.get_config_calls = next(self._get_config_count)
-        if request.HasField("status"):
-            self.observe(request.status, peer, fetch=True)
-        snap = self._snapshot
+        step = self.observe(request.status, peer, fetch=True) if request.HasField("status") else -1
+        if request.HasField("status") and request.HasField("lease_from_step"):
+            wanted = request.lease_from_step  # a step a worker waits for, beyond those served
+            if 0 <= wanted <= max(step, self.store.current_step, 0) + MAX_STEP_LEAP:
+                step = max(step, wanted)
+        if step >= 0:
+            wait = MAX_LEASE_WAIT if time_remaining is None else min(MAX_LEASE_WAIT, time_remaining / 2)
+            snap, horizon = self.store.leases.grant(step, request.lease_seconds, wait)
+            self._note_lease(request.status.replica_id or peer, horizon)
+        else:
+            snap, horizon = self._snapshot, NO_LEASE
         if request.known_version == snap.version and request.known_state_id == self.store.state_id:
-            return snap.not_modified_reply + self._step_field
-        return snap.full_reply + self._step_field
+            body = snap.not_modified_reply
+        else:
+            body = snap.full_reply
+        return body + self._step_field + varint_field(_STABLE_THROUGH, horizon)
+
+    def _note_lease(self, replica_id: str, horizon: int) -> None:
+        with self._lock:
+            record = self._managers.get(replica_id)
+            if record is not None and horizon > record.lease_through:
+                record.lease_through = horizon
 
     def count_heartbeat(self) -> None:
         self.heartbeat_calls = next(self._heartbeat_count)
 
-    def observe(self, status: pb.ManagerStatus, peer: str, fetch: bool = False) -> None:
-        """Record a manager's status (from a heartbeat or riding on a fetch)."""
+    def observe(self, status: pb.ManagerStatus, peer: str, fetch: bool = False) -> int:
+        """Record a manager's status (from a heartbeat or riding on a fetch); returns its step when
+        plausible (a step lease may cover it), else -1."""
         replica_id = status.replica_id or peer
+        now = time.monotonic()
+        rate = 0.0
         with self._lock:
             record = self._managers.get(replica_id)
             if record is None:
@@ -167,20 +197,30 @@ class LighthouseState:
             record.requests = status.requests
             record.cache_hits = status.cache_hits
             previous, record.step = record.step, status.step
-            record.last_seen = time.monotonic()
+            plausible = self._plausible_step(previous, status.step)
+            if status.HasField("lease_through_step"):  # a manager with leases says what it holds
+                record.lease_through = status.lease_through_step
+            record.past_lease = 0 <= record.lease_through < status.step
+            record.steps_past_lease = status.steps_past_lease
+            elapsed = now - record.last_seen
+            if plausible and 0 <= previous < status.step and elapsed >= MIN_RATE_INTERVAL:
+                rate = record.rate = (status.step - previous) / elapsed
+            record.last_seen = now
             record.fetches += int(fetch)
-        plausible = self._plausible_step(previous, status.step)
+        if rate > 0:
+            self.store.leases.observe_rate(rate)
         if status.switches:
             self.store.record_switches(
                 replica_id, [(s.version, s.step, s.previous_step) for s in status.switches]
             )
         if plausible and self.store.advance_step(status.step):
             self._step_moved()
+        return status.step if plausible else -1
 
     def _step_moved(self) -> None:
         # Appended to every reply: protobuf keeps the last value of a field, so the
         # serialized snapshots stay as they are.
-        self._step_field = _CURRENT_STEP_TAG + _varint(self.store.current_step)
+        self._step_field = varint_field(_CURRENT_STEP, self.store.current_step)
         if len(self._snapshot.segments) > 1:
             self._maybe_refresh_for_step()
 
@@ -193,7 +233,7 @@ class LighthouseState:
         """Serve what the store holds now (another lighthouse on the same store changed the job)."""
         self.store.reload()
         self.schema.reload()
-        self._step_field = _CURRENT_STEP_TAG + _varint(self.store.current_step)
+        self._step_field = varint_field(_CURRENT_STEP, self.store.current_step)
         self.refresh()
 
     def _plausible_step(self, previous: int, step: int) -> bool:
@@ -270,6 +310,8 @@ class LighthouseState:
         store = self.store
         with store.lock:
             store.get(version)  # NotFound when it never existed or was pruned
+            # A pending change already promised to the groups stays (it cannot be withdrawn); the
+            # rollback, made now, takes effect above it and so overrides it from then on.
             edits = [
                 Edit(
                     "cancel",
@@ -277,6 +319,7 @@ class LighthouseState:
                     "api",
                     author,
                     f"cancelled by rollback to {version}",
+                    optional=True,
                 )
                 for item in store.scheduled()
                 if item["status"] == "pending" and item["version"] > version
@@ -295,11 +338,15 @@ class LighthouseState:
     def _apply(self, edits: list[Edit], *, if_match: int | None = None, dry_run: bool = False) -> Plan:
         if self.store.backend.shared:  # another lighthouse may have changed the schema a moment ago
             self.schema.reload()  # (read before the store's lock: an etcd outage never blocks readers)
-        plan = self.store.apply(edits, if_match=if_match, check=self.schema.check, dry_run=dry_run)
+        plan = self.store.apply(
+            edits, if_match=if_match, check=self.schema.check, dry_run=dry_run, committed=self.refresh
+        )
         if not dry_run:
-            self.refresh()
             row = plan.row
-            logger.info("config version %d (%s by %s, %s)", row.version, row.op, row.author, row.source)
+            when = "" if row.effective_step is None else f", takes effect at step {row.effective_step}"
+            logger.info(
+                "config version %d (%s by %s, %s%s)", row.version, row.op, row.author, row.source, when
+            )
         return plan
 
     def apply_file(self, content: FileContent, startup: bool = False) -> Plan | None:
@@ -339,6 +386,9 @@ class LighthouseState:
             "author": latest.author if latest else None,
             "comment": latest.comment if latest else None,
             "current_step": self.store.current_step,
+            # The highest step groups may have been promised: a change made now takes effect after
+            # it, and nothing can be scheduled at or below it (-1: no group holds a lease).
+            "lease_horizon": self.store.leases.horizon,
             "scheduled": [s for s in self.store.scheduled() if s["status"] == "pending"],
             "file": {
                 "path": str(self.config_path) if self.config_path else None,

@@ -141,7 +141,12 @@ def get(addr: str, step: int | None, timeout: float, tls: TLSConfig | None) -> N
     try:
         with ManagerClient(addr, timeout=timeout, strict=True, tls=tls) as client:
             cfg = client.get_config(step=step, peek=True)  # look only: pins nothing
-    except (ConfigUnavailable, ValueError) as exc:
+    except ConfigUnavailable as exc:
+        if exc.answer is None:  # unreachable; an unconfirmed answer is shown as it is (its source says)
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        cfg = exc.answer
+    except ValueError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     out = {

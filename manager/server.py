@@ -4,6 +4,17 @@ The lighthouse's load stays proportional to the number of groups: workers'
 calls are answered from the cache (see ``upstream``), pinned per step (see
 ``pinning``), and a background loop refreshes the cache just before it expires,
 carrying the manager's heartbeat on the same call.
+
+Step leases (see ``lighthouse.leases``): each answer of the lighthouse promises
+its config for every step up to a horizon H. A worker's call for a step up to H
+is answered from that snapshot whatever the TTL, also while the lighthouse is
+unreachable. The lease lasts about one cache TTL at the job's step rate; the
+background loop renews it once the group is half-way through it (so an outage
+of half a TTL changes nothing workers see) and the step's call never waits for
+it. A call for a step above H waits for a renewal
+(the deadline bounds it) and, without one, gets the fallback: a group that
+cannot confirm its config must not train a step on one that may differ from
+the other groups'.
 """
 
 from __future__ import annotations
@@ -21,12 +32,27 @@ from manager.snapshot import Snapshot
 from manager.upstream import FetchFailed, UpstreamCache
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, check_job_id
-from protos.rpc import dialable_address, start_server
+from protos.rpc import dialable_address, start_server, varint_field
 from protos.tls import ServerCertificates, ServerTLS, TLSConfig, explain_rpc_error
 
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL = 1.0
+
+
+_STABLE_THROUGH = pb.ManagerConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
+
+
+class _Lease:
+    """A snapshot and the highest step it is promised for (one object: read atomically), with that
+    step serialized once for the workers' replies."""
+
+    __slots__ = ("field", "snapshot", "through")
+
+    def __init__(self, snapshot: Snapshot, through: int) -> None:
+        self.snapshot = snapshot
+        self.through = through
+        self.field = varint_field(_STABLE_THROUGH, through)
 
 
 class ManagerServer:
@@ -70,6 +96,14 @@ class ManagerServer:
         self._instance_id = ""
         self._lighthouse_step = -1  # the job's step as the lighthouse knows it
         self._last_contact = float("-inf")
+        self._lease: _Lease | None = None
+        self._leases_supported: bool | None = None  # None until the lighthouse first answered
+        self._step_wanted = -1  # a step a worker waits for, beyond the lease (asked of the lighthouse)
+        self._renew_at = 0  # the step from which the background loop renews the lease
+        self._renew = threading.Event()  # wakes the background loop: a lease to renew, or stop
+        self.steps_past_lease = 0
+        self._past_lease_count = itertools.count(1)
+
         self._cache = UpstreamCache(
             self._fetch,
             ttl=cache_ttl,
@@ -125,15 +159,45 @@ class ManagerServer:
         if pinned is not None:
             self.cache_hits = next(self._hit_count)
             return pinned
-        answer = self._cache.get()
-        snapshot = answer.snapshot
+        lease = self._lease
+        if lease is not None and step <= lease.through:  # promised: no TTL, no outage matters
+            snapshot, fetched = lease.snapshot, False
+        elif request.peek or self._leases_supported is False:  # a lighthouse without leases: the TTL
+            answer = self._cache.get()
+            snapshot, fetched = answer.snapshot, answer.fetched
+        else:
+            snapshot, fetched = self._renew_for(step)
+            lease = self._lease
+        # The answer says how far the group's config is promised (nothing for a fallback).
+        promised = lease.field if lease is not None and snapshot is lease.snapshot else b""
         segment = snapshot.segment(step)
         if request.peek or self._pins.outside_window(step):  # peek: look, pin nothing, move no step
-            return snapshot.reply(segment, False)
-        if not answer.fetched:
+            return snapshot.reply(segment, False) + promised
+        if not fetched:
             self.cache_hits = next(self._hit_count)
-        pinned = self._pins.pin(step, snapshot, snapshot.reply(segment, True))
-        return pinned if pinned is not None else snapshot.reply(segment, False)
+        pinned = self._pins.pin(step, snapshot, snapshot.reply(segment, True) + promised)
+        if step >= self._renew_at:
+            self._renew.set()  # half-way through the lease: the background loop renews it
+        return pinned if pinned is not None else snapshot.reply(segment, False) + promised
+
+    def _renew_for(self, step: int) -> tuple[Snapshot, bool]:
+        """A step beyond the lease: wait for a renewal that covers it (bounded by the lighthouse
+        deadline); without one the fallback, counted as a step past the lease."""
+        if step > self._step_wanted:
+            self._step_wanted = step
+
+        def covered() -> bool:
+            lease = self._lease
+            return lease is not None and step <= lease.through
+
+        answer = self._cache.renew(covered)
+        lease = self._lease
+        if lease is not None and step <= lease.through:
+            return lease.snapshot, answer.fetched
+        if self._leases_supported is False:  # the lighthouse turned out to be a release without leases
+            return answer.snapshot, answer.fetched
+        self.steps_past_lease = next(self._past_lease_count)
+        return self._cache.fallback(), False
 
     # ------------------------------------------------------------ upstream
     def _status(self) -> pb.ManagerStatus:
@@ -147,10 +211,20 @@ class ManagerServer:
             step=self._pins.max_step,
             switches=[pb.StepSwitch(version=v, step=s, previous_step=p) for v, s, p in switches],
             job=self.job,
+            lease_through_step=self.lease_through_step(),
+            steps_past_lease=self.steps_past_lease,
         )
+
+    def lease_through_step(self) -> int:
+        """The highest step the lighthouse promised this group's config for (-1: none)."""
+        lease = self._lease
+        return lease.through if lease is not None else -1
 
     def serving_version(self) -> int:
         """The lighthouse version workers get now (0 while serving the fallback)."""
+        lease = self._lease
+        if lease is not None and self._pins.max_step <= lease.through:
+            return lease.snapshot.version  # promised: served whether the lighthouse answers or not
         good = self._cache.good
         if good is None or (self._cache.failing and not self._cache.serve_stale):
             return 0
@@ -158,16 +232,39 @@ class ManagerServer:
 
     def _fetch(self, held: Snapshot | None) -> Snapshot:
         status = self._status()
+        wanted = self._step_wanted
+        lease_from = wanted if wanted > status.step else None
         try:
             reply = self._lighthouse.fetch(
                 timeout=self.lighthouse_timeout,
                 known_version=held.version if held else 0,
                 known_state_id=held.state_id if held else "",
                 status=status,
+                lease_seconds=self._cache.ttl,
+                lease_from_step=lease_from,
             )
         except grpc.RpcError as exc:
             raise FetchFailed(explain_rpc_error(exc, self._lighthouse.tls is not None)) from None
         self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
+        snapshot = self._take_reply(reply, held)
+        self._take_lease(reply, snapshot, max(status.step, wanted))
+        return snapshot
+
+    def _take_lease(self, reply: pb.LighthouseConfigResponse, snapshot: Snapshot, base: int) -> None:
+        """Hold the lease that came with ``snapshot`` (the newest snapshot is valid for every step
+        promised before, within one lighthouse state), and renew it half-way through."""
+        self._leases_supported = reply.HasField("stable_through_step")
+        held = self._lease
+        through = reply.stable_through_step if self._leases_supported else -1
+        if held is not None and held.snapshot.state_id == snapshot.state_id:
+            through = max(through, held.through)
+        self._lease = _Lease(snapshot, through) if through >= 0 else None
+        granted = reply.stable_through_step
+        if granted >= base >= 0:
+            self._renew_at = base + max(1, (granted - base + 1) // 2)
+
+    def _take_reply(self, reply: pb.LighthouseConfigResponse, held: Snapshot | None) -> Snapshot:
+        """The snapshot to serve after ``reply`` (the held one when not modified or older)."""
         self._last_contact = time.monotonic()
         self._lighthouse_step = reply.current_step
         if reply.instance_id != self._instance_id:
@@ -197,10 +294,13 @@ class ManagerServer:
         return fresh
 
     def _refresh_loop(self) -> None:
-        """Refresh just before the cache expires; send a bare heartbeat when the TTL is longer than that."""
+        """Refresh just before the cache expires, and renew the step lease once the group is half-way
+        through it; send a bare heartbeat when the TTL is longer than that."""
         cache = self._cache
         while not self._stopped.is_set():
             refresh_in = cache.next_refresh_in()
+            if self._lease is not None and self._pins.max_step >= self._renew_at and not cache.failing:
+                refresh_in = 0.0  # half the lease is used up
             heartbeat_in = self._last_contact + HEARTBEAT_INTERVAL - time.monotonic()
             if refresh_in <= 0:
                 if cache.in_flight:  # a worker's call is fetching: let it finish
@@ -210,7 +310,8 @@ class ManagerServer:
             elif heartbeat_in <= 0 and not cache.failing:
                 self._heartbeat()
             else:
-                self._stopped.wait(refresh_in if cache.failing else min(refresh_in, heartbeat_in))
+                self._renew.wait(refresh_in if cache.failing else min(refresh_in, heartbeat_in))
+                self._renew.clear()
 
     def _heartbeat(self, timeout: float | None = None) -> None:
         status = self._status()
@@ -224,6 +325,8 @@ class ManagerServer:
 
     def stats(self) -> dict[str, int]:
         return {
+            "lease_through_step": self.lease_through_step(),
+            "steps_past_lease": self.steps_past_lease,
             "requests": self.requests,
             "cache_hits": self.cache_hits,
             "upstream_fetches": self._cache.fetches,
@@ -237,6 +340,7 @@ class ManagerServer:
         step and step switches (the replay and late-group views need them)."""
         first = not self._stopped.is_set()
         self._stopped.set()
+        self._renew.set()
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None

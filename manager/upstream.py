@@ -88,13 +88,27 @@ class UpstreamCache:
         if good is not None and self._clock() < self._fresh_until:
             return Answer(good, False)
         if self._failing:
-            return Answer(self._fallback(), False)
+            return Answer(self.fallback(), False)
         return self._fetch_once(wait=True)
+
+    def renew(self, satisfied: Callable[[], bool]) -> Answer:
+        """Fetch now, whatever the TTL, unless ``satisfied()`` (for a call the held snapshot cannot
+        answer: a step beyond the manager's step lease). Joins a fetch in flight first, then
+        fetches itself if that one did not satisfy; during a backoff window, the fallback at once.
+        """
+        answer = Answer(self._good or self.fallback(), False)
+        for _ in range(2):
+            if satisfied():
+                return answer
+            if self._failing:
+                return Answer(self.fallback(), False)
+            answer = self._fetch_once(wait=True, fresh=True)
+        return answer
 
     def refresh(self) -> Answer:
         """Fetch now unless a fetch is in flight or the backoff window is open (background loop)."""
         if self._failing and self._clock() < self._retry_at:
-            return Answer(self._fallback(), False)
+            return Answer(self.fallback(), False)
         return self._fetch_once(wait=False)
 
     def next_refresh_in(self) -> float:
@@ -105,25 +119,30 @@ class UpstreamCache:
         lead = min(0.05 * self.ttl, 0.05)
         return max(0.0, self._fresh_until - lead - now)
 
-    def _fallback(self) -> Snapshot:
+    def fallback(self) -> Snapshot:
+        """What a call gets when the lighthouse cannot confirm a config: empty, or with
+        ``serve_stale`` the last good one marked stale."""
         if self.serve_stale and self._good is not None:
             return self._good.as_stale()
         return self._empty
 
-    def _fetch_once(self, wait: bool) -> Answer:
+    def _fetch_once(self, wait: bool, fresh: bool = False) -> Answer:
+        """Fetch unless one is in flight (``wait``: then wait for it, bounded). ``fresh``: a
+        finished fetch counts even if the snapshot is past its TTL (the caller checks it)."""
         with self._cond:
             if self._in_flight:
                 if not wait:
-                    return Answer(self._good or self._fallback(), False)
+                    return Answer(self._good or self.fallback(), False)
                 deadline = self._clock() + self.wait_timeout
                 while self._in_flight:
                     remaining = deadline - self._clock()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
-                if self._good is not None and self._clock() < self._fresh_until:
-                    return Answer(self._good, True)
-                return Answer(self._fallback(), False)
+                good = self._good
+                if good is not None and not self._failing and (fresh or self._clock() < self._fresh_until):
+                    return Answer(good, True)
+                return Answer(self.fallback(), False)
             self._in_flight = True
         started = self._clock()
         try:
@@ -142,7 +161,7 @@ class UpstreamCache:
                 self._retry_at = self._clock() + self.backoff
                 self._in_flight = False
                 self._cond.notify_all()
-            return Answer(self._fallback(), False)
+            return Answer(self.fallback(), False)
         except BaseException:
             with self._cond:
                 self._in_flight = False

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/lighthouse_config.proto\x12\x11lighthouse_config\"\xb7\x01\n\rManagerStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x10\n\x08requests\x18\x04 \x01(\x04\x12\x12\n\ncache_hits\x18\x05 \x01(\x04\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12/\n\x08switches\x18\x07 \x03(\x0b\x32\x1d.lighthouse_config.StepSwitch\x12\x0b\n\x03job\x18\x08 \x01(\t\"B\n\nStepSwitch\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x15\n\rprevious_step\x18\x03 \x01(\x03\"\x9b\x01\n\x17LighthouseConfigRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x15\n\rknown_version\x18\x02 \x01(\x03\x12\x16\n\x0eknown_state_id\x18\x03 \x01(\t\x12\x30\n\x06status\x18\x04 \x01(\x0b\x32 .lighthouse_config.ManagerStatus\x12\x0b\n\x03job\x18\x05 \x01(\t\"\x9c\x01\n\rConfigSegment\x12\x11\n\tfrom_step\x18\x01 \x01(\x03\x12\x45\n\x0b\x63onfig_data\x18\x02 \x03(\x0b\x32\x30.lighthouse_config.ConfigSegment.ConfigDataEntry\x1a\x31\n\x0f\x43onfigDataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb7\x02\n\x18LighthouseConfigResponse\x12P\n\x0b\x63onfig_data\x18\x01 \x03(\x0b\x32;.lighthouse_config.LighthouseConfigResponse.ConfigDataEntry\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x14\n\x0cnot_modified\x18\x03 \x01(\x08\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\x12\x10\n\x08state_id\x18\x05 \x01(\t\x12\x32\n\x08segments\x18\x06 \x03(\x0b\x32 .lighthouse_config.ConfigSegment\x12\x14\n\x0c\x63urrent_step\x18\x07 \x01(\x03\x1a\x31\n\x0f\x43onfigDataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"N\n\x1aLighthouseHeartbeatRequest\x12\x30\n\x06status\x18\x01 \x01(\x0b\x32 .lighthouse_config.ManagerStatus\"C\n\x1bLighthouseHeartbeatResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\"k\n\x14ManagerConfigRequest\x12\x12\n\ngroup_rank\x18\x01 \x01(\x03\x12\x11\n\x04step\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x15\n\rknown_version\x18\x03 \x01(\x03\x12\x0c\n\x04peek\x18\x04 \x01(\x08\x42\x07\n\x05_step\"\xd7\x01\n\x15ManagerConfigResponse\x12M\n\x0b\x63onfig_data\x18\x01 \x03(\x0b\x32\x38.lighthouse_config.ManagerConfigResponse.ConfigDataEntry\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0e\n\x06pinned\x18\x04 \x01(\x08\x12\x0b\n\x03job\x18\x05 \x01(\t\x1a\x31\n\x0f\x43onfigDataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xe5\x01\n\x11LighthouseService\x12\x64\n\tGetConfig\x12*.lighthouse_config.LighthouseConfigRequest\x1a+.lighthouse_config.LighthouseConfigResponse\x12j\n\tHeartbeat\x12-.lighthouse_config.LighthouseHeartbeatRequest\x1a..lighthouse_config.LighthouseHeartbeatResponse2p\n\x0eManagerService\x12^\n\tGetConfig\x12\'.lighthouse_config.ManagerConfigRequest\x1a(.lighthouse_config.ManagerConfigResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/lighthouse_config.proto\x12\x11lighthouse_config\"\x89\x02\n\rManagerStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x10\n\x08requests\x18\x04 \x01(\x04\x12\x12\n\ncache_hits\x18\x05 \x01(\x04\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12/\n\x08switches\x18\x07 \x03(\x0b\x32\x1d.lighthouse_config.StepSwitch\x12\x0b\n\x03job\x18\x08 \x01(\t\x12\x1f\n\x12lease_through_step\x18\t \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x10steps_past_lease\x18\n \x01(\x04\x42\x15\n\x13_lease_through_step\"B\n\nStepSwitch\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x15\n\rprevious_step\x18\x03 \x01(\x03\"\xe4\x01\n\x17LighthouseConfigRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x15\n\rknown_version\x18\x02 \x01(\x03\x12\x16\n\x0eknown_state_id\x18\x03 \x01(\t\x12\x30\n\x06status\x18\x04 \x01(\x0b\x32 .lighthouse_config.ManagerStatus\x12\x0b\n\x03job\x18\x05 \x01(\t\x12\x15\n\rlease_seconds\x18\x06 \x01(\x01\x12\x1c\n\x0flease_from_step\x18\x07 \x01(\x03H\x00\x88\x01\x01\x42\x12\n\x10_lease_from_step\"\x9c\x01\n\rConfigSegment\x12\x11\n\tfrom_step\x18\x01 \x01(\x03\x12\x45\n\x0b\x63onfig_data\x18\x02 \x03(\x0b\x32\x30.lighthouse_config.ConfigSegment.ConfigDataEntry\x1a\x31\n\x0f\x43onfigDataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf1\x02\n\x18LighthouseConfigResponse\x12P\n\x0b\x63onfig_data\x18\x01 \x03(\x0b\x32;.lighthouse_config.LighthouseConfigResponse.ConfigDataEntry\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x14\n\x0cnot_modified\x18\x03 \x01(\x08\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\x12\x10\n\x08state_id\x18\x05 \x01(\t\x12\x32\n\x08segments\x18\x06 \x03(\x0b\x32 .lighthouse_config.ConfigSegment\x12\x14\n\x0c\x63urrent_step\x18\x07 \x01(\x03\x12 \n\x13stable_through_step\x18\x08 \x01(\x03H\x00\x88\x01\x01\x1a\x31\n\x0f\x43onfigDataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x16\n\x14_stable_through_step\"N\n\x1aLighthouseHeartbeatRequest\x12\x30\n\x06status\x18\x01 \x01(\x0b\x32 .lighthouse_config.ManagerStatus\"C\n\x1bLighthouseHeartbeatResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\"k\n\x14ManagerConfigRequest\x12\x12\n\ngroup_rank\x18\x01 \x01(\x03\x12\x11\n\x04step\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x15\n\rknown_version\x18\x03 \x01(\x03\x12\x0c\n\x04peek\x18\x04 \x01(\x08\x42\x07\n\x05_step\"\x91\x02\n\x15ManagerConfigResponse\x12M\n\x0b\x63onfig_data\x18\x01 \x03(\x0b\x32\x38.lighthouse_config.ManagerConfigResponse.ConfigDataEntry\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0e\n\x06pinned\x18\x04 \x01(\x08\x12\x0b\n\x03job\x18\x05 \x01(\t\x12 \n\x13stable_through_step\x18\x06 \x01(\x03H\x00\x88\x01\x01\x1a\x31\n\x0f\x43onfigDataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x16\n\x14_stable_through_step2\xe5\x01\n\x11LighthouseService\x12\x64\n\tGetConfig\x12*.lighthouse_config.LighthouseConfigRequest\x1a+.lighthouse_config.LighthouseConfigResponse\x12j\n\tHeartbeat\x12-.lighthouse_config.LighthouseHeartbeatRequest\x1a..lighthouse_config.LighthouseHeartbeatResponse2p\n\x0eManagerService\x12^\n\tGetConfig\x12\'.lighthouse_config.ManagerConfigRequest\x1a(.lighthouse_config.ManagerConfigResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,31 +38,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MANAGERCONFIGRESPONSE_CONFIGDATAENTRY']._loaded_options = None
   _globals['_MANAGERCONFIGRESPONSE_CONFIGDATAENTRY']._serialized_options = b'8\001'
   _globals['_MANAGERSTATUS']._serialized_start=54
-  _globals['_MANAGERSTATUS']._serialized_end=237
-  _globals['_STEPSWITCH']._serialized_start=239
-  _globals['_STEPSWITCH']._serialized_end=305
-  _globals['_LIGHTHOUSECONFIGREQUEST']._serialized_start=308
-  _globals['_LIGHTHOUSECONFIGREQUEST']._serialized_end=463
-  _globals['_CONFIGSEGMENT']._serialized_start=466
-  _globals['_CONFIGSEGMENT']._serialized_end=622
-  _globals['_CONFIGSEGMENT_CONFIGDATAENTRY']._serialized_start=573
-  _globals['_CONFIGSEGMENT_CONFIGDATAENTRY']._serialized_end=622
-  _globals['_LIGHTHOUSECONFIGRESPONSE']._serialized_start=625
-  _globals['_LIGHTHOUSECONFIGRESPONSE']._serialized_end=936
-  _globals['_LIGHTHOUSECONFIGRESPONSE_CONFIGDATAENTRY']._serialized_start=573
-  _globals['_LIGHTHOUSECONFIGRESPONSE_CONFIGDATAENTRY']._serialized_end=622
-  _globals['_LIGHTHOUSEHEARTBEATREQUEST']._serialized_start=938
-  _globals['_LIGHTHOUSEHEARTBEATREQUEST']._serialized_end=1016
-  _globals['_LIGHTHOUSEHEARTBEATRESPONSE']._serialized_start=1018
-  _globals['_LIGHTHOUSEHEARTBEATRESPONSE']._serialized_end=1085
-  _globals['_MANAGERCONFIGREQUEST']._serialized_start=1087
-  _globals['_MANAGERCONFIGREQUEST']._serialized_end=1194
-  _globals['_MANAGERCONFIGRESPONSE']._serialized_start=1197
-  _globals['_MANAGERCONFIGRESPONSE']._serialized_end=1412
-  _globals['_MANAGERCONFIGRESPONSE_CONFIGDATAENTRY']._serialized_start=573
-  _globals['_MANAGERCONFIGRESPONSE_CONFIGDATAENTRY']._serialized_end=622
-  _globals['_LIGHTHOUSESERVICE']._serialized_start=1415
-  _globals['_LIGHTHOUSESERVICE']._serialized_end=1644
-  _globals['_MANAGERSERVICE']._serialized_start=1646
-  _globals['_MANAGERSERVICE']._serialized_end=1758
+  _globals['_MANAGERSTATUS']._serialized_end=319
+  _globals['_STEPSWITCH']._serialized_start=321
+  _globals['_STEPSWITCH']._serialized_end=387
+  _globals['_LIGHTHOUSECONFIGREQUEST']._serialized_start=390
+  _globals['_LIGHTHOUSECONFIGREQUEST']._serialized_end=618
+  _globals['_CONFIGSEGMENT']._serialized_start=621
+  _globals['_CONFIGSEGMENT']._serialized_end=777
+  _globals['_CONFIGSEGMENT_CONFIGDATAENTRY']._serialized_start=728
+  _globals['_CONFIGSEGMENT_CONFIGDATAENTRY']._serialized_end=777
+  _globals['_LIGHTHOUSECONFIGRESPONSE']._serialized_start=780
+  _globals['_LIGHTHOUSECONFIGRESPONSE']._serialized_end=1149
+  _globals['_LIGHTHOUSECONFIGRESPONSE_CONFIGDATAENTRY']._serialized_start=728
+  _globals['_LIGHTHOUSECONFIGRESPONSE_CONFIGDATAENTRY']._serialized_end=777
+  _globals['_LIGHTHOUSEHEARTBEATREQUEST']._serialized_start=1151
+  _globals['_LIGHTHOUSEHEARTBEATREQUEST']._serialized_end=1229
+  _globals['_LIGHTHOUSEHEARTBEATRESPONSE']._serialized_start=1231
+  _globals['_LIGHTHOUSEHEARTBEATRESPONSE']._serialized_end=1298
+  _globals['_MANAGERCONFIGREQUEST']._serialized_start=1300
+  _globals['_MANAGERCONFIGREQUEST']._serialized_end=1407
+  _globals['_MANAGERCONFIGRESPONSE']._serialized_start=1410
+  _globals['_MANAGERCONFIGRESPONSE']._serialized_end=1683
+  _globals['_MANAGERCONFIGRESPONSE_CONFIGDATAENTRY']._serialized_start=728
+  _globals['_MANAGERCONFIGRESPONSE_CONFIGDATAENTRY']._serialized_end=777
+  _globals['_LIGHTHOUSESERVICE']._serialized_start=1686
+  _globals['_LIGHTHOUSESERVICE']._serialized_end=1915
+  _globals['_MANAGERSERVICE']._serialized_start=1917
+  _globals['_MANAGERSERVICE']._serialized_end=2029
 # @@protoc_insertion_point(module_scope)

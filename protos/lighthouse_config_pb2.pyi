@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ManagerStatus(_message.Message):
-    __slots__ = ("replica_id", "address", "version", "requests", "cache_hits", "step", "switches", "job")
+    __slots__ = ("replica_id", "address", "version", "requests", "cache_hits", "step", "switches", "job", "lease_through_step", "steps_past_lease")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,8 @@ class ManagerStatus(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     SWITCHES_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    LEASE_THROUGH_STEP_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PAST_LEASE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     version: int
@@ -24,7 +26,9 @@ class ManagerStatus(_message.Message):
     step: int
     switches: _containers.RepeatedCompositeFieldContainer[StepSwitch]
     job: str
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[int] = ..., requests: _Optional[int] = ..., cache_hits: _Optional[int] = ..., step: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[StepSwitch, _Mapping]]] = ..., job: _Optional[str] = ...) -> None: ...
+    lease_through_step: int
+    steps_past_lease: int
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[int] = ..., requests: _Optional[int] = ..., cache_hits: _Optional[int] = ..., step: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[StepSwitch, _Mapping]]] = ..., job: _Optional[str] = ..., lease_through_step: _Optional[int] = ..., steps_past_lease: _Optional[int] = ...) -> None: ...
 
 class StepSwitch(_message.Message):
     __slots__ = ("version", "step", "previous_step")
@@ -37,18 +41,22 @@ class StepSwitch(_message.Message):
     def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., previous_step: _Optional[int] = ...) -> None: ...
 
 class LighthouseConfigRequest(_message.Message):
-    __slots__ = ("replica_id", "known_version", "known_state_id", "status", "job")
+    __slots__ = ("replica_id", "known_version", "known_state_id", "status", "job", "lease_seconds", "lease_from_step")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
     KNOWN_STATE_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     known_version: int
     known_state_id: str
     status: ManagerStatus
     job: str
-    def __init__(self, replica_id: _Optional[str] = ..., known_version: _Optional[int] = ..., known_state_id: _Optional[str] = ..., status: _Optional[_Union[ManagerStatus, _Mapping]] = ..., job: _Optional[str] = ...) -> None: ...
+    lease_seconds: float
+    lease_from_step: int
+    def __init__(self, replica_id: _Optional[str] = ..., known_version: _Optional[int] = ..., known_state_id: _Optional[str] = ..., status: _Optional[_Union[ManagerStatus, _Mapping]] = ..., job: _Optional[str] = ..., lease_seconds: _Optional[float] = ..., lease_from_step: _Optional[int] = ...) -> None: ...
 
 class ConfigSegment(_message.Message):
     __slots__ = ("from_step", "config_data")
@@ -66,7 +74,7 @@ class ConfigSegment(_message.Message):
     def __init__(self, from_step: _Optional[int] = ..., config_data: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class LighthouseConfigResponse(_message.Message):
-    __slots__ = ("config_data", "version", "not_modified", "instance_id", "state_id", "segments", "current_step")
+    __slots__ = ("config_data", "version", "not_modified", "instance_id", "state_id", "segments", "current_step", "stable_through_step")
     class ConfigDataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +89,7 @@ class LighthouseConfigResponse(_message.Message):
     STATE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     CURRENT_STEP_FIELD_NUMBER: _ClassVar[int]
+    STABLE_THROUGH_STEP_FIELD_NUMBER: _ClassVar[int]
     config_data: _containers.ScalarMap[str, str]
     version: int
     not_modified: bool
@@ -88,7 +97,8 @@ class LighthouseConfigResponse(_message.Message):
     state_id: str
     segments: _containers.RepeatedCompositeFieldContainer[ConfigSegment]
     current_step: int
-    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., not_modified: _Optional[bool] = ..., instance_id: _Optional[str] = ..., state_id: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[ConfigSegment, _Mapping]]] = ..., current_step: _Optional[int] = ...) -> None: ...
+    stable_through_step: int
+    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., not_modified: _Optional[bool] = ..., instance_id: _Optional[str] = ..., state_id: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[ConfigSegment, _Mapping]]] = ..., current_step: _Optional[int] = ..., stable_through_step: _Optional[int] = ...) -> None: ...
 
 class LighthouseHeartbeatRequest(_message.Message):
     __slots__ = ("status",)
@@ -117,7 +127,7 @@ class ManagerConfigRequest(_message.Message):
     def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., known_version: _Optional[int] = ..., peek: _Optional[bool] = ...) -> None: ...
 
 class ManagerConfigResponse(_message.Message):
-    __slots__ = ("config_data", "version", "source", "pinned", "job")
+    __slots__ = ("config_data", "version", "source", "pinned", "job", "stable_through_step")
     class ConfigDataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,9 +140,11 @@ class ManagerConfigResponse(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    STABLE_THROUGH_STEP_FIELD_NUMBER: _ClassVar[int]
     config_data: _containers.ScalarMap[str, str]
     version: int
     source: str
     pinned: bool
     job: str
-    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., pinned: _Optional[bool] = ..., job: _Optional[str] = ...) -> None: ...
+    stable_through_step: int
+    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., pinned: _Optional[bool] = ..., job: _Optional[str] = ..., stable_through_step: _Optional[int] = ...) -> None: ...

@@ -47,6 +47,19 @@ SERVER_OPTIONS: list[tuple[str, int | str]] = [
 ]
 
 
+def varint_field(number: int, value: int) -> bytes:
+    """A serialized int64 protobuf field, to append to an already serialized message (protobuf
+    keeps the last value of a scalar field): a per-call value without re-serializing the rest."""
+    if value < 0:
+        value += 1 << 64  # int64: ten bytes of two's complement
+    out = bytearray([number << 3])  # wire type 0 (varint)
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def parse_address(address: str) -> tuple[str, int]:
     """Split ``host:port``, ``[v6]:port`` or torchft's ``http://host:port`` into (host, port).
 

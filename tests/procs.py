@@ -200,6 +200,25 @@ class ProcessPool:
             proc.url = proc.readline()
         return proc
 
+    def lighthouse_when_free(self, timeout: float = 20.0, **kw: Any) -> LighthouseProc:
+        """``lighthouse(**kw)`` on ports a lighthouse killed a moment ago held: retried until it binds."""
+
+        def start() -> LighthouseProc | None:
+            try:
+                return self.lighthouse(**kw)
+            except AssertionError as exc:
+                if "exited" in str(exc):  # the port is not free yet
+                    return None
+                raise
+
+        proc: LighthouseProc = poll(start, timeout, interval=0.2, what=f"a lighthouse on {kw.get('bind')}")
+        return proc
+
+    def restart_lighthouse(self, old: LighthouseProc, **kw: Any) -> LighthouseProc:
+        """A new lighthouse on the gRPC and dashboard ports of ``old`` (killed or stopped)."""
+        http_bind = old.url.split("://", 1)[-1].rstrip("/")
+        return self.lighthouse_when_free(bind=old.address, http_bind=http_bind, **kw)
+
     def manager(
         self,
         lighthouse_addr: str,

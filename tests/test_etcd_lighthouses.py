@@ -142,9 +142,10 @@ def test_scheduled_change_switches_managers_of_both_lighthouses_at_its_step(
         g: procs.worker(m.address, group=g, rank=0, steps=300, step_interval=0.01, wait=False)
         for g, m in managers.items()
     }
-    # Both groups well into their run, then schedule a change ahead of both through lighthouse a.
+    # Both groups well into their run, then schedule a change ahead of both through lighthouse a,
+    # past every step the groups were promised (step leases).
     poll(lambda: all(len(records_so_far(w)) > 30 for w in workers.values()), 30, what="workers stepping")
-    at = max(records_so_far(w)[-1]["step"] for w in workers.values()) + 80
+    at = live(a.url)["lease_horizon"] + 40
     res = call(a.url, "PATCH", f"api/config?effective_step={at}", {"lr": 0.5})
     assert res.status == 200, res.body
     for group, worker in workers.items():

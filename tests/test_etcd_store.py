@@ -196,5 +196,5 @@ def test_a_watch_that_missed_compacted_revisions_reloads_every_job(
     with grpc.insecure_channel(etcd1.endpoints.split(",")[0]) as channel:
         rpc_pb2_grpc.KVStub(channel).Compact(rpc_pb2.CompactionRequest(revision=revision, physical=True))
     changed: list[tuple[str, int]] = []
-    late.subscribe(lambda job, head: changed.append((job, head)), lambda job, step: None)
+    late.subscribe(lambda job, head: changed.append((job, head)), lambda job, step: None, lambda *_: None)
     poll(lambda: ("j", -1) in changed, 10, what="a reload of every job after the compaction")

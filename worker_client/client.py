@@ -2,7 +2,11 @@
 
 ``get_config`` never raises and never outlives its deadline unless asked to
 (``strict=True``): an unreachable manager yields an empty ``Config`` with
-``source="fallback"``, logged once per outage.
+``source="fallback"``, logged once per outage. A strict client also raises
+when the manager itself could not confirm the step's config (it answered the
+fallback or, with ``--serve-stale``, a stale one): under torchft, a group that
+cannot confirm its config stops and is healed, rather than train a step with a
+value the other groups may not use.
 
 grpcio is not fork-safe: create the client in the process that uses it (torchrun
 starts ranks as fresh processes, which is fine). A client inherited through
@@ -34,8 +38,17 @@ _Request = pb.ManagerConfigRequest
 _Response = pb.ManagerConfigResponse
 
 
+UNCONFIRMED = frozenset({"fallback", "stale"})  # sources of a config the lighthouse did not confirm
+
+
 class ConfigUnavailable(RuntimeError):
-    """Raised by strict calls when the manager did not answer within the deadline."""
+    """Raised by strict calls when no confirmed config came within the deadline: the manager did not
+    answer, or it answered the fallback (or a stale config) because the lighthouse could not confirm
+    one for the step; that answer is ``answer`` (None when the manager did not answer)."""
+
+    def __init__(self, message: str, answer: Config | None = None) -> None:
+        super().__init__(message)
+        self.answer = answer
 
 
 class _Decoder:
@@ -48,7 +61,7 @@ class _Decoder:
     __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self._last: tuple[bytes, dict[str, str], int, str, bool, str] | None = None
+        self._last: tuple[bytes, dict[str, str], int, str, bool, str, int | None] | None = None
 
     def __call__(self, raw: bytes, step: int | None) -> Config:
         last = self._last
@@ -61,9 +74,18 @@ class _Decoder:
                 reply.source,
                 reply.pinned,
                 reply.job,
+                reply.stable_through_step if reply.HasField("stable_through_step") else None,
             )
-        _, data, version, source, pinned, job = last
-        return Config(data, version=version, source=source, step=step, pinned=pinned, job=job)
+        _, data, version, source, pinned, job, through = last
+        return Config(
+            data,
+            version=version,
+            source=source,
+            step=step,
+            pinned=pinned,
+            job=job,
+            stable_through_step=through,
+        )
 
 
 class _Prefetcher:
@@ -213,12 +235,12 @@ class ManagerClient:
         ``peek=True`` looks without pinning or moving the group's step (for tools, not training).
         """
         prefetch = self._prefetch
+        strict = self.strict if strict is None else strict
         if prefetch is not None and step is not None and not self._forked and not peek:
             ready = prefetch.ready.pop(step, None)  # with prefetch, usually the step's whole cost
             prefetch.consumed = step
             if ready is not None:
-                return ready
-        strict = self.strict if strict is None else strict
+                return self._unconfirmed(ready) if strict and ready.source in UNCONFIRMED else ready
         if self._forked:
             return self._unavailable(
                 "this ManagerClient was created before fork(); create one in the child", strict
@@ -242,7 +264,17 @@ class ManagerClient:
         if self._outage_logged:
             logger.info("config manager %s reachable again", self.addr)
             self._outage_logged = False
-        return self._decode(raw, step)
+        config = self._decode(raw, step)
+        return self._unconfirmed(config) if strict and config.source in UNCONFIRMED else config
+
+    def _unconfirmed(self, config: Config) -> Config:
+        """A strict call answered with a config the lighthouse did not confirm: raise."""
+        where = "" if config.step is None else f" for step {config.step}"
+        raise ConfigUnavailable(
+            f"config manager {self.addr} has no confirmed config{where} (it answered {config.source}: "
+            "the lighthouse did not answer, or could not promise this step)",
+            config,
+        )
 
     def _unavailable(self, why: str, strict: bool) -> Config:
         if strict:

@@ -52,6 +52,7 @@ def connect(
     timeout: timedelta | float = timedelta(seconds=DEFAULT_TIMEOUT),
     prefetch: bool = False,
     cache_ttl: float | None = None,
+    strict: bool = False,
 ) -> ManagerClient:
     """A ``ManagerClient`` to this replica group's manager, started by group rank 0.
 
@@ -60,7 +61,9 @@ def connect(
     ``MASTER_ADDR``/``MASTER_PORT``; a missing one is a ``ValueError`` naming it.
     ``timeout`` bounds the wait for the manager's address (``ConfigUnavailable``
     after it) and is the client's per-call deadline. ``store`` is anything with
-    torch's ``Store`` ``set``/``get``/``wait``.
+    torch's ``Store`` ``set``/``get``/``wait``. ``strict`` makes every call raise
+    ``ConfigUnavailable`` rather than return a config the lighthouse did not confirm
+    (what a torchft job wants: see the README's "Step consistency").
     """
     wait = seconds(timeout, DEFAULT_TIMEOUT)
     deadline = time.monotonic() + wait
@@ -79,7 +82,7 @@ def connect(
     else:
         address = _await_address(store, key, deadline)
     logger.info("rank %d: replica group %s's config manager is %s", rank, replica_id, address)
-    return ManagerClient(address, timeout=wait, group_rank=rank, prefetch=prefetch)
+    return ManagerClient(address, timeout=wait, group_rank=rank, prefetch=prefetch, strict=strict)
 
 
 def store_key(replica_id: str, job: str | None) -> str:
