@@ -3,13 +3,22 @@
 Training code normally goes through its group's manager; this client is for
 direct use (tools, tests, single-process jobs) and for the manager itself.
 Given several lighthouses (``"A,B,C"``, all serving the same store), it sticks
-to one and moves to the next when a call fails, so losing one lighthouse host
-costs a caller one failed attempt, not an outage.
+to one and moves to the next when a call fails or hangs, so losing one
+lighthouse host costs a caller one failed or slow attempt, not an outage.
+
+A hang (a frozen host, a long pause, a path that drops packets) keeps the
+connection open and answers nothing, so waiting for an error would spend the
+whole deadline. Calls are hedged instead: when the lighthouse in use has not
+answered within ``HEDGE_FRACTION`` of the call's deadline, the next one is
+asked too (and the one after it another fraction later), within the same
+deadline; the first good answer wins and the client stays on the lighthouse
+that gave it.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 import zlib
@@ -31,6 +40,12 @@ T = TypeVar("T")
 # Codes that say "this lighthouse cannot answer now": try the next one. Others (a refused
 # request, say) would be answered the same by every lighthouse.
 FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+# A lighthouse that has not answered within this fraction of a call's deadline is taken for hung,
+# and the next one is asked too. A healthy lighthouse answers in milliseconds, so a quarter (250 ms
+# of the manager's default 1 s) is far past its normal latency yet leaves the next lighthouse three
+# quarters of the deadline; with three lighthouses the third is asked at half the deadline.
+HEDGE_FRACTION = 0.25
 
 
 class _Endpoint:
@@ -118,7 +133,7 @@ class LighthouseClient:
         )
         deadline = seconds(timeout, 5.0)
         reply: pb.LighthouseConfigResponse = self._call(
-            lambda e, t: e.get_config(request, timeout=t), deadline
+            lambda e, t: e.get_config.future(request, timeout=t), deadline
         )
         return reply
 
@@ -127,43 +142,82 @@ class LighthouseClient:
     ) -> pb.LighthouseHeartbeatResponse:
         request = pb.LighthouseHeartbeatRequest(status=status)
         reply: pb.LighthouseHeartbeatResponse = self._call(
-            lambda e, t: e.heartbeat(request, timeout=t), seconds(timeout, 1.0)
+            lambda e, t: e.heartbeat.future(request, timeout=t), seconds(timeout, 1.0)
         )
         return reply
 
-    def _call(self, attempt: Callable[[_Endpoint, float], T], timeout: float) -> T:
-        """Try the current lighthouse, then each other once, every attempt within ``timeout`` overall.
+    def _call(self, start: Callable[[_Endpoint, float], grpc.Future[T]], timeout: float) -> T:
+        """Ask the current lighthouse; ask the next one as soon as one fails, or once every
+        ``HEDGE_FRACTION`` of ``timeout`` while none has answered; all within ``timeout``.
 
-        A lighthouse that is down refuses at once, so the next one still gets most of the time;
-        one that hangs uses up the deadline (the caller's bound holds either way).
+        Every lighthouse is asked at most once; the first answer wins (the others are cancelled)
+        and its lighthouse is used first from then on. A lighthouse that is down refuses at once,
+        one that hangs costs a fraction of the deadline; the caller's bound holds either way.
         """
         deadline = time.monotonic() + timeout
-        first = self._current
-        count = len(self._endpoints)
-        for k in range(count):
-            index = (first + k) % count
-            remaining = deadline - time.monotonic()
-            endpoint = self._endpoints[index]
-            try:
-                result = attempt(endpoint, max(remaining, 0.001))
-            except grpc.RpcError as exc:
-                code = exc.code() if isinstance(exc, grpc.Call) else None
-                last = k == count - 1 or deadline - time.monotonic() <= 0.001
-                if count == 1 or code not in FAILOVER_CODES or last:
-                    raise
-                logger.warning(
-                    "lighthouse %s failed (%s): trying %s",
-                    endpoint.addr,
-                    code.name if code else exc,
-                    self._endpoints[(index + 1) % count].addr,
-                )
-                continue
-            if index != self._current:
-                with self._lock:
-                    self._current = index
-                logger.info("now using lighthouse %s", endpoint.addr)
-            return result
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        hedge_delay = HEDGE_FRACTION * timeout
+        first, count = self._current, len(self._endpoints)
+        done: queue.SimpleQueue[tuple[int, grpc.Future[T]]] = queue.SimpleQueue()
+        pending: dict[int, grpc.Future[T]] = {}
+        asked = 0
+        next_hedge = deadline
+
+        def ask_next() -> None:
+            nonlocal asked, next_hedge
+            index = (first + asked) % count
+            asked += 1
+            future = start(self._endpoints[index], max(deadline - time.monotonic(), 0.001))
+            pending[index] = future
+            future.add_done_callback(lambda f: done.put((index, f)))
+            next_hedge = time.monotonic() + hedge_delay
+
+        ask_next()
+        last_error: grpc.RpcError | None = None
+        try:
+            while pending:
+                hedge = asked < count and next_hedge < deadline
+                try:
+                    # Each attempt carries the deadline, so gRPC ends it by then: no timeout needed.
+                    index, future = done.get(timeout=max(next_hedge - time.monotonic(), 0) if hedge else None)
+                except queue.Empty:
+                    logger.warning(
+                        "lighthouse %s has not answered within %.2fs: asking %s too",
+                        self._endpoints[(first + asked - 1) % count].addr,
+                        hedge_delay,
+                        self._endpoints[(first + asked) % count].addr,
+                    )
+                    ask_next()
+                    continue
+                del pending[index]
+                error = future.exception()
+                if error is None:
+                    self._use(index)
+                    return future.result()
+                assert isinstance(error, grpc.RpcError)
+                code = error.code() if isinstance(error, grpc.Call) else None
+                if count == 1 or code not in FAILOVER_CODES:
+                    raise error
+                last_error = error
+                if asked < count and deadline - time.monotonic() > 0.001:
+                    logger.warning(
+                        "lighthouse %s failed (%s): trying %s",
+                        self._endpoints[index].addr,
+                        code.name if code else error,
+                        self._endpoints[(first + asked) % count].addr,
+                    )
+                    ask_next()
+        finally:
+            for future in pending.values():
+                future.cancel()
+        assert last_error is not None  # every attempt ended, and none answered
+        raise last_error
+
+    def _use(self, index: int) -> None:
+        """Call the lighthouse that answered first from now on."""
+        if index != self._current:
+            with self._lock:
+                self._current = index
+            logger.info("now using lighthouse %s", self._endpoints[index].addr)
 
     def close(self) -> None:
         for endpoint in self._endpoints:
