@@ -21,7 +21,8 @@ from manager.snapshot import Snapshot
 from manager.upstream import FetchFailed, UpstreamCache
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, check_job_id
-from protos.rpc import dialable_address, start_server
+from protos.probes import Probes
+from protos.rpc import MANAGER_SERVICE, dialable_address, start_server
 from protos.tls import ServerCertificates, ServerTLS, TLSConfig, explain_rpc_error
 
 logger = logging.getLogger(__name__)
@@ -70,8 +71,9 @@ class ManagerServer:
         self._instance_id = ""
         self._lighthouse_step = -1  # the job's step as the lighthouse knows it
         self._last_contact = float("-inf")
+        self._probes = Probes(MANAGER_SERVICE)  # NOT_SERVING until a lighthouse gave a config
         self._cache = UpstreamCache(
-            self._fetch,
+            self._fetch_and_report,
             ttl=cache_ttl,
             backoff=backoff,
             wait_timeout=lighthouse_timeout + 0.5,
@@ -79,7 +81,7 @@ class ManagerServer:
             fallback=Snapshot.fallback(self.job),
         )
         handler = grpc.method_handlers_generic_handler(
-            "lighthouse_config.ManagerService",
+            MANAGER_SERVICE,
             {
                 "GetConfig": grpc.unary_unary_rpc_method_handler(
                     self._get_config, request_deserializer=pb.ManagerConfigRequest.FromString
@@ -88,7 +90,7 @@ class ManagerServer:
         )
         self._server: grpc.Server | None
         try:
-            self._server, port = start_server(bind, [handler], max_workers, credentials)
+            self._server, port = start_server(bind, [handler], max_workers, credentials, self._probes)
         except BaseException:
             self._lighthouse.close()
             raise
@@ -152,9 +154,22 @@ class ManagerServer:
     def serving_version(self) -> int:
         """The lighthouse version workers get now (0 while serving the fallback)."""
         good = self._cache.good
-        if good is None or (self._cache.failing and not self._cache.serve_stale):
-            return 0
-        return good.version
+        return good.version if good is not None and self._gives_config(good, self._cache.failing) else 0
+
+    def _gives_config(self, good: Snapshot | None, failing: bool) -> bool:
+        """Whether workers get a lighthouse's config (the live one, or with ``serve_stale`` the last
+        good one) rather than the empty fallback: what the health service reports as SERVING."""
+        return good is not None and (not failing or self._cache.serve_stale)
+
+    def _fetch_and_report(self, held: Snapshot | None) -> Snapshot:
+        """The cache's fetch; the health status follows its outcome (``held`` is the last good one)."""
+        try:
+            snapshot = self._fetch(held)
+        except FetchFailed:
+            self._probes.set_serving(self._gives_config(held, failing=True))
+            raise
+        self._probes.set_serving(True)
+        return snapshot
 
     def _fetch(self, held: Snapshot | None) -> Snapshot:
         status = self._status()
@@ -237,6 +252,7 @@ class ManagerServer:
         step and step switches (the replay and late-group views need them)."""
         first = not self._stopped.is_set()
         self._stopped.set()
+        self._probes.shutdown()  # health watchers hear NOT_SERVING before the port closes
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None

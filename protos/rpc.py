@@ -10,14 +10,20 @@ from __future__ import annotations
 import socket
 from concurrent import futures
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import grpc
 
 from protos.tls import TLSConfig
 
-LIGHTHOUSE_GET_CONFIG = "/lighthouse_config.LighthouseService/GetConfig"
-LIGHTHOUSE_HEARTBEAT = "/lighthouse_config.LighthouseService/Heartbeat"
-MANAGER_GET_CONFIG = "/lighthouse_config.ManagerService/GetConfig"
+if TYPE_CHECKING:  # only servers load the probes' packages, never a worker
+    from protos.probes import Probes
+
+LIGHTHOUSE_SERVICE = "lighthouse_config.LighthouseService"
+MANAGER_SERVICE = "lighthouse_config.ManagerService"
+LIGHTHOUSE_GET_CONFIG = f"/{LIGHTHOUSE_SERVICE}/GetConfig"
+LIGHTHOUSE_HEARTBEAT = f"/{LIGHTHOUSE_SERVICE}/Heartbeat"
+MANAGER_GET_CONFIG = f"/{MANAGER_SERVICE}/GetConfig"
 
 # Requests are tiny (ids, counters); anything bigger is junk and refused by gRPC.
 MAX_REQUEST_BYTES = 256 * 1024
@@ -152,8 +158,11 @@ def start_server(
     handlers: list[grpc.GenericRpcHandler],
     max_workers: int,
     credentials: grpc.ServerCredentials | None = None,
+    probes: Probes | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start a gRPC server on ``bind`` (TLS with ``credentials``) and return it with the port bound.
+
+    ``probes`` adds the standard health and reflection services beside ``handlers``.
 
     Raises OSError when the address cannot be bound (in use, bad host).
     """
@@ -165,6 +174,8 @@ def start_server(
         handlers=handlers,
         options=SERVER_OPTIONS,
     )
+    if probes is not None:
+        probes.register(server)
     try:
         target = format_address(host, port)
         if credentials is not None:

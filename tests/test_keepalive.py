@@ -66,7 +66,7 @@ def test_a_black_holed_server_is_noticed_and_a_quiet_connection_is_kept(procs: P
         manager.signal(signal.SIGCONT)
 
         # Four pings and more: a server that did not permit them would have sent GOAWAY (too_many_pings)
-        # at the third, and the idle channel would have left READY.
+        # (at the fourth ping, here), and the idle channel would have left READY.
         deadline = quiet_since + 4.6 * KEEPALIVE_TIME_MS / 1000
         while time.monotonic() < deadline:
             assert quiet.since(quiet_since) == [], quiet.states
