@@ -31,7 +31,7 @@ import grpc
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, check_job_id
 from protos.rpc import LIGHTHOUSE_GET_CONFIG, LIGHTHOUSE_HEARTBEAT, make_channel, seconds, split_addresses
-from protos.tls import TLSConfig
+from protos.tls import TLSConfig, tls_for
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class _Endpoint:
 
     def __init__(self, addr: str, tls: TLSConfig | None) -> None:
         self.addr = addr
+        self.tls = tls
         self.channel = make_channel(addr, tls)
         self.get_config = self.channel.unary_unary(
             LIGHTHOUSE_GET_CONFIG,
@@ -75,7 +76,8 @@ class LighthouseClient:
     over the list instead of all using the first. ``job`` is the training job whose
     config it asks for (default: the job ``default``). Calls raise ``grpc.RpcError``
     when no lighthouse answers in time. ``tls`` dials lighthouses serving TLS
-    (``protos.tls.explain_rpc_error`` says what failed).
+    (``protos.tls.explain_rpc_error`` says what failed); an ``https://`` address
+    speaks TLS too, trusting the system's roots.
     """
 
     def __init__(
@@ -88,11 +90,11 @@ class LighthouseClient:
         tls: TLSConfig | None = None,
     ) -> None:
         self.addr = addr
-        self.tls = tls
         self.job = check_job_id(job)
         self._wire_job = "" if self.job == DEFAULT_JOB else self.job  # what every lighthouse release reads
         addrs = split_addresses(addr)
-        self._endpoints = [_Endpoint(a, tls) for a in addrs]
+        self._endpoints = [_Endpoint(a, tls_for(a, tls)) for a in addrs]
+        self.tls = next((e.tls for e in self._endpoints if e.tls is not None), None)
         self._current = zlib.crc32(spread_key.encode()) % len(addrs) if spread_key else 0
         self._lock = threading.Lock()
         if connect_timeout is not None:
