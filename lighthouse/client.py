@@ -9,10 +9,10 @@ lighthouse host costs a caller one failed or slow attempt, not an outage.
 A hang (a frozen host, a long pause, a path that drops packets) keeps the
 connection open and answers nothing, so waiting for an error would spend the
 whole deadline. Calls are hedged instead: when the lighthouse in use has not
-answered within ``HEDGE_FRACTION`` of the call's deadline, the next one is
-asked too (and the one after it another fraction later), within the same
-deadline; the first good answer wins and the client stays on the lighthouse
-that gave it.
+answered within ``HEDGE_FRACTION`` of the call's deadline, it is asked again
+and the next one too (the one after it another fraction later), within the
+same deadline; the first good answer wins and the client stays on the
+lighthouse that gave it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 import zlib
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -46,6 +46,8 @@ FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLIN
 # of the manager's default 1 s) is far past its normal latency yet leaves the next lighthouse three
 # quarters of the deadline; with three lighthouses the third is asked at half the deadline.
 HEDGE_FRACTION = 0.25
+
+Method = Callable[["_Endpoint"], "grpc.UnaryUnaryMultiCallable[Any, T]"]
 
 
 class _Endpoint:
@@ -134,9 +136,7 @@ class LighthouseClient:
             job=self._wire_job,
         )
         deadline = seconds(timeout, 5.0)
-        reply: pb.LighthouseConfigResponse = self._call(
-            lambda e, t: e.get_config.future(request, timeout=t), deadline
-        )
+        reply: pb.LighthouseConfigResponse = self._call(lambda e: e.get_config, request, deadline)
         return reply
 
     def heartbeat(
@@ -144,75 +144,107 @@ class LighthouseClient:
     ) -> pb.LighthouseHeartbeatResponse:
         request = pb.LighthouseHeartbeatRequest(status=status)
         reply: pb.LighthouseHeartbeatResponse = self._call(
-            lambda e, t: e.heartbeat.future(request, timeout=t), seconds(timeout, 1.0)
+            lambda e: e.heartbeat, request, seconds(timeout, 1.0)
         )
         return reply
 
-    def _call(self, start: Callable[[_Endpoint, float], grpc.Future[T]], timeout: float) -> T:
-        """Ask the current lighthouse; ask the next one as soon as one fails, or once every
-        ``HEDGE_FRACTION`` of ``timeout`` while none has answered; all within ``timeout``.
+    def _call(self, method: Method[T], request: Any, timeout: float) -> T:
+        """Ask the current lighthouse; past ``HEDGE_FRACTION`` of ``timeout`` without an answer, or
+        at once when it fails, hedge over the others (``_hedged``); all within ``timeout``.
 
-        Every lighthouse is asked at most once; the first answer wins (the others are cancelled)
-        and its lighthouse is used first from then on. A lighthouse that is down refuses at once,
-        one that hangs costs a fraction of the deadline; the caller's bound holds either way.
+        The first attempt is a plain blocking call bounded by the hedge delay: the cost of a call
+        to a healthy lighthouse stays that of one gRPC call (a gRPC future costs a thread start).
         """
         deadline = time.monotonic() + timeout
-        hedge_delay = HEDGE_FRACTION * timeout
-        first, count = self._current, len(self._endpoints)
+        count = len(self._endpoints)
+        if count == 1:
+            return method(self._endpoints[0])(request, timeout=timeout)
+        first = self._current
+        delay = HEDGE_FRACTION * timeout
+        try:
+            return method(self._endpoints[first])(request, timeout=delay)
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            if code not in FAILOVER_CODES:
+                raise
+            hung = code == grpc.StatusCode.DEADLINE_EXCEEDED
+            logger.warning(
+                "lighthouse %s %s: asking %s",
+                self._endpoints[first].addr,
+                f"has not answered within {delay:.2f}s" if hung else f"failed ({code.name if code else exc})",
+                self._endpoints[(first + 1) % count].addr,
+            )
+            others = [(first + k) % count for k in range(1, count)]
+            # One that is slow, not dead, may still answer: it is asked again beside the next one.
+            order = [first, *others] if hung else others
+            return self._hedged(method, request, order, 2 if hung else 1, deadline, delay, exc)
+
+    def _hedged(
+        self,
+        method: Method[T],
+        request: Any,
+        order: list[int],
+        at_once: int,
+        deadline: float,
+        delay: float,
+        error: grpc.RpcError,
+    ) -> T:
+        """Ask ``order[:at_once]`` now and one more each time one fails or ``delay`` passes without
+        an answer; the first answer wins (the others are cancelled) and its lighthouse is used
+        first from then on. Raises the last failure when none answers before ``deadline``."""
         done: queue.SimpleQueue[tuple[int, grpc.Future[T]]] = queue.SimpleQueue()
         pending: dict[int, grpc.Future[T]] = {}
-        asked = 0
+        queued = list(order)
         next_hedge = deadline
 
         def ask_next() -> None:
-            nonlocal asked, next_hedge
-            index = (first + asked) % count
-            asked += 1
-            future = start(self._endpoints[index], max(deadline - time.monotonic(), 0.001))
+            nonlocal next_hedge
+            index = queued.pop(0)
+            future = method(self._endpoints[index]).future(
+                request, timeout=max(deadline - time.monotonic(), 0.001)
+            )
             pending[index] = future
             future.add_done_callback(lambda f: done.put((index, f)))
-            next_hedge = time.monotonic() + hedge_delay
+            next_hedge = time.monotonic() + delay
 
-        ask_next()
-        last_error: grpc.RpcError | None = None
+        for _ in range(at_once):
+            ask_next()
         try:
             while pending:
-                hedge = asked < count and next_hedge < deadline
+                hedge = bool(queued) and next_hedge < deadline
                 try:
                     # Each attempt carries the deadline, so gRPC ends it by then: no timeout needed.
                     index, future = done.get(timeout=max(next_hedge - time.monotonic(), 0) if hedge else None)
                 except queue.Empty:
                     logger.warning(
-                        "lighthouse %s has not answered within %.2fs: asking %s too",
-                        self._endpoints[(first + asked - 1) % count].addr,
-                        hedge_delay,
-                        self._endpoints[(first + asked) % count].addr,
+                        "no lighthouse answered within %.2fs: asking %s too",
+                        delay,
+                        self._endpoints[queued[0]].addr,
                     )
                     ask_next()
                     continue
                 del pending[index]
-                error = future.exception()
-                if error is None:
+                failure = future.exception()
+                if failure is None:
                     self._use(index)
                     return future.result()
-                assert isinstance(error, grpc.RpcError)
-                code = error.code() if isinstance(error, grpc.Call) else None
-                if count == 1 or code not in FAILOVER_CODES:
-                    raise error
-                last_error = error
-                if asked < count and deadline - time.monotonic() > 0.001:
+                assert isinstance(failure, grpc.RpcError)
+                code = failure.code() if isinstance(failure, grpc.Call) else None
+                if code not in FAILOVER_CODES:
+                    raise failure
+                error = failure
+                if queued and deadline - time.monotonic() > 0.001:
                     logger.warning(
                         "lighthouse %s failed (%s): trying %s",
                         self._endpoints[index].addr,
-                        code.name if code else error,
-                        self._endpoints[(first + asked) % count].addr,
+                        code.name if code else failure,
+                        self._endpoints[queued[0]].addr,
                     )
                     ask_next()
         finally:
             for future in pending.values():
                 future.cancel()
-        assert last_error is not None  # every attempt ended, and none answered
-        raise last_error
+        raise error
 
     def _use(self, index: int) -> None:
         """Call the lighthouse that answered first from now on."""
