@@ -19,7 +19,8 @@ from lighthouse.state import LighthouseState
 from lighthouse.store import ConfigStore
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, InvalidJobId
-from protos.rpc import DEFAULT_LIGHTHOUSE_PORT, dialable_address, start_server
+from protos.probes import Probes
+from protos.rpc import DEFAULT_LIGHTHOUSE_PORT, LIGHTHOUSE_SERVICE, dialable_address, start_server
 from protos.tls import ServerCertificates, ServerTLS
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class LighthouseServer:
         self._http = None
         self._server: grpc.Server | None = None
         self._peers: PeerManagers | None = None
+        # SERVING from the end of start-up (every job loaded, the dashboard up) until shutdown starts.
+        self._probes = Probes(LIGHTHOUSE_SERVICE)
         self.jobs = JobRegistry(
             backend if backend is not None else SqliteBackend(store_path),
             history_limit=history_limit,
@@ -87,7 +90,7 @@ class LighthouseServer:
                 folder.scan(startup=True)
                 self._watchers.append(folder)
             handler = grpc.method_handlers_generic_handler(
-                "lighthouse_config.LighthouseService",
+                LIGHTHOUSE_SERVICE,
                 {
                     "GetConfig": grpc.unary_unary_rpc_method_handler(
                         self._get_config, request_deserializer=pb.LighthouseConfigRequest.FromString
@@ -100,7 +103,7 @@ class LighthouseServer:
                 },
             )
             credentials = certificates.grpc_credentials() if certificates is not None else None
-            self._server, port = start_server(bind, [handler], max_workers, credentials)
+            self._server, port = start_server(bind, [handler], max_workers, credentials, self._probes)
             self._address = dialable_address(bind, port)
             self._start_peers()
             if http_bind is not None:
@@ -130,6 +133,7 @@ class LighthouseServer:
         except BaseException:
             self.shutdown()
             raise
+        self._probes.set_serving(True)
         logger.info(
             "lighthouse serving %d job(s) on %s%s",
             len(self.jobs.names()),
@@ -194,6 +198,7 @@ class LighthouseServer:
 
     def shutdown(self, grace: float | None = 1.0) -> None:
         """Stop serving and close the store; safe to call twice."""
+        self._probes.shutdown()  # health watchers hear NOT_SERVING before the port closes
         while self._watchers:
             self._watchers.pop().stop()
         if self._http is not None:

@@ -10,7 +10,7 @@ import click
 
 from protos.cli_options import client_tls_options, job_option, server_tls_options
 from protos.daemon import Termination, announce, configure_logging
-from protos.tls import ServerTLS, TLSConfig
+from protos.tls import LIGHTHOUSE_TLS_ENVS, ServerTLS, TLSConfig
 
 logger = logging.getLogger("manager")
 
@@ -33,7 +33,8 @@ def main() -> None:
     envvar="TORCHFT_LIGHTHOUSE",
     required=True,
     help="Lighthouse address HOST:PORT, or several as A,B,C (lighthouses on one etcd store: the "
-    "manager moves to the next when one fails). Env TORCHFT_LIGHTHOUSE; http://HOST:PORT accepted.",
+    "manager moves to the next when one fails or hangs). Env TORCHFT_LIGHTHOUSE; http://HOST:PORT "
+    "accepted; https://HOST:PORT speaks TLS, trusting the system's roots unless --lighthouse-ca.",
 )
 @click.option(
     "--bind", default="[::]:0", show_default=True, help="Address workers connect to (0: free port)."
@@ -72,7 +73,12 @@ def main() -> None:
 )
 @job_option("The training job this group belongs to")
 @client_tls_options(
-    "--lighthouse-ca", "--lighthouse-cert", "--lighthouse-key", dest="lighthouse_tls", peer="lighthouse"
+    "--lighthouse-ca",
+    "--lighthouse-cert",
+    "--lighthouse-key",
+    dest="lighthouse_tls",
+    peer="lighthouse",
+    envvars=LIGHTHOUSE_TLS_ENVS,
 )
 @server_tls_options
 @click.option(

@@ -32,7 +32,8 @@ from manager.snapshot import Snapshot
 from manager.upstream import FetchFailed, UpstreamCache
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, check_job_id
-from protos.rpc import dialable_address, start_server, varint_field
+from protos.probes import Probes
+from protos.rpc import MANAGER_SERVICE, dialable_address, start_server, varint_field
 from protos.tls import ServerCertificates, ServerTLS, TLSConfig, explain_rpc_error
 
 logger = logging.getLogger(__name__)
@@ -103,9 +104,9 @@ class ManagerServer:
         self._renew = threading.Event()  # wakes the background loop: a lease to renew, or stop
         self.steps_past_lease = 0
         self._past_lease_count = itertools.count(1)
-
+        self._probes = Probes(MANAGER_SERVICE)  # NOT_SERVING until a lighthouse gave a config
         self._cache = UpstreamCache(
-            self._fetch,
+            self._fetch_and_report,
             ttl=cache_ttl,
             backoff=backoff,
             wait_timeout=lighthouse_timeout + 0.5,
@@ -113,7 +114,7 @@ class ManagerServer:
             fallback=Snapshot.fallback(self.job),
         )
         handler = grpc.method_handlers_generic_handler(
-            "lighthouse_config.ManagerService",
+            MANAGER_SERVICE,
             {
                 "GetConfig": grpc.unary_unary_rpc_method_handler(
                     self._get_config, request_deserializer=pb.ManagerConfigRequest.FromString
@@ -122,7 +123,7 @@ class ManagerServer:
         )
         self._server: grpc.Server | None
         try:
-            self._server, port = start_server(bind, [handler], max_workers, credentials)
+            self._server, port = start_server(bind, [handler], max_workers, credentials, self._probes)
         except BaseException:
             self._lighthouse.close()
             raise
@@ -226,9 +227,24 @@ class ManagerServer:
         if lease is not None and self._pins.max_step <= lease.through:
             return lease.snapshot.version  # promised: served whether the lighthouse answers or not
         good = self._cache.good
-        if good is None or (self._cache.failing and not self._cache.serve_stale):
-            return 0
-        return good.version
+        return good.version if good is not None and self._gives_config(good, self._cache.failing) else 0
+
+    def _gives_config(self, good: Snapshot | None, failing: bool) -> bool:
+        """Whether workers get a lighthouse's config (the live one, or with ``serve_stale`` the last
+        good one) rather than the empty fallback: what the health service reports as SERVING."""
+        return good is not None and (not failing or self._cache.serve_stale)
+
+    def _fetch_and_report(self, held: Snapshot | None) -> Snapshot:
+        """The cache's fetch; the health status follows its outcome (``held`` is the last good one)."""
+        try:
+            snapshot = self._fetch(held)
+        except FetchFailed:  # still serving while the step lease covers the group, or with serve_stale
+            lease = self._lease
+            promised = lease is not None and self._pins.max_step < lease.through
+            self._probes.set_serving(promised or self._gives_config(held, failing=True))
+            raise
+        self._probes.set_serving(True)
+        return snapshot
 
     def _fetch(self, held: Snapshot | None) -> Snapshot:
         status = self._status()
@@ -341,6 +357,7 @@ class ManagerServer:
         first = not self._stopped.is_set()
         self._stopped.set()
         self._renew.set()
+        self._probes.shutdown()  # health watchers hear NOT_SERVING before the port closes
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None

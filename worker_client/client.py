@@ -26,7 +26,7 @@ import grpc
 
 from protos import lighthouse_config_pb2 as pb
 from protos.rpc import MANAGER_GET_CONFIG, make_channel, seconds
-from protos.tls import TLSConfig, tls_failure
+from protos.tls import TLSConfig, tls_failure, tls_for
 from worker_client.config import Config
 
 logger = logging.getLogger(__name__)
@@ -193,7 +193,8 @@ class ManagerClient:
     ``timeout`` is the default deadline of each ``get_config`` call; ``strict``
     makes calls raise ``ConfigUnavailable`` instead of answering the fallback;
     ``prefetch`` fetches step N+1 in the background after step N is asked for;
-    ``tls`` dials a manager serving TLS (plaintext by default: same host or pod).
+    ``tls`` dials a manager serving TLS (plaintext by default: same host or pod; an
+    ``https://`` address speaks TLS trusting the system's roots).
     """
 
     def __init__(
@@ -207,11 +208,11 @@ class ManagerClient:
         tls: TLSConfig | None = None,
     ) -> None:
         self.addr = addr
-        self.tls = tls
+        self.tls = tls_for(addr, tls)
         self.timeout = seconds(timeout, DEFAULT_TIMEOUT)
         self.group_rank = group_rank
         self.strict = strict
-        self._channel = make_channel(addr, tls)
+        self._channel = make_channel(addr, self.tls)
         self._call = self._channel.unary_unary(
             MANAGER_GET_CONFIG,
             request_serializer=_Request.SerializeToString,
