@@ -247,11 +247,16 @@ def test_killing_the_etcd_leader_loses_no_acknowledged_edit(
 def test_quorum_loss_refuses_edits_keeps_serving_and_recovers(
     cluster3: EtcdCluster, procs: ProcessPool
 ) -> None:
-    a, b = lighthouses(procs, store_url(cluster3))
+    # Promises of steps are bounded by a ceiling stored ahead of need; without quorum none can be
+    # stored, so the groups keep training on what was promised: here 20 s of steps (default 1 s).
+    store = store_url(cluster3)
+    a, b = (procs.lighthouse(store=store, extra=["--lease-ceiling-ahead", "20"]) for _ in range(2))
+    for lh in (a, b):
+        wait_healthy(lh.url)
     v1 = version_of(change(a.url, "PUT", {"lr": 0.1}))
     poll(lambda: live(b.url)["version"] == v1, 5, what="b at version 1")
     m = procs.manager(f"{a.address},{b.address}", "group0", cache_ttl=0.1)
-    worker = procs.worker(m.address, group="g", rank=0, steps=2000, step_interval=0.01, wait=True)
+    worker = procs.worker(m.address, group="g", rank=0, steps=100_000, step_interval=0.01, wait=True)
     poll(lambda: len(records_so_far(worker)) > 10, 20, what="worker steps")
 
     down = cluster3.members[:2]
@@ -277,7 +282,8 @@ def test_quorum_loss_refuses_edits_keeps_serving_and_recovers(
 
     v2 = poll(edit_accepted, 60, interval=0.5, what="an edit accepted again")
     poll(lambda: live(b.url)["version"] == v2, 10, what="b serves the edit made after recovery")
-    poll(lambda: records_so_far(worker)[-1]["config"]["lr"] == "0.5", 20, what="the worker sees it")
+    # (made through a, it takes effect above b's stored ceiling too, should the manager be on b)
+    poll(lambda: records_so_far(worker)[-1]["config"]["lr"] == "0.5", 60, what="the worker sees it")
     worker.stop()
     records = records_so_far(worker)
     bad = [r for r in records if r["source"] == "fallback"]
