@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
-import tests.test_dashboard_browser as dashboard_browser
 from lighthouse.etcd_client import EtcdClient, Event
 from lighthouse.jobs import JobRegistry
 from lighthouse.peer_managers import PeerManagers
@@ -32,9 +31,6 @@ from protos import lighthouse_config_pb2 as pb
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import call
 from tests.procs import ProcessPool, poll
-
-browser = dashboard_browser.browser  # Debian's Chromium, as the dashboard tests use
-page = dashboard_browser.page
 
 VISIBLE_WITHIN = 2.0  # the promise: a manager is listed by every lighthouse within 2 s
 MARGIN = 1.0
