@@ -215,13 +215,16 @@ def test_watch_from_an_old_revision_replays_and_compaction_asks_for_a_reload(
 
 
 def test_lease_keepalive_keeps_keys_and_expiry_removes_them(client: EtcdClient) -> None:
-    lease = client.lease_grant(1)
+    # A 2 s TTL renewed every ~0.7 s: a keepalive thread starved for over a second on two busy cores
+    # still keeps it (with a 1 s TTL, one such stall lost the lease).
+    ttl = 2
+    lease = client.lease_grant(ttl)
     client.put("/lease/a", "1", lease=lease)
     assert client.get("/lease/a").kvs[0].lease == lease
     lost = threading.Event()
-    keeper = client.keep_alive(lease, ttl=1, on_lost=lost.set)
+    keeper = client.keep_alive(lease, ttl=ttl, on_lost=lost.set)
     try:
-        deadline = time.monotonic() + 3.0  # three TTLs: the key lives only because of the keepalive
+        deadline = time.monotonic() + 2 * ttl  # two TTLs: the key lives only because of the keepalive
         while time.monotonic() < deadline:
             assert client.get("/lease/a").kvs, "the kept-alive key expired"
             time.sleep(0.2)
