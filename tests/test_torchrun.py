@@ -26,6 +26,7 @@ import pytest
 from tests import http_steps
 from tests.etcd_cluster import free_port
 from tests.procs import ROOT, LighthouseProc, Proc, ProcessPool, poll
+from tests.threads import CheckedThread
 from worker_client import ConfigUnavailable, connect
 from worker_client.connect import store_key
 
@@ -225,26 +226,20 @@ def test_config_churn_every_few_ms_never_splits_a_group(
     groups = [torchrun(procs, g, EXAMPLE, args, env) for g in (0, 1)]
     stop = threading.Event()
     edits = [0]
-    failures: list[str] = []  # raised in the churn thread it would only warn: the test checks it
 
     def churn() -> None:
-        try:
-            while not stop.is_set() and edits[0] < 5000:
-                edits[0] += 1
-                http_steps.change(lighthouse.url, "PATCH", {"lr": round(0.001 * (edits[0] % 97 + 1), 6)})
-                stop.wait(0.003)
-        except Exception as exc:
-            failures.append(f"edit {edits[0]} failed: {exc!r}")
+        while not stop.is_set() and edits[0] < 5000:
+            edits[0] += 1
+            http_steps.change(lighthouse.url, "PATCH", {"lr": round(0.001 * (edits[0] % 97 + 1), 6)})
+            stop.wait(0.003)
 
-    thread = threading.Thread(target=churn, daemon=True)
+    thread = CheckedThread(churn)  # a failed edit fails the test (in a plain thread it only warns)
     thread.start()
     try:
         results = [finish(g) for g in groups]  # the example exits non-zero at a split step
     finally:
         stop.set()
-        thread.join(10)
-    assert not thread.is_alive(), "the churn thread hung"
-    assert failures == []
+        thread.check(10)
     for recs in results:
         ranks_cover(recs, range(40))
         assert all(r["lr_min"] == r["lr_max"] for r in recs)
