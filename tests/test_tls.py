@@ -186,6 +186,25 @@ def test_python_api_client_tls(tmp_path: Path, pki: Pki) -> None:
             assert "does it require TLS" in explain_rpc_error(caught.value, tls=False)
 
 
+def test_lighthouse_client_with_a_client_certificate(procs: ProcessPool, pki: Pki) -> None:
+    """``LighthouseClient(tls=TLSConfig(ca, cert, key))`` against a ``lighthouse serve`` that requires
+    mutual TLS: its certificate is the only way in."""
+    lighthouse = procs.lighthouse(CONFIG, extra=server_args(pki.server, pki.ca.cert))
+    pair = TLSConfig(ca=pki.ca.cert, cert=pki.client.cert, key=pki.client.key)
+    with LighthouseClient(lighthouse.address, tls=pair) as client:
+        assert client.get_config(timeout=5) == {"lr": "0.25", "name": "tls"}
+    refused = {
+        "no client certificate": TLSConfig(ca=pki.ca.cert),
+        "one from another CA": TLSConfig(
+            ca=pki.ca.cert, cert=pki.other_client.cert, key=pki.other_client.key
+        ),
+    }
+    for case, tls in refused.items():
+        with LighthouseClient(lighthouse.address, tls=tls) as client, pytest.raises(grpc.RpcError) as caught:
+            client.get_config(timeout=5)
+        assert "requires a client certificate" in explain_rpc_error(caught.value, tls=True), case
+
+
 def test_tls_between_worker_and_manager(procs: ProcessPool, pki: Pki) -> None:
     """Opt-in TLS on the worker hop: a TLS worker gets the config, a plaintext one the fallback."""
     lighthouse = procs.lighthouse(CONFIG)
