@@ -34,7 +34,7 @@ from protos.rpc import (
     seconds,
     split_addresses,
 )
-from protos.tls import TLSConfig
+from protos.tls import TLSConfig, tls_failure
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +325,8 @@ class EtcdClient:
                 details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
                 if code not in _FAILOVER_CODES and details not in _FAILOVER_DETAILS:
                     raise EtcdError(code, details) from None
-                last = f"{self.endpoints[index]}: {details}"
+                reason = tls_failure(details, self._tls is not None)  # a refusal is not an outage
+                last = f"{self.endpoints[index]}: {f'{reason} ({details})' if reason else details}"
                 log.debug("etcd call failed on %s", last)
             tried += 1
             index = self._move_on(index)

@@ -246,7 +246,10 @@ def tls_failure(details: str, tls: bool) -> str | None:
         return "TLS: the server's certificate is not signed by a trusted CA (check the CA file)"
     if "CERTIFICATE_REQUIRED" in details or "certificate required" in details:
         return "TLS: the server requires a client certificate (mutual TLS)"
-    if "Socket closed" in details or "Connection reset" in details or "EOF occurred" in details:
+    # TSI_DATA_CORRUPTED: TLS 1.3 ends the handshake before the server checks our certificate, so
+    # its refusal arrives as an alert that gRPC cannot decrypt (etcd with --client-cert-auth).
+    closed = ("Socket closed", "Connection reset", "EOF occurred", "TSI_DATA_CORRUPTED")
+    if any(text in details for text in closed):
         return (
             "TLS: the server closed the connection in the handshake: it requires a client "
             "certificate (mutual TLS) or does not trust ours"

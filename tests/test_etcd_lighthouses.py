@@ -25,6 +25,7 @@ from tests.procs import (
     records_so_far,
     worker_records,
 )
+from tests.threads import CheckedThread
 
 
 def store_url(cluster: EtcdCluster) -> str:
@@ -78,40 +79,39 @@ def test_two_lighthouses_one_history_and_if_match_across_them(procs: ProcessPool
 def race_if_match(urls: list[str], head: int) -> list[Any]:
     """A PUT with ``If-Match: head`` on each dashboard at once; the answers in ``urls`` order."""
     results: list[Any] = [None] * len(urls)
-    start = threading.Barrier(len(urls))
+    start = threading.Barrier(len(urls), timeout=30)
 
     def edit(i: int) -> None:
         start.wait()
         results[i] = change(urls[i], "PUT", {"winner": i}, if_match=head)
 
-    threads = [threading.Thread(target=edit, args=(i,)) for i in range(len(urls))]
+    threads = [CheckedThread(edit, i, name=f"edit via {urls[i]}") for i in range(len(urls))]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.check()
     return results
 
 
-def test_an_edit_through_one_lighthouse_is_served_by_the_other(
+# A bound, not the goal: the 100 ms goal is measured in benchmarks (python -m benchmarks.etcd_store
+# reports the propagation percentiles); here each edit must merely arrive, well within this.
+SERVED_BY_THE_OTHER_WITHIN = 5.0
+
+
+def test_every_edit_through_one_lighthouse_is_served_by_the_other_within_a_bound(
     procs: ProcessPool, etcd1: EtcdCluster
 ) -> None:
     a, b = lighthouses(procs, store_url(etcd1))
     with LighthouseClient(b.address) as client:
-        delays = []
         for i in range(50):
             version = version_of(change(a.url, "PUT", {"i": i}))
-            acked = time.monotonic()
             poll(
                 lambda v=version: served_version(client) >= v,
-                5,
+                SERVED_BY_THE_OTHER_WITHIN,
                 interval=0.001,
                 what=f"version {version} on b",
             )
-            delays.append(time.monotonic() - acked)
             assert client.get_config(timeout=2) == {"i": str(i)}
-    delays.sort()
-    p99 = delays[int(len(delays) * 0.99) - 1]
-    assert p99 < 1.0, delays  # generous: the 100 ms goal is measured in benchmarks/
 
 
 def test_restarted_lighthouse_catches_up_before_serving(procs: ProcessPool, etcd1: EtcdCluster) -> None:
@@ -226,16 +226,20 @@ def test_killing_the_etcd_leader_loses_no_acknowledged_edit(
             else:
                 refused.append(n)
 
-    editor = threading.Thread(target=edit)
+    editor = CheckedThread(edit)
     editor.start()
     try:
-        poll(lambda: len(acked) >= 10, 20, what="edits acknowledged")
+        poll(lambda: len(acked) >= 10 or not editor.is_alive(), 20, what="edits acknowledged")
         cluster3.kill(cluster3.leader())
         killed_at = len(acked)
-        poll(lambda: len(acked) >= killed_at + 20, 60, what="edits acknowledged after the leader died")
+        poll(
+            lambda: len(acked) >= killed_at + 20 or not editor.is_alive(),
+            60,
+            what="edits acknowledged after the leader died",
+        )
     finally:
         stop.set()
-        editor.join(timeout=60)
+        editor.check()
     stored = {h["version"]: h for h in history(lh.url)}
     assert sorted(stored) == list(range(1, max(stored) + 1))  # contiguous
     for version, n in acked.items():
@@ -309,7 +313,8 @@ def test_lighthouses_on_etcd_over_mutual_tls(tmp_path: Path, procs: ProcessPool)
              "--store", store, "--store-ca", str(certs.ca)],
             "lighthouse",
         )  # fmt: skip
-        assert no_client_cert.wait(timeout=30) == 1  # etcd requires a client certificate
+        assert no_client_cert.wait(timeout=30) == 1
+        assert "requires a client certificate" in no_client_cert.stderr()  # not "etcd is down"
 
 
 def test_a_schema_set_through_one_lighthouse_guards_edits_on_the_other(

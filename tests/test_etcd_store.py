@@ -21,6 +21,7 @@ from lighthouse.values import MAX_CONFIG_BYTES
 from protos.etcd import rpc_pb2, rpc_pb2_grpc
 from tests.etcd_cluster import EtcdCluster, free_port
 from tests.procs import poll
+from tests.threads import CheckedThread
 
 
 @pytest.fixture
@@ -110,11 +111,11 @@ def test_stores_on_two_lighthouses_never_reuse_a_version(backends: list[EtcdBack
             with lock:
                 versions.append(v)
 
-    threads = [threading.Thread(target=edit, args=(s, 15)) for s in stores]
+    threads = [CheckedThread(edit, s, 15) for s in stores]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.check()
     assert sorted(versions) == list(range(1, 31))
     fresh = ConfigStore(job="j", backend=backends[0])
     assert [h["version"] for h in fresh.history()] == list(range(30, 0, -1))

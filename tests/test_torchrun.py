@@ -7,6 +7,7 @@ per step, with the lr they used and its MIN and MAX over the group.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -23,7 +24,9 @@ from typing import Any
 import pytest
 
 from tests import http_steps
+from tests.etcd_cluster import free_port
 from tests.procs import ROOT, LighthouseProc, Proc, ProcessPool, poll
+from tests.threads import CheckedThread
 from worker_client import ConfigUnavailable, connect
 from worker_client.connect import store_key
 
@@ -115,7 +118,7 @@ def kill_group(proc: Proc) -> list[dict[str, Any]]:
         os.kill(pid, signal.SIGKILL)
     proc.wait(10)
     # Once every writer is gone the pipe ends: then every line it printed has been read.
-    poll(lambda: proc.lines() is not None and not proc.stdout_lines.empty(), 10, what="the end of its output")
+    poll(proc.output_ended, 10, what="the end of its output")
     return records(proc)
 
 
@@ -230,13 +233,13 @@ def test_config_churn_every_few_ms_never_splits_a_group(
             http_steps.change(lighthouse.url, "PATCH", {"lr": round(0.001 * (edits[0] % 97 + 1), 6)})
             stop.wait(0.003)
 
-    thread = threading.Thread(target=churn, daemon=True)
+    thread = CheckedThread(churn)  # a failed edit fails the test (in a plain thread it only warns)
     thread.start()
     try:
         results = [finish(g) for g in groups]  # the example exits non-zero at a split step
     finally:
         stop.set()
-        thread.join(10)
+        thread.check(10)
     for recs in results:
         ranks_cover(recs, range(40))
         assert all(r["lr_min"] == r["lr_max"] for r in recs)
@@ -277,8 +280,37 @@ def test_group_killed_and_started_again_resumes_with_the_config_of_its_step(
     check_steps(recs0, switch_at)
     times = sorted(r["time"] for r in recs0 if r["rank"] == 0)
     gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert max(gaps) < 5.0 + 2.0, max(gaps)  # never stalled past the config deadline (5 s)
+    assert max(gaps) < 5.0 + 5.0, max(gaps)  # never stalled past the config deadline (5 s), plus a margin
     assert any(killed_at < t < after[0]["time"] for t in times), "group 0 did not train during the outage"
+
+
+def config_records(group: Proc) -> list[dict[str, Any]]:
+    """The per-step records of tests/torchrun_config_proc.py's ranks."""
+    return [r for r in map(json.loads, filter(lambda x: x.startswith("{"), group.lines())) if "step" in r]
+
+
+@pytest.mark.slow
+def test_connect_reads_the_job_and_a_lighthouse_list_and_alone_imports_torch(procs: ProcessPool) -> None:
+    """``LIGHTHOUSE_JOB`` picks the job, ``TORCHFT_LIGHTHOUSE`` may list several lighthouses (the
+    first one listed here has nothing listening), and torch is loaded by ``connect()`` only."""
+    lighthouse = procs.lighthouse(OLD)
+    http_steps.call(lighthouse.url, "PUT", "/api/jobs/alpha/config", NEW)
+    nothing_there = f"127.0.0.1:{free_port()}"
+    env = {"TORCHFT_LIGHTHOUSE": f"{nothing_there},{lighthouse.address}", "LIGHTHOUSE_JOB": "alpha"}
+    group = torchrun(procs, 0, CONFIG_PROC, ["--steps", "20", "--interval", "0.02"], env)
+    try:
+        code = group.wait(RUN_TIMEOUT)
+    except Exception:
+        raise AssertionError(f"{group.name} still running after {RUN_TIMEOUT}s\n{group.stderr()}") from None
+    assert code == 0, group.stderr()
+    poll(group.output_ended, 10, what="the end of its output")
+    starts = [json.loads(x) for x in group.lines() if x.startswith('{"event": "start"')]
+    assert sorted(r["rank"] for r in starts) == [0, 1]
+    assert all(not r["torch_before"] and r["torch_after"] for r in starts), starts
+    recs = config_records(group)
+    assert len(recs) == 2 * 20
+    assert {(r["job"], r["lr"]) for r in recs} == {("alpha", str(NEW["lr"]))}, "not job alpha's config"
+    assert {r["source"] for r in recs} <= {"lighthouse", "cache"}
 
 
 @pytest.mark.slow
@@ -292,7 +324,7 @@ def test_rank0_killed_other_ranks_get_the_fallback_within_the_deadline(
     group = torchrun(procs, 0, CONFIG_PROC, args, env, monitor_interval=60)
 
     def by_rank(rank: int) -> list[dict[str, Any]]:
-        return [json.loads(x) for x in group.lines() if x.startswith("{") and json.loads(x)["rank"] == rank]
+        return [r for r in config_records(group) if r["rank"] == rank]
 
     poll(lambda: len(by_rank(0)) >= 5 and len(by_rank(1)) >= 5, 60, what="both ranks asking")
     assert {r["source"] for r in by_rank(1)} <= {"cache", "lighthouse"}
@@ -308,15 +340,18 @@ def test_rank0_killed_other_ranks_get_the_fallback_within_the_deadline(
     later = by_rank(1)[seen:]
     assert later[-1]["source"] == "fallback"
     assert later[-1]["lr"] is None  # the fallback is the empty config
-    assert max(r["elapsed"] for r in later) < deadline + 1.0  # never hangs past its deadline
+    # Never hangs past its deadline (the margin: four torch processes share two busy cores).
+    assert max(r["elapsed"] for r in later) < deadline + 3.0
 
 
 @pytest.mark.slow
 def test_torchft_trains_across_a_kill_and_restart_of_one_group(
     procs: ProcessPool, lighthouse: LighthouseProc
 ) -> None:
-    pytest.importorskip("torchft")
-    steps, switch_at = 250, 150  # group 0 must still run when group 1 is back (~90 steps here)
+    assert importlib.util.find_spec("torchft"), "torchft is not installed: pip install -e '.[torchft]'"
+    # Group 0 must still run when group 1 is back: ~90 steps later on a quiet machine, but over 240
+    # (group 0 done, nobody to heal from) when other test runs share the two cores.
+    steps, switch_at = 400, 250
     http_steps.change(lighthouse.url, "PUT", NEW, effective_step=switch_at)
     binary = shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse")
     ft_args = ["--min_replicas", "1", "--bind", "127.0.0.1:0"]
@@ -337,7 +372,9 @@ def test_torchft_trains_across_a_kill_and_restart_of_one_group(
     after = finish(again)
     recs0 = finish(group0)
     healed = min(r["step"] for r in after)
-    assert healed > 10, "the restarted group did not recover the live step from group 0"
+    assert healed > 10, (
+        f"the restarted group did not recover the live step from group 0 (which reached {max_step(group0)})"
+    )
     assert any(r["participants"] == 2 and r["committed"] for r in after), "it never rejoined the quorum"
     for recs in (before, after, recs0):
         check_steps(recs, switch_at)  # each step's lr is that step's config, in every life
