@@ -37,7 +37,7 @@ from tests.http_steps import call
 from tests.http_util import call as http_call
 from tests.http_util import wait_healthy
 from tests.procs import ROOT, LighthouseProc, ProcessPool, child_env, poll
-from tests.test_torchrun import EXAMPLE, finish, max_step, records, torchrun
+from tests.torchrun_jobs import EXAMPLE, finish, max_step, records, torchrun
 
 pytestmark = pytest.mark.slow
 
