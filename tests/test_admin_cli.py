@@ -42,7 +42,7 @@ def failed(result: subprocess.CompletedProcess[str], code: int = 1) -> str:
 
 
 def show(lh: LighthouseProc) -> dict[str, Any]:
-    view: dict[str, Any] = json.loads(ok(lh, "show"))
+    view: dict[str, Any] = json.loads(ok(lh, "show", "-o", "json"))
     return view
 
 
@@ -59,7 +59,7 @@ def test_set_decodes_values_as_json_when_they_parse(lh: LighthouseProc) -> None:
     config = show(lh)["config"]
     assert config["lr"] == 0.01 and config["name"] == "abc" and config["flag"] is True
     assert config["layers"] == [1, 2] and config["quoted"] == "7"
-    assert json.loads(ok(lh, "history", "--limit", "1"))["versions"][0]["comment"] == "tune"
+    assert json.loads(ok(lh, "history", "--limit", "1", "-o", "json"))["versions"][0]["comment"] == "tune"
 
 
 def test_set_null_deletes(lh: LighthouseProc) -> None:
@@ -92,7 +92,7 @@ def test_load(lh: LighthouseProc, tmp_path: Path) -> None:
 def test_history(lh: LighthouseProc) -> None:
     ok(lh, "set", "h=1")
     ok(lh, "set", "h=2")
-    versions = json.loads(ok(lh, "history", "--limit", "2"))["versions"]
+    versions = json.loads(ok(lh, "history", "--limit", "2", "-o", "json"))["versions"]
     assert [v["config"]["h"] for v in versions] == [2, 1]
     assert {"version", "created_at", "source", "author", "comment"} <= set(versions[0])
 
@@ -108,10 +108,10 @@ def test_rollback(lh: LighthouseProc) -> None:
 
 def test_scheduled_and_cancel(lh: LighthouseProc) -> None:
     out = ok(lh, "set", "lr=0.5", "--at-step", "100000")
-    assert out.endswith("(takes effect at step 100000)\n")
+    assert out.endswith("(takes effect at step 100,000 in every group)\n")
     target = int(out.split()[1])
     assert show(lh)["config"]["lr"] != 0.5
-    pending = json.loads(ok(lh, "scheduled"))["scheduled"]
+    pending = json.loads(ok(lh, "scheduled", "-o", "json"))["scheduled"]
     assert [s["status"] for s in pending if s["version"] == target] == ["pending"]
     assert ok(lh, "cancel", str(target)) == f"cancelled {target}: version {target + 1}\n"
     assert "already cancelled" in failed(cli(lh, "cancel", str(target)))
@@ -121,13 +121,13 @@ def test_load_at_step_and_at_step_replay(lh: LighthouseProc, tmp_path: Path) -> 
     path = tmp_path / "later.json"
     path.write_text('{"phase": 2}')
     target = int(ok(lh, "load", str(path), "--at-step", "200000").split()[1])
-    assert json.loads(ok(lh, "at-step", "200000"))["config"] == {"phase": 2}
-    assert json.loads(ok(lh, "at-step", "0"))["config"] != {"phase": 2}
+    assert json.loads(ok(lh, "at-step", "200000", "-o", "json"))["config"] == {"phase": 2}
+    assert json.loads(ok(lh, "at-step", "0", "-o", "json"))["config"] != {"phase": 2}
     ok(lh, "cancel", str(target))
 
 
 def test_managers(lh: LighthouseProc) -> None:
-    answer = json.loads(ok(lh, "managers"))
+    answer = json.loads(ok(lh, "managers", "-o", "json"))
     assert answer["managers"] == [] and answer["version"] == show(lh)["version"]
 
 
@@ -147,10 +147,10 @@ def test_unreachable_lighthouse(tmp_path: Path) -> None:
 def test_url_from_env_and_token(tmp_path: Path) -> None:
     with start_lighthouse(tmp_path, config={"lr": 1}, token="t0k") as secured:
         env = {"LIGHTHOUSE_URL": secured.url}
-        assert json.loads(run_cli("config", "show", env=env).stdout)["config"] == {"lr": 1}
+        assert json.loads(run_cli("config", "show", "-o", "json", env=env).stdout)["config"] == {"lr": 1}
         assert "token required" in failed(run_cli("config", "set", "lr=2", env=env))
         assert "wrong admin token" in failed(run_cli("config", "set", "lr=2", "--token", "nope", env=env))
         result = run_cli("config", "set", "lr=2", env={**env, "LIGHTHOUSE_ADMIN_TOKEN": "t0k"})
         assert result.returncode == 0, result.stderr
         assert run_cli("config", "rollback", "1", "--token", "t0k", env=env).returncode == 0
-        assert json.loads(run_cli("config", "show", env=env).stdout)["config"] == {"lr": 1}
+        assert json.loads(run_cli("config", "show", "-o", "json", env=env).stdout)["config"] == {"lr": 1}
