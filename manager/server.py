@@ -17,11 +17,11 @@ import grpc
 
 from lighthouse.client import LighthouseClient
 from manager.pinning import StepPins
-from manager.snapshot import Snapshot
+from manager.snapshot import CACHE, FALLBACK, STALE, Snapshot
 from manager.upstream import FetchFailed, UpstreamCache
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, check_job_id
-from protos.rpc import dialable_address, start_server
+from protos.rpc import dialable_address, split_addresses, start_server
 from protos.tls import ServerCertificates, ServerTLS, TLSConfig, explain_rpc_error
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,8 @@ class ManagerServer:
         )
         self._instance_id = ""
         self._lighthouse_step = -1  # the job's step as the lighthouse knows it
-        self._last_contact = float("-inf")
+        self._last_contact = float("-inf")  # last call to the lighthouse, answered or not
+        self._last_answer = float("-inf")  # last call the lighthouse answered
         self._cache = UpstreamCache(
             self._fetch,
             ttl=cache_ttl,
@@ -83,7 +84,12 @@ class ManagerServer:
             {
                 "GetConfig": grpc.unary_unary_rpc_method_handler(
                     self._get_config, request_deserializer=pb.ManagerConfigRequest.FromString
-                )
+                ),
+                "GetStatus": grpc.unary_unary_rpc_method_handler(
+                    self._get_status,
+                    request_deserializer=pb.ManagerInfoRequest.FromString,
+                    response_serializer=pb.ManagerInfo.SerializeToString,
+                ),
             },
         )
         self._server: grpc.Server | None
@@ -168,7 +174,7 @@ class ManagerServer:
         except grpc.RpcError as exc:
             raise FetchFailed(explain_rpc_error(exc, self._lighthouse.tls is not None)) from None
         self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
-        self._last_contact = time.monotonic()
+        self._last_contact = self._last_answer = time.monotonic()
         self._lighthouse_step = reply.current_step
         if reply.instance_id != self._instance_id:
             if self._instance_id:
@@ -220,7 +226,7 @@ class ManagerServer:
             self._last_contact = time.monotonic()  # retried in a heartbeat interval; the fetch logs outages
             return
         self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
-        self._last_contact = time.monotonic()
+        self._last_contact = self._last_answer = time.monotonic()
 
     def stats(self) -> dict[str, int]:
         return {
@@ -231,6 +237,44 @@ class ManagerServer:
             "pinned_steps": len(self._pins),
             "version": self.serving_version(),
         }
+
+    def _get_status(self, request: pb.ManagerInfoRequest, context: grpc.ServicerContext) -> pb.ManagerInfo:
+        return self.info()
+
+    def info(self) -> pb.ManagerInfo:
+        """What this manager serves and why (``manager status``): never calls the lighthouse."""
+        cache = self._cache
+        good = cache.good
+        if good is not None and not cache.failing:
+            source = CACHE
+        else:
+            source = STALE if cache.serve_stale and good is not None else FALLBACK
+        age = cache.age()
+        now = time.monotonic()
+        return pb.ManagerInfo(
+            replica_id=self.replica_id,
+            job=self.job,
+            address=self._address,
+            source=source,
+            version=self.serving_version(),
+            cache_age_s=-1.0 if age is None else round(age, 3),
+            cache_ttl_s=cache.ttl,
+            lighthouse=self._lighthouse.current,
+            lighthouses=split_addresses(self._lighthouse.addr),
+            last_answer_age_s=round(now - self._last_answer, 3)
+            if self._last_answer > float("-inf")
+            else -1.0,
+            last_error=cache.last_error,
+            pinned_steps=len(self._pins),
+            first_pinned_step=self._pins.lowest(),
+            last_pinned_step=self._pins.max_step,
+            lighthouse_step=self._lighthouse_step,
+            requests=self.requests,
+            cache_hits=self.cache_hits,
+            upstream_fetches=cache.fetches,
+            upstream_failures=cache.failures,
+            lease_through_step=-1,  # filled once managers hold step leases (issue 16)
+        )
 
     def shutdown(self, grace: float | None = 0.5) -> None:
         """Stop serving; safe to call twice. A last report tells the lighthouse the group's final

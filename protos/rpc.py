@@ -18,6 +18,7 @@ from protos.tls import TLSConfig
 LIGHTHOUSE_GET_CONFIG = "/lighthouse_config.LighthouseService/GetConfig"
 LIGHTHOUSE_HEARTBEAT = "/lighthouse_config.LighthouseService/Heartbeat"
 MANAGER_GET_CONFIG = "/lighthouse_config.ManagerService/GetConfig"
+MANAGER_GET_STATUS = "/lighthouse_config.ManagerService/GetStatus"
 
 # Requests are tiny (ids, counters); anything bigger is junk and refused by gRPC.
 MAX_REQUEST_BYTES = 256 * 1024
