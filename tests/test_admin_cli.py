@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any
 import pytest
 
 from tests.helpers_lighthouse import LighthouseProc, run_cli, start_lighthouse
+from tests.http_util import call
+from tests.procs import ProcessPool, poll
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +157,37 @@ def test_url_from_env_and_token(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
         assert run_cli("config", "rollback", "1", "--token", "t0k", env=env).returncode == 0
         assert json.loads(run_cli("config", "show", "-o", "json", env=env).stdout)["config"] == {"lr": 1}
+
+
+def test_several_urls_use_the_first_that_answers(procs: ProcessPool) -> None:
+    """--url A,B (and LIGHTHOUSE_URL=A,B): a dead A is skipped, reads and changes go to B."""
+    dead = procs.lighthouse({"lr": 0.1}, state_dir=procs.tmp_path / "dead")
+    dead.stop()  # its port is closed now: a lighthouse that went away
+    live = procs.lighthouse({"lr": 0.1}, state_dir=procs.tmp_path / "live")
+    urls = f"{dead.url},{live.url}"
+    shown = run_cli("config", "show", "--url", urls, "-o", "json")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["config"] == {"lr": 0.1}, shown.stderr
+    changed = run_cli("config", "set", "lr=0.2", env={"LIGHTHOUSE_URL": urls})
+    assert changed.stdout == "version 2\n", changed.stderr
+    assert call(live.url, "GET", "api/config").json["config"] == {"lr": 0.2}
+    both_dead = run_cli("config", "show", "--url", f"{dead.url},{dead.url}")
+    assert "cannot reach any lighthouse: " in failed(both_dead) and "Connection refused" in both_dead.stderr
+
+
+def test_a_hung_lighthouse_is_skipped_for_reads_but_a_change_is_never_sent_twice(procs: ProcessPool) -> None:
+    hung = procs.lighthouse({"lr": 0.1}, state_dir=procs.tmp_path / "hung")
+    live = procs.lighthouse({"lr": 0.1}, state_dir=procs.tmp_path / "live")
+    hung.signal(signal.SIGSTOP)  # accepts connections (the kernel does) but never answers
+    try:
+        urls = f"{hung.url},{live.url}"
+        shown = run_cli("config", "show", "--url", urls, "--timeout", "1", "-o", "json")
+        assert shown.returncode == 0 and json.loads(shown.stdout)["version"] == 1, shown.stderr
+        # A change sent to the hung one may still be applied: it is not resent to the next.
+        refused = run_cli("config", "set", "lr=0.5", "--url", urls, "--timeout", "1")
+        assert "the change may or may not have been applied" in failed(refused)
+        assert call(live.url, "GET", "api/config").json["version"] == 1
+    finally:
+        hung.signal(signal.SIGCONT)
+    # Once the hung lighthouse runs again it reads the request it had been sent, and applies it once.
+    poll(lambda: call(hung.url, "GET", "api/config").json["config"] == {"lr": 0.5}, 30, what="the change")
+    assert call(hung.url, "GET", "api/config").json["version"] == 2

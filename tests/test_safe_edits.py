@@ -206,7 +206,10 @@ def test_dry_runs_answer_what_the_change_would_do_and_store_nothing(
     out = _cli_ok(lh, "rollback", str(head), "--dry-run")
     assert "- momentum: 0.9" in out and "~ lr: 0.5 -> 0.1" in out
     dry_patch = _cli_ok(lh, "set", "optimizer=sgd", "--at-step", "400", "--dry-run")
-    assert "(takes effect at step 400 in every group)" in dry_patch and '~ optimizer: "adam" -> "sgd"' in dry_patch
+    assert (
+        "(takes effect at step 400 in every group)" in dry_patch
+        and '~ optimizer: "adam" -> "sgd"' in dry_patch
+    )
     assert http_util.live(lh.url)["version"] == now
     assert _cli_ok(lh, "set", "lr=0.25") == f"version {now + 1}\n"
 
