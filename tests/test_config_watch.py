@@ -96,28 +96,10 @@ def history_after(lh: LighthouseProc, after: int, wait: float | None = None) -> 
     return call(lh.url, "GET", query, timeout=90)
 
 
-def test_the_blocking_query_answers_when_a_version_lands(procs: ProcessPool) -> None:
+def test_the_history_feed_and_its_wait(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
-    answers: list[Any] = []
-    errors: list[BaseException] = []
-
-    def wait_for_it() -> None:
-        try:
-            answers.append(history_after(lh, 1, wait=60))
-        except BaseException as exc:
-            errors.append(exc)
-
-    started = time.monotonic()
-    waiter = threading.Thread(target=wait_for_it)
-    waiter.start()
     call(lh.url, "PATCH", "api/config", {"lr": 0.2})
-    waiter.join(timeout=90)
-    assert not errors and not waiter.is_alive()
-    # Answered with the new version, well before its 60 s wait ran out.
-    assert time.monotonic() - started < 50
-    assert [v["version"] for v in answers[0].json["versions"]] == [2]
-
-    # Nothing new: empty once the wait is over; an answer at once without wait.
+    # Nothing new: empty once the wait is over.
     started = time.monotonic()
     assert history_after(lh, 2, wait=0.5).json == {"versions": []}
     assert time.monotonic() - started >= 0.5
@@ -125,14 +107,19 @@ def test_the_blocking_query_answers_when_a_version_lands(procs: ProcessPool) -> 
     call(lh.url, "PATCH", "api/config", {"lr": 0.3})
     assert [v["version"] for v in history_after(lh, 0).json["versions"]] == [1, 2, 3]
     assert call(lh.url, "GET", "api/config/history?after=1&limit=1").json["versions"][0]["version"] == 2
+    # A version after the one given exists already: no wait.
+    started = time.monotonic()
+    assert [v["version"] for v in history_after(lh, 2, wait=60).json["versions"]] == [3]
+    assert time.monotonic() - started < 50
     # Mistakes are 400s.
     assert call(lh.url, "GET", "api/config/history?wait=5").status == 400
     assert call(lh.url, "GET", "api/config/history?after=1&wait=soon").status == 400
     assert call(lh.url, "GET", "api/config/history?after=-1").status == 400
 
 
-def test_waiting_requests_are_capped(procs: ProcessPool) -> None:
-    """Each waiting request holds a thread: past the cap the lighthouse answers 503 at once."""
+def test_waiting_requests_are_woken_by_a_change_and_capped(procs: ProcessPool) -> None:
+    """Each waiting request holds a thread: past the cap the lighthouse answers 503 at once. Once
+    every slot is known taken, one edit answers all the waiters with it, long before their wait ends."""
     from lighthouse.admin_api import MAX_WAITING_REQUESTS
 
     lh = procs.lighthouse({"lr": 0.1})
@@ -161,8 +148,10 @@ def test_waiting_requests_are_capped(procs: ProcessPool) -> None:
         )
         assert "retry later" in refused.error and refused.headers["retry-after"] == "1"
     finally:
+        edited = time.monotonic()
         call(lh.url, "PATCH", "api/config", {"lr": 0.2})  # releases every waiter
         for thread in waiters:
             thread.join(timeout=90)
     assert not errors
+    assert time.monotonic() - edited < 50  # woken by the edit, not by their 60 s wait ending
     assert [[v["version"] for v in a.json["versions"]] for a in answers] == [[2]] * MAX_WAITING_REQUESTS
