@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,6 +22,7 @@ from protos.tls import TLSConfig, tls_reason
 
 DEFAULT_URL = f"http://localhost:{DEFAULT_DASHBOARD_PORT}"
 WATCH_WAIT_SECONDS = 30.0  # one blocking query of follow(); the lighthouse caps it at 60 s
+BUSY_RETRY_SECONDS = 1.0  # the Retry-After of a lighthouse whose waiting slots are all taken
 
 
 class AdminError(Exception):
@@ -127,9 +129,17 @@ class AdminClient:
 
     def follow(self, after: int, wait: float = WATCH_WAIT_SECONDS) -> Iterator[dict[str, Any]]:
         """Every version after ``after`` as it lands, in order, none missed, forever (blocking
-        queries: no polling). Raises AdminError when no listed lighthouse answers any more."""
+        queries: no polling). Raises AdminError when no listed lighthouse answers any more; a
+        lighthouse with every waiting slot taken (503) is asked again a second later."""
         while True:
-            for entry in self.versions_after(after, wait=wait):
+            try:
+                versions = self.versions_after(after, wait=wait)
+            except AdminError as exc:
+                if exc.status != 503:
+                    raise
+                time.sleep(BUSY_RETRY_SECONDS)
+                continue
+            for entry in versions:
                 after = max(after, int(entry["version"]))
                 yield entry
 
