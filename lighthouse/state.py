@@ -102,6 +102,7 @@ class LighthouseState:
         self.peers: Callable[[], list[dict[str, Any]]] | None = None
         self.lighthouse = ""
         self._refresh_lock = threading.Lock()
+        self._served_changed = threading.Condition()  # notified by refresh(): admin API blocking queries
         self._snapshot = self._build_snapshot()
         store.leases.publish(self._snapshot, self._snapshot.version)
         self._step_field = varint_field(_CURRENT_STEP, store.current_step)
@@ -145,6 +146,17 @@ class LighthouseState:
             snapshot = self._build_snapshot()
             self._snapshot = snapshot
             self.store.leases.publish(snapshot, snapshot.version)
+        with self._served_changed:
+            self._served_changed.notify_all()
+
+    def wait_for_version(self, after: int, timeout: float) -> bool:
+        """Block until the job has a version newer than ``after`` (True) or ``timeout`` passed (False).
+
+        Every change, also one arriving from another lighthouse on the store, lands in refresh(),
+        which wakes the waiters: a watching operator sees a version as soon as it is served.
+        """
+        with self._served_changed:
+            return self._served_changed.wait_for(lambda: self.store.head > after, timeout)
 
     def get_config_reply(
         self, request: pb.LighthouseConfigRequest, peer: str, time_remaining: float | None = None

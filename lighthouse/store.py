@@ -24,6 +24,7 @@ same step to the same content, and the history can replay any (version, step).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import threading
@@ -37,7 +38,7 @@ from typing import Any
 from lighthouse.backend import Change, HeadMoved, JobRecords, LeaseView, StoreBackend, Switch
 from lighthouse.leases import CommitWindow, LeaseBook, LeasePolicy
 from lighthouse.sqlite_backend import SqliteBackend, StateInUse
-from lighthouse.values import MAX_CONFIG_BYTES, ConfigError, ConfigTooLarge
+from lighthouse.values import MAX_CONFIG_BYTES, ConfigError, ConfigTooLarge, apply_change, config_changes
 from protos.jobs import DEFAULT_JOB
 
 __all__ = ["FOREVER", "Change", "ConfigStore", "NotFound", "Segment", "StateInUse", "VersionConflict"]
@@ -104,13 +105,7 @@ class Plan:
 
     def changes(self) -> dict[str, dict[str, Any]]:
         """Per key ``{"before": .., "after": ..}``; a key added has no "before", one removed no "after"."""
-        out: dict[str, dict[str, Any]] = {}
-        for key in [*self.before, *(k for k in self.after if k not in self.before)]:
-            sides = (("before", self.before), ("after", self.after))
-            change = {side: config[key] for side, config in sides if key in config}
-            if change.get("before", out) != change.get("after", out):
-                out[key] = change
-        return out
+        return config_changes(self.before, self.after)
 
 
 @dataclass(frozen=True)
@@ -122,15 +117,7 @@ class Segment:
 
 
 def _apply(config: dict[str, Any], row: Change) -> dict[str, Any]:
-    if row.op == "put":
-        return dict(row.change)
-    merged = dict(config)
-    for key, value in row.change.items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = value
-    return merged
+    return apply_change(config, row.op, row.change)
 
 
 class ConfigStore:
@@ -261,6 +248,13 @@ class ConfigStore:
     def history(self, limit: int = 100) -> list[dict[str, Any]]:
         with self._lock:
             rows = self._rows[::-1][:limit]
+            return [r.to_json(cancelled=r.version in self._cancelled) for r in rows]
+
+    def history_after(self, version: int, limit: int = 100) -> list[dict[str, Any]]:
+        """The versions after ``version``, oldest first (a feed to follow), at most ``limit``."""
+        with self._lock:
+            start = bisect.bisect_right(self._rows, version, key=lambda r: r.version)
+            rows = self._rows[start : start + limit]
             return [r.to_json(cancelled=r.version in self._cancelled) for r in rows]
 
     def held_changes(self) -> list[Change]:

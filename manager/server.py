@@ -28,12 +28,12 @@ import grpc
 
 from lighthouse.client import LighthouseClient
 from manager.pinning import StepPins
-from manager.snapshot import Snapshot
+from manager.snapshot import CACHE, FALLBACK, STALE, Snapshot
 from manager.upstream import FetchFailed, UpstreamCache
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, check_job_id
 from protos.probes import Probes
-from protos.rpc import MANAGER_SERVICE, dialable_address, start_server, varint_field
+from protos.rpc import MANAGER_SERVICE, dialable_address, split_addresses, start_server, varint_field
 from protos.tls import ServerCertificates, ServerTLS, TLSConfig, explain_rpc_error
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,8 @@ class ManagerServer:
         )
         self._instance_id = ""
         self._lighthouse_step = -1  # the job's step as the lighthouse knows it
-        self._last_contact = float("-inf")
+        self._last_contact = float("-inf")  # last call to the lighthouse, answered or not
+        self._last_answer = float("-inf")  # last call the lighthouse answered
         self._lease: _Lease | None = None
         self._leases_supported: bool | None = None  # None until the lighthouse first answered
         self._step_wanted = -1  # a step a worker waits for, beyond the lease (asked of the lighthouse)
@@ -118,7 +119,12 @@ class ManagerServer:
             {
                 "GetConfig": grpc.unary_unary_rpc_method_handler(
                     self._get_config, request_deserializer=pb.ManagerConfigRequest.FromString
-                )
+                ),
+                "GetStatus": grpc.unary_unary_rpc_method_handler(
+                    self._get_status,
+                    request_deserializer=pb.ManagerInfoRequest.FromString,
+                    response_serializer=pb.ManagerInfo.SerializeToString,
+                ),
             },
         )
         self._server: grpc.Server | None
@@ -221,11 +227,16 @@ class ManagerServer:
         lease = self._lease
         return lease.through if lease is not None else -1
 
+    def _promised(self) -> Snapshot | None:
+        """The snapshot the group's next step is promised with (None: beyond the lease, or none)."""
+        lease = self._lease
+        return lease.snapshot if lease is not None and self._pins.max_step < lease.through else None
+
     def serving_version(self) -> int:
         """The lighthouse version workers get now (0 while serving the fallback)."""
-        lease = self._lease
-        if lease is not None and self._pins.max_step <= lease.through:
-            return lease.snapshot.version  # promised: served whether the lighthouse answers or not
+        promised = self._promised()
+        if promised is not None:
+            return promised.version  # served whether the lighthouse answers or not
         good = self._cache.good
         return good.version if good is not None and self._gives_config(good, self._cache.failing) else 0
 
@@ -239,8 +250,7 @@ class ManagerServer:
         try:
             snapshot = self._fetch(held)
         except FetchFailed:  # still serving while the step lease covers the group, or with serve_stale
-            lease = self._lease
-            promised = lease is not None and self._pins.max_step < lease.through
+            promised = self._promised() is not None
             self._probes.set_serving(promised or self._gives_config(held, failing=True))
             raise
         self._probes.set_serving(True)
@@ -281,7 +291,7 @@ class ManagerServer:
 
     def _take_reply(self, reply: pb.LighthouseConfigResponse, held: Snapshot | None) -> Snapshot:
         """The snapshot to serve after ``reply`` (the held one when not modified or older)."""
-        self._last_contact = time.monotonic()
+        self._last_contact = self._last_answer = time.monotonic()
         self._lighthouse_step = reply.current_step
         if reply.instance_id != self._instance_id:
             if self._instance_id:
@@ -337,7 +347,7 @@ class ManagerServer:
             self._last_contact = time.monotonic()  # retried in a heartbeat interval; the fetch logs outages
             return
         self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
-        self._last_contact = time.monotonic()
+        self._last_contact = self._last_answer = time.monotonic()
 
     def stats(self) -> dict[str, int]:
         return {
@@ -350,6 +360,47 @@ class ManagerServer:
             "pinned_steps": len(self._pins),
             "version": self.serving_version(),
         }
+
+    def _get_status(self, request: pb.ManagerInfoRequest, context: grpc.ServicerContext) -> pb.ManagerInfo:
+        return self.info()
+
+    def info(self) -> pb.ManagerInfo:
+        """What this manager serves and why (``manager status``): never calls the lighthouse."""
+        cache = self._cache
+        good = cache.good
+        lease = self._lease
+        if (good is not None and not cache.failing) or (
+            lease is not None and self._pins.max_step <= lease.through
+        ):
+            source = CACHE  # also through an outage, while the step lease covers the group
+        else:
+            source = STALE if cache.serve_stale and good is not None else FALLBACK
+        age = cache.age()
+        now = time.monotonic()
+        return pb.ManagerInfo(
+            replica_id=self.replica_id,
+            job=self.job,
+            address=self._address,
+            source=source,
+            version=self.serving_version(),
+            cache_age_s=-1.0 if age is None else round(age, 3),
+            cache_ttl_s=cache.ttl,
+            lighthouse=self._lighthouse.current,
+            lighthouses=split_addresses(self._lighthouse.addr),
+            last_answer_age_s=round(now - self._last_answer, 3)
+            if self._last_answer > float("-inf")
+            else -1.0,
+            last_error=cache.last_error,
+            pinned_steps=len(self._pins),
+            first_pinned_step=self._pins.lowest(),
+            last_pinned_step=self._pins.max_step,
+            lighthouse_step=self._lighthouse_step,
+            requests=self.requests,
+            cache_hits=self.cache_hits,
+            upstream_fetches=cache.fetches,
+            upstream_failures=cache.failures,
+            lease_through_step=self.lease_through_step(),
+        )
 
     def shutdown(self, grace: float | None = 0.5) -> None:
         """Stop serving; safe to call twice. A last report tells the lighthouse the group's final

@@ -68,6 +68,7 @@ class UpstreamCache:
         self._cond = threading.Condition(threading.Lock())
         self.fetches = 0
         self.failures = 0
+        self.last_error = ""  # why the failing fetch failed (empty while fetches succeed)
 
     @property
     def good(self) -> Snapshot | None:
@@ -81,6 +82,12 @@ class UpstreamCache:
     @property
     def in_flight(self) -> bool:
         return self._in_flight
+
+    def age(self) -> float | None:
+        """Seconds since the fetch that produced the held snapshot started; None before the first."""
+        if self._good is None:
+            return None
+        return self._clock() - (self._fresh_until - self.ttl)
 
     def get(self) -> Answer:
         """The snapshot a worker call should be answered from (the hot path: one clock read when fresh)."""
@@ -158,6 +165,7 @@ class UpstreamCache:
                         self.backoff,
                     )
                 self._failing = True
+                self.last_error = str(exc)
                 self._retry_at = self._clock() + self.backoff
                 self._in_flight = False
                 self._cond.notify_all()
@@ -172,6 +180,7 @@ class UpstreamCache:
             if self._failing:
                 logger.info("lighthouse reachable again; serving version %d", snapshot.version)
             self._failing = False
+            self.last_error = ""
             self._good = snapshot
             self._fresh_until = started + self.ttl
             self._in_flight = False

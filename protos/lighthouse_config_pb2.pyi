@@ -148,3 +148,51 @@ class ManagerConfigResponse(_message.Message):
     job: str
     stable_through_step: int
     def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., pinned: _Optional[bool] = ..., job: _Optional[str] = ..., stable_through_step: _Optional[int] = ...) -> None: ...
+
+class ManagerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ManagerInfo(_message.Message):
+    __slots__ = ("replica_id", "job", "address", "source", "version", "cache_age_s", "cache_ttl_s", "lighthouse", "lighthouses", "last_answer_age_s", "last_error", "pinned_steps", "first_pinned_step", "last_pinned_step", "lighthouse_step", "requests", "cache_hits", "upstream_fetches", "upstream_failures", "lease_through_step")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CACHE_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    CACHE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    LIGHTHOUSE_FIELD_NUMBER: _ClassVar[int]
+    LIGHTHOUSES_FIELD_NUMBER: _ClassVar[int]
+    LAST_ANSWER_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    PINNED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_PINNED_STEP_FIELD_NUMBER: _ClassVar[int]
+    LAST_PINNED_STEP_FIELD_NUMBER: _ClassVar[int]
+    LIGHTHOUSE_STEP_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_FETCHES_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_THROUGH_STEP_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    job: str
+    address: str
+    source: str
+    version: int
+    cache_age_s: float
+    cache_ttl_s: float
+    lighthouse: str
+    lighthouses: _containers.RepeatedScalarFieldContainer[str]
+    last_answer_age_s: float
+    last_error: str
+    pinned_steps: int
+    first_pinned_step: int
+    last_pinned_step: int
+    lighthouse_step: int
+    requests: int
+    cache_hits: int
+    upstream_fetches: int
+    upstream_failures: int
+    lease_through_step: int
+    def __init__(self, replica_id: _Optional[str] = ..., job: _Optional[str] = ..., address: _Optional[str] = ..., source: _Optional[str] = ..., version: _Optional[int] = ..., cache_age_s: _Optional[float] = ..., cache_ttl_s: _Optional[float] = ..., lighthouse: _Optional[str] = ..., lighthouses: _Optional[_Iterable[str]] = ..., last_answer_age_s: _Optional[float] = ..., last_error: _Optional[str] = ..., pinned_steps: _Optional[int] = ..., first_pinned_step: _Optional[int] = ..., last_pinned_step: _Optional[int] = ..., lighthouse_step: _Optional[int] = ..., requests: _Optional[int] = ..., cache_hits: _Optional[int] = ..., upstream_fetches: _Optional[int] = ..., upstream_failures: _Optional[int] = ..., lease_through_step: _Optional[int] = ...) -> None: ...

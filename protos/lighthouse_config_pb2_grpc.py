@@ -166,6 +166,11 @@ class ManagerServiceStub:
                 request_serializer=protos_dot_lighthouse__config__pb2.ManagerConfigRequest.SerializeToString,
                 response_deserializer=protos_dot_lighthouse__config__pb2.ManagerConfigResponse.FromString,
                 _registered_method=True)
+        self.GetStatus = channel.unary_unary(
+                '/lighthouse_config.ManagerService/GetStatus',
+                request_serializer=protos_dot_lighthouse__config__pb2.ManagerInfoRequest.SerializeToString,
+                response_deserializer=protos_dot_lighthouse__config__pb2.ManagerInfo.FromString,
+                _registered_method=True)
 
 
 class ManagerServiceServicer:
@@ -179,6 +184,13 @@ class ManagerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStatus(self, request, context):
+        """What the manager serves and why, for operators (`manager status`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ManagerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +198,11 @@ def add_ManagerServiceServicer_to_server(servicer, server):
                     servicer.GetConfig,
                     request_deserializer=protos_dot_lighthouse__config__pb2.ManagerConfigRequest.FromString,
                     response_serializer=protos_dot_lighthouse__config__pb2.ManagerConfigResponse.SerializeToString,
+            ),
+            'GetStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStatus,
+                    request_deserializer=protos_dot_lighthouse__config__pb2.ManagerInfoRequest.FromString,
+                    response_serializer=protos_dot_lighthouse__config__pb2.ManagerInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -217,6 +234,33 @@ class ManagerService:
             '/lighthouse_config.ManagerService/GetConfig',
             protos_dot_lighthouse__config__pb2.ManagerConfigRequest.SerializeToString,
             protos_dot_lighthouse__config__pb2.ManagerConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_config.ManagerService/GetStatus',
+            protos_dot_lighthouse__config__pb2.ManagerInfoRequest.SerializeToString,
+            protos_dot_lighthouse__config__pb2.ManagerInfo.FromString,
             options,
             channel_credentials,
             insecure,

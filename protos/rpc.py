@@ -24,6 +24,7 @@ MANAGER_SERVICE = "lighthouse_config.ManagerService"
 LIGHTHOUSE_GET_CONFIG = f"/{LIGHTHOUSE_SERVICE}/GetConfig"
 LIGHTHOUSE_HEARTBEAT = f"/{LIGHTHOUSE_SERVICE}/Heartbeat"
 MANAGER_GET_CONFIG = f"/{MANAGER_SERVICE}/GetConfig"
+MANAGER_GET_STATUS = f"/{MANAGER_SERVICE}/GetStatus"
 
 # Requests are tiny (ids, counters); anything bigger is junk and refused by gRPC.
 MAX_REQUEST_BYTES = 256 * 1024

@@ -100,13 +100,15 @@ def test_relay_two_managers_four_workers(procs: ProcessPool) -> None:
     assert view["config"] == json.loads(CONFIG_TEXT)
 
     # `manager get` prints what a worker would get, as JSON.
-    got = run_cli("-m", "manager", "get", "--addr", managers[1].address, "--step", "7")
+    got = run_cli("-m", "manager", "get", "--addr", managers[1].address, "--step", "7", "-o", "json")
     assert got.returncode == 0, got.stderr
     out = json.loads(got.stdout)
     assert out["config"] == EXPECTED
     assert out["version"] == records[0]["version"]
     assert out["pinned"] is True and out["source"] in ("cache", "lighthouse")
-    unpinned = json.loads(run_cli("-m", "manager", "get", "--addr", f"http://{managers[0].address}").stdout)
+    unpinned = json.loads(
+        run_cli("-m", "manager", "get", "--addr", f"http://{managers[0].address}", "-o", "json").stdout
+    )
     assert unpinned["config"] == EXPECTED and unpinned["pinned"] is False
 
 

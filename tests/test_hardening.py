@@ -58,7 +58,7 @@ def test_manager_get_looks_without_pinning_or_moving_the_step(procs: ProcessPool
     first = worker_records(procs.worker(manager.address, group="g", rank=0, first_step=100, steps=1))
     assert first[0]["pinned"] and first[0]["config"] == {"lr": "0.1"}
     out = subprocess.run(
-        [sys.executable, "-m", "manager", "get", "--addr", manager.address, "--step", "5000"],
+        [sys.executable, "-m", "manager", "get", "--addr", manager.address, "--step", "5000", "-o", "json"],
         cwd=ROOT,
         capture_output=True,
         text=True,

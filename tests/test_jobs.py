@@ -79,7 +79,7 @@ def test_jobs_are_isolated_over_http_and_grpc(procs: ProcessPool) -> None:
     assert call(lh.url, "GET", "api/jobs/nope").status == 404
 
     # `manager get` shows the job.
-    out = subprocess_json([*manager_cmd(), "get", "--addr", mb.address])
+    out = subprocess_json([*manager_cmd(), "get", "--addr", mb.address, "-o", "json"])
     assert out["job"] == "beta" and out["config"] == {"lr": "0.7"}
 
 
@@ -225,9 +225,9 @@ def test_admin_cli_takes_a_job(procs: ProcessPool) -> None:
     url = lh.url
     done = run_cli("config", "set", "lr=0.25", "--url", url, "--job", "alpha")
     assert done.returncode == 0, done.stderr
-    done = run_cli("config", "show", "--url", url, env={"LIGHTHOUSE_JOB": "alpha"})
+    done = run_cli("config", "show", "--url", url, "-o", "json", env={"LIGHTHOUSE_JOB": "alpha"})
     assert json.loads(done.stdout)["config"] == {"lr": 0.25}
-    done = run_cli("jobs", "--url", url)
+    done = run_cli("jobs", "--url", url, "-o", "json")
     assert {j["job"] for j in json.loads(done.stdout)["jobs"]} == {"default", "alpha"}
     done = run_cli("config", "show", "--url", url, "--job", "no such")
     assert done.returncode == 2 and "1-64 characters" in done.stderr

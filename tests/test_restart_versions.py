@@ -27,7 +27,7 @@ MANAGER_TIMEOUT = 0.5
 def _manager_get(addr: str) -> dict[str, Any]:
     """What a worker would get now, through the ``manager get`` CLI."""
     out = subprocess.run(
-        [sys.executable, "-m", "manager", "get", "--addr", addr, "--timeout", "5"],
+        [sys.executable, "-m", "manager", "get", "--addr", addr, "--timeout", "5", "-o", "json"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -215,6 +215,7 @@ def test_tls_between_worker_and_manager(procs: ProcessPool, pki: Pki) -> None:
     assert plain["source"] == "fallback"
     assert float(plain["elapsed"]) < WORKER_TIMEOUT  # type: ignore[arg-type]
     get = [sys.executable, "-m", "manager", "get", "--addr", manager.address, "--cacert", str(pki.ca.cert)]
+    get += ["-o", "json"]
     shown = subprocess.run(get, capture_output=True, text=True, timeout=30, env=child_env(), cwd=ROOT)
     assert shown.returncode == 0, shown.stderr
     assert '"lr": "0.25"' in shown.stdout
@@ -237,7 +238,7 @@ def test_https_dashboard_with_admin_cli(procs: ProcessPool, pki: Pki) -> None:
     changed = admin("set", "lr=0.5", "--url", url, "--cacert", str(pki.ca.cert), "--token", "s3cret")
     assert changed.returncode == 0, changed.stderr
     assert changed.stdout.startswith("version ")
-    shown = admin("show", "--url", url, "--cacert", str(pki.ca.cert))
+    shown = admin("show", "--url", url, "--cacert", str(pki.ca.cert), "-o", "json")
     assert shown.returncode == 0, shown.stderr
     assert '"lr": 0.5' in shown.stdout
 
