@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 MAX_STEP_LEAP = 1_000_000  # steps between two reports of one manager that count at once
 MAX_LEASE_WAIT = 1.0  # seconds a call may wait for a lease (a first ceiling write, a commit)
 MIN_RATE_INTERVAL = 0.01  # seconds between two reports of a manager for a step-rate sample
+PAST_LEASE_SHOWN = 30.0  # seconds a group that served steps past its lease stays marked so
 _CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
 _STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
 
@@ -47,7 +48,8 @@ class ManagerRecord:
     fetches: int = 0
     lease_through: int = -1  # the highest step lease it holds (reported, or granted here)
     steps_past_lease: int = 0  # steps it served without a confirmed config (it reports them)
-    past_lease: bool = False  # at its last report: past its lease, or serving steps unconfirmed
+    past_lease: bool = False  # at its last report: at a step past its lease
+    past_lease_at: float = float("-inf")  # when a report last showed more steps served past the lease
     rate: float = 0.0  # its steps per second, between its last two reports
 
     def to_json(self, now: float) -> dict[str, Any]:
@@ -61,7 +63,7 @@ class ManagerRecord:
             "step": self.step,
             "fetches": self.fetches,
             "lease_through_step": self.lease_through,
-            "past_lease": self.past_lease,
+            "past_lease": self.past_lease or now - self.past_lease_at < PAST_LEASE_SHOWN,
             "steps_past_lease": self.steps_past_lease,
         }
 
@@ -213,6 +215,8 @@ class LighthouseState:
             if status.HasField("lease_through_step"):  # a manager with leases says what it holds
                 record.lease_through = status.lease_through_step
             record.past_lease = 0 <= record.lease_through < status.step
+            if status.steps_past_lease > record.steps_past_lease:
+                record.past_lease_at = now
             record.steps_past_lease = status.steps_past_lease
             elapsed = now - record.last_seen
             if plausible and 0 <= previous < status.step and elapsed >= MIN_RATE_INTERVAL:
@@ -385,11 +389,26 @@ class LighthouseState:
 
     # -------------------------------------------------------------- views
     def view(self) -> dict[str, Any]:
-        """GET /api/config: the live config with its original JSON types."""
+        """GET /api/config: the live config with its original JSON types.
+
+        ``upcoming``: the config once the changes made now that are still pending (they take
+        effect above the step leases) have taken effect, None when there are none. An editor
+        edits that one: editing the live config would undo them.
+        """
         store = self.store
+        pending = [s for s in store.scheduled() if s["status"] == "pending"]
         with store.lock:  # version and config from the same instant
             latest = store.latest()
             config = store.live()
+            made_now = [s["effective_step"] for s in pending if not s["scheduled"]]
+            upcoming = None
+            if latest is not None and made_now:
+                at = max(made_now)
+                upcoming = {
+                    "version": latest.version,
+                    "effective_step": at,
+                    "config": store.resolve(latest.version, at),
+                }
         return {
             "version": latest.version if latest else 0,
             "config": config,
@@ -401,7 +420,8 @@ class LighthouseState:
             # The highest step groups may have been promised: a change made now takes effect after
             # it, and nothing can be scheduled at or below it (-1: no group holds a lease).
             "lease_horizon": self.store.leases.horizon,
-            "scheduled": [s for s in self.store.scheduled() if s["status"] == "pending"],
+            "scheduled": pending,
+            "upcoming": upcoming,
             "file": {
                 "path": str(self.config_path) if self.config_path else None,
                 "error": "; ".join(e for e in (self.file_error, self.schema.error) if e) or None,
