@@ -321,6 +321,18 @@ class AdminApi:
             "Highest step any manager reported.",
             lambda st: st.store.current_step,
         )
+        job_metric(
+            "lighthouse_lease_horizon",
+            "gauge",
+            "Highest step the job's groups may have been promised (-1: none); changes made now apply after it.",
+            lambda st: st.store.leases.horizon,
+        )
+        job_metric(
+            "lighthouse_lease_ceiling_writes_total",
+            "counter",
+            "Step-lease ceilings this lighthouse stored (the store writes leases cost).",
+            lambda st: st.store.leases.ceiling_writes,
+        )
         wall = time.time()
         per_manager = [
             (f'{{job="{_label(st.job)}",replica_id="{_label(m["replica_id"])}"}}', m)
