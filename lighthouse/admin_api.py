@@ -324,7 +324,7 @@ class AdminApi:
         job_metric(
             "lighthouse_lease_horizon",
             "gauge",
-            "Highest step the job's groups may have been promised (-1: none); changes made now apply after it.",
+            "Highest step the job's groups may have been promised (-1: none): changes made now apply after.",
             lambda st: st.store.leases.horizon,
         )
         job_metric(
