@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -30,7 +30,14 @@ import grpc
 
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, check_job_id
-from protos.rpc import LIGHTHOUSE_GET_CONFIG, LIGHTHOUSE_HEARTBEAT, make_channel, seconds, split_addresses
+from protos.rpc import (
+    LIGHTHOUSE_GET_CONFIG,
+    LIGHTHOUSE_HEARTBEAT,
+    LIGHTHOUSE_WATCH,
+    make_channel,
+    seconds,
+    split_addresses,
+)
 from protos.tls import TLSConfig, tls_for
 
 logger = logging.getLogger(__name__)
@@ -66,6 +73,11 @@ class _Endpoint:
             LIGHTHOUSE_HEARTBEAT,
             request_serializer=pb.LighthouseHeartbeatRequest.SerializeToString,
             response_deserializer=pb.LighthouseHeartbeatResponse.FromString,
+        )
+        self.watch = self.channel.stream_stream(
+            LIGHTHOUSE_WATCH,
+            request_serializer=pb.LighthouseConfigRequest.SerializeToString,
+            response_deserializer=pb.LighthouseConfigResponse.FromString,
         )
 
 
@@ -135,6 +147,36 @@ class LighthouseClient:
         (``stable_through_step``) sized for a renewal every ``lease_seconds``, covering
         ``lease_from_step`` when given (a step a worker waits for).
         """
+        request = self.request(
+            known_version=known_version,
+            known_state_id=known_state_id,
+            status=status,
+            replica_id=replica_id,
+            lease_seconds=lease_seconds,
+            lease_from_step=lease_from_step,
+        )
+        return self.get(request, timeout=timeout)
+
+    def get(
+        self, request: pb.LighthouseConfigRequest, *, timeout: timedelta | float
+    ) -> pb.LighthouseConfigResponse:
+        """One GetConfig with ``request`` (built by ``request``), failing over as every call does."""
+        reply: pb.LighthouseConfigResponse = self._call(
+            lambda e: e.get_config, request, seconds(timeout, 5.0)
+        )
+        return reply
+
+    def request(
+        self,
+        *,
+        known_version: int = 0,
+        known_state_id: str = "",
+        status: pb.ManagerStatus | None = None,
+        replica_id: str = "",
+        lease_seconds: float = 0.0,
+        lease_from_step: int | None = None,
+    ) -> pb.LighthouseConfigRequest:
+        """The request ``fetch`` sends (and a push stream carries), for this client's job."""
         request = pb.LighthouseConfigRequest(
             replica_id=replica_id or (status.replica_id if status is not None else ""),
             known_version=known_version,
@@ -145,9 +187,20 @@ class LighthouseClient:
         )
         if lease_from_step is not None:
             request.lease_from_step = lease_from_step
-        deadline = seconds(timeout, 5.0)
-        reply: pb.LighthouseConfigResponse = self._call(lambda e: e.get_config, request, deadline)
-        return reply
+        return request
+
+    def watch(
+        self, requests: Iterator[pb.LighthouseConfigRequest]
+    ) -> grpc.CallIterator[pb.LighthouseConfigResponse]:
+        """A ``WatchConfig`` stream to the lighthouse in use (no deadline: it lasts until cancelled).
+
+        The result is a ``grpc.Call`` as well: ``cancel()`` ends it. It raises ``grpc.RpcError``
+        with UNIMPLEMENTED from a lighthouse release without push streams.
+        """
+        stream: grpc.CallIterator[pb.LighthouseConfigResponse] = self._endpoints[self._current].watch(
+            requests
+        )
+        return stream
 
     def heartbeat(
         self, status: pb.ManagerStatus, timeout: timedelta | float = 1.0

@@ -59,6 +59,7 @@ class JobRegistry:
         self._lock = threading.Lock()
         self._states: dict[str, LighthouseState] = {}
         self._peers: Callable[[str], list[dict[str, Any]]] | None = None
+        self._served_listener: Callable[[str], None] | None = None
         self._lighthouse = ""
         for job in backend.jobs():
             if job != DEFAULT_JOB:
@@ -125,7 +126,7 @@ class JobRegistry:
             request_ceiling=partial(self._request_ceiling, job),
         )
         state = LighthouseState(store, config_path, strict=strict, schema_path=schema_path)
-        self._attach_peers(state)
+        self._attach(state)
         return state
 
     def set_peers(self, peers: Callable[[str], list[dict[str, Any]]], lighthouse: str) -> None:
@@ -134,12 +135,21 @@ class JobRegistry:
         with self._lock:
             self._peers, self._lighthouse = peers, lighthouse
             for state in self._states.values():
-                self._attach_peers(state)
+                self._attach(state)
 
-    def _attach_peers(self, state: LighthouseState) -> None:
+    def on_served(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(job)`` whenever a job serves a new snapshot (every job, also later ones)."""
+        with self._lock:
+            self._served_listener = listener
+            for state in self._states.values():
+                self._attach(state)
+
+    def _attach(self, state: LighthouseState) -> None:
         if self._peers is not None:
             state.peers = partial(self._peers, state.job)
             state.lighthouse = self._lighthouse
+        if self._served_listener is not None:
+            state.on_served = partial(self._served_listener, state.job)
 
     # ------------------------------------------------------------- lookup
     @property

@@ -4,9 +4,11 @@ A state directory written before jobs existed (tables without a job column)
 is migrated in one transaction on open: its versions become the job
 ``default``; one written before step leases gains the ``made_now`` column.
 
-Job steps arrive with managers' calls; they are queued and written by a
-background thread (all jobs in one transaction, at most once a second), so a
-manager's call never waits for a disk write.
+Job steps and step switches arrive with managers' calls; they are queued and
+written by a background thread (all jobs in one transaction, at most once a
+second), so a manager's call never waits for a disk write. Reads include what
+is queued; a crash loses at most the last second of them (they are reports,
+not acknowledged edits).
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class SqliteBackend:
         self._closed = False
         self._queue_lock = threading.Lock()  # the queued steps only: never held across a disk write
         self._pending_steps: dict[str, int] = {}
+        self._pending_switches: list[tuple[str, str, int, int, int, float]] = []
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._lock_file: IO[str] | None = None
@@ -191,15 +194,18 @@ class SqliteBackend:
             )
 
     def switches(self, job: str) -> list[Switch]:
+        # The queue is read under the database lock: a flush takes switches out of the queue and
+        # stores them while holding it, so each switch is seen in one of the two.
         with self._lock:
-            return [
+            with self._queue_lock:
+                queued = {(r, v, st, pr) for j, r, v, st, pr, _ in self._pending_switches if j == job}
+            stored = {
                 (r[0], r[1], r[2], r[3])
                 for r in self._db.execute(
-                    "SELECT replica_id, version, step, previous_step FROM job_switches WHERE job = ?"
-                    " ORDER BY replica_id, step, version",
-                    (job,),
+                    "SELECT replica_id, version, step, previous_step FROM job_switches WHERE job = ?", (job,)
                 )
-            ]
+            }
+        return sorted(stored | queued, key=lambda sw: (sw[0], sw[2], sw[1]))
 
     # ----------------------------------------------------------------- writes
     def append(
@@ -276,15 +282,22 @@ class SqliteBackend:
             self._stopping.wait(STEP_SAVE_PAUSE)
 
     def _flush_steps(self) -> None:
-        with self._queue_lock:
-            steps, self._pending_steps = self._pending_steps, {}
-        if not steps:
-            return
+        """Write the queued job steps and step switches in one transaction (taken from the queue
+        under the database lock: a reader holding it sees each switch queued or stored)."""
+        with self._lock:
+            with self._queue_lock:
+                steps, switches = self._pending_steps, self._pending_switches
+                self._pending_steps, self._pending_switches = {}, []
+            if (not steps and not switches) or self._closed:
+                return
+            self._write_queued(steps, switches)
+
+    def _write_queued(
+        self, steps: dict[str, int], switches: list[tuple[str, str, int, int, int, float]]
+    ) -> None:
         items = [(job, "current_step", str(step)) for job, step in steps.items()]
         try:
-            with self._lock, self._db:
-                if self._closed:
-                    return
+            with self._db:
                 self._db.execute("BEGIN IMMEDIATE")
                 # Max semantics: a queued step never lowers one stored meanwhile (a commit stores one).
                 self._db.executemany(
@@ -292,20 +305,21 @@ class SqliteBackend:
                     " SET value = ?3 WHERE CAST(value AS INTEGER) < CAST(?3 AS INTEGER)",
                     items,
                 )
+                self._db.executemany("INSERT OR IGNORE INTO job_switches VALUES (?, ?, ?, ?, ?, ?)", switches)
         except BaseException:
             with self._queue_lock:  # put back what was not written (newer steps win)
                 for job, step in steps.items():
                     if step > self._pending_steps.get(job, -1):
                         self._pending_steps[job] = step
+                self._pending_switches[:0] = switches
             raise
 
     def add_switches(self, job: str, switches: list[Switch]) -> None:
+        """Queued for the writer thread (a manager's call never waits for the disk)."""
         now = time.time()
-        with self._lock:
-            self._db.executemany(
-                "INSERT OR IGNORE INTO job_switches VALUES (?, ?, ?, ?, ?, ?)",
-                [(job, r, v, s, p, now) for r, v, s, p in switches],
-            )
+        with self._queue_lock:
+            self._pending_switches.extend((job, r, v, s, p, now) for r, v, s, p in switches)
+        self._wake.set()
 
     def add_schema(self, job: str, record: dict[str, Any]) -> None:
         with self._lock, self._db:
@@ -334,6 +348,7 @@ class SqliteBackend:
         return [{**dict(zip(keys, r, strict=True)), "schema": json.loads(r[1])} for r in rows]
 
     def prune(self, job: str, gone: set[int], meta: dict[str, str], oldest_kept: int) -> None:
+        self._flush_steps()  # queued switches first: the pruning below decides which to keep
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(
@@ -350,6 +365,7 @@ class SqliteBackend:
     def delete_job(self, job: str) -> None:
         with self._queue_lock:
             self._pending_steps.pop(job, None)
+            self._pending_switches = [sw for sw in self._pending_switches if sw[0] != job]
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
             for table in ("job_versions", "job_meta", "job_switches", "job_schemas"):

@@ -34,6 +34,11 @@ _CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
 _STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
 
 
+def lease_wait(time_remaining: float | None) -> float:
+    """How long a call may wait for its step lease: at most half of its remaining deadline."""
+    return MAX_LEASE_WAIT if time_remaining is None else max(0.001, min(MAX_LEASE_WAIT, time_remaining / 2))
+
+
 @dataclass
 class ManagerRecord:
     """The latest status a manager reported, and when."""
@@ -51,13 +56,17 @@ class ManagerRecord:
     past_lease: bool = False  # at its last report: at a step past its lease
     past_lease_at: float = float("-inf")  # when a report last showed more steps served past the lease
     rate: float = 0.0  # its steps per second, between its last two reports
+    streams: int = 0  # its open push streams to this lighthouse (0: it polls)
 
-    def to_json(self, now: float) -> dict[str, Any]:
+    def to_json(self, now: float, head: int) -> dict[str, Any]:
         return {
             "replica_id": self.replica_id,
             "address": self.address,
             "version": self.version,
-            "last_seen_s": round(now - self.last_seen, 3),
+            # pushed to: the open stream is its liveness (it reports only when something changed)
+            "last_seen_s": 0.0 if self.streams else round(now - self.last_seen, 3),
+            "mode": "push" if self.streams else "poll",
+            "behind_versions": max(0, head - self.version),
             "requests": self.requests,
             "cache_hits": self.cache_hits,
             "step": self.step,
@@ -105,6 +114,10 @@ class LighthouseState:
         self.lighthouse = ""
         self._refresh_lock = threading.Lock()
         self._served_changed = threading.Condition()  # notified by refresh(): admin API blocking queries
+        # Called after refresh() served a new snapshot (the push streams; set by the job registry).
+        self.on_served: Callable[[], None] | None = None
+        self.watch_messages = 0  # requests received on push streams
+        self._watch_message_count = itertools.count(1)
         self._snapshot = self._build_snapshot()
         store.leases.publish(self._snapshot, self._snapshot.version)
         self._step_field = varint_field(_CURRENT_STEP, store.current_step)
@@ -150,6 +163,9 @@ class LighthouseState:
             self.store.leases.publish(snapshot, snapshot.version)
         with self._served_changed:
             self._served_changed.notify_all()
+        on_served = self.on_served
+        if on_served is not None:
+            on_served()  # the push streams: send the new version now
 
     def wait_for_version(self, after: int, timeout: float) -> bool:
         """Block until the job has a version newer than ``after`` (True) or ``timeout`` passed (False).
@@ -168,23 +184,65 @@ class LighthouseState:
         ``time_remaining`` (the call's deadline) bounds the rare wait for a lease: the job's first
         ceiling write, or a commit under way while the group is past every promise.
         """
-        self.get_config_calls = next(self._get_config_count)
-        step = self.observe(request.status, peer, fetch=True) if request.HasField("status") else -1
-        if request.HasField("status") and request.HasField("lease_from_step"):
+        step = self.receive(request, peer)
+        answer = self.answer(
+            request.known_version, request.known_state_id, step, request, peer, lease_wait(time_remaining)
+        )
+        assert answer is not None  # with a wait, always an answer
+        return answer[0]
+
+    def receive(self, request: pb.LighthouseConfigRequest, peer: str, stream: bool = False) -> int:
+        """Take in a fetch (a GetConfig call, or a request on a push stream): count it, record the
+        manager's status; the step a lease should cover (-1: none, no step reported)."""
+        if stream:
+            self.watch_messages = next(self._watch_message_count)
+        else:
+            self.get_config_calls = next(self._get_config_count)
+        if not request.HasField("status"):
+            return -1
+        step = self.observe(request.status, peer, fetch=True)
+        if request.HasField("lease_from_step"):
             wanted = request.lease_from_step  # a step a worker waits for, beyond those served
             if 0 <= wanted <= max(step, self.store.current_step, 0) + MAX_STEP_LEAP:
                 step = max(step, wanted)
+        return step
+
+    def answer(
+        self,
+        known_version: int,
+        known_state_id: str,
+        step: int,
+        request: pb.LighthouseConfigRequest,
+        peer: str,
+        wait: float = 0.0,
+    ) -> tuple[bytes, int] | None:
+        """The serialized reply for a manager holding ``known_version``, with a step lease covering
+        ``step`` (-1: none), and the version it carries. None when that lease needs a wait (the
+        job's first ceiling write, a commit under way) and ``wait`` is 0: an event loop asks again
+        from a thread."""
         if step >= 0:
-            wait = MAX_LEASE_WAIT if time_remaining is None else min(MAX_LEASE_WAIT, time_remaining / 2)
             snap, horizon = self.store.leases.grant(step, request.lease_seconds, wait)
+            if horizon == NO_LEASE and wait == 0.0:
+                return None
             self._note_lease(request.status.replica_id or peer, horizon)
         else:
             snap, horizon = self._snapshot, NO_LEASE
-        if request.known_version == snap.version and request.known_state_id == self.store.state_id:
+        if known_version == snap.version and known_state_id == self.store.state_id:
             body = snap.not_modified_reply
         else:
             body = snap.full_reply
-        return body + self._step_field + varint_field(_STABLE_THROUGH, horizon)
+        return body + self._step_field + varint_field(_STABLE_THROUGH, horizon), snap.version
+
+    def watched(self, replica_id: str, opened: int, version: int | None = None) -> None:
+        """A push stream of ``replica_id`` opened (1) or closed (-1), or (0) delivered ``version``."""
+        with self._lock:
+            record = self._managers.get(replica_id)
+            if record is None:
+                return
+            record.streams = max(0, record.streams + opened)
+            record.last_seen = time.monotonic()
+            if version is not None:
+                record.version = version
 
     def _note_lease(self, replica_id: str, horizon: int) -> None:
         with self._lock:
@@ -287,8 +345,9 @@ class LighthouseState:
 
     def _records(self, now: float) -> list[dict[str, Any]]:
         """The managers that talk to this lighthouse, by replica id, ages from ``now`` (monotonic)."""
+        head = self.store.head
         with self._lock:
-            return [m.to_json(now) for m in sorted(self._managers.values(), key=lambda m: m.replica_id)]
+            return [m.to_json(now, head) for m in sorted(self._managers.values(), key=lambda m: m.replica_id)]
 
     def local_managers(self) -> list[dict[str, Any]]:
         """The managers that talk to this lighthouse, with ``seen_at`` on the wall clock (other

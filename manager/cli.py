@@ -80,6 +80,13 @@ def main() -> None:
     "--serve-stale", is_flag=True, help="During an outage serve the last good config, not an empty one."
 )
 @click.option(
+    "--push/--poll",
+    default=True,
+    show_default=True,
+    help="Hold a push stream to the lighthouse (a change arrives in milliseconds; the TTL then only "
+    "paces the polling that takes over while no stream is open), or only poll every TTL.",
+)
+@click.option(
     "--step-window",
     type=click.IntRange(min=1),
     default=1024,
@@ -111,6 +118,7 @@ def serve(
     lighthouse_timeout: float,
     backoff: float,
     serve_stale: bool,
+    push: bool,
     step_window: int,
     job: str,
     lighthouse_tls: TLSConfig | None,
@@ -136,6 +144,7 @@ def serve(
             lighthouse_timeout=lighthouse_timeout,
             backoff=backoff,
             serve_stale=serve_stale,
+            push=push,
             step_window=step_window,
             job=job,
             lighthouse_tls=lighthouse_tls,

@@ -28,6 +28,7 @@ import grpc
 
 from lighthouse.client import LighthouseClient
 from manager.pinning import StepPins
+from manager.push import PushStream
 from manager.snapshot import CACHE, FALLBACK, STALE, Snapshot
 from manager.upstream import FetchFailed, UpstreamCache
 from protos import lighthouse_config_pb2 as pb
@@ -79,6 +80,7 @@ class ManagerServer:
         job: str = DEFAULT_JOB,
         lighthouse_tls: TLSConfig | None = None,
         tls: ServerTLS | None = None,
+        push: bool = True,
     ) -> None:
         if cache_ttl <= 0 or lighthouse_timeout <= 0 or backoff <= 0:
             raise ValueError("cache_ttl, lighthouse_timeout and backoff must be positive")
@@ -106,6 +108,12 @@ class ManagerServer:
         self.steps_past_lease = 0
         self._past_lease_count = itertools.count(1)
         self._probes = Probes(MANAGER_SERVICE)  # NOT_SERVING until a lighthouse gave a config
+        self._take_lock = threading.Lock()  # answers arrive from a fetch and from the push stream
+        self._push_base = -1  # the step the last request on the push stream asked a lease for
+        self._push_asked: float | None = None  # when a request on the stream went out unanswered
+        self._push_switches: list[tuple[int, int, int]] = []  # step switches sent on the stream
+        self._reported: tuple[int, ...] = ()  # what the last report on the stream said
+        self._reported_at = float("-inf")
         self._cache = UpstreamCache(
             self._fetch_and_report,
             ttl=cache_ttl,
@@ -136,6 +144,9 @@ class ManagerServer:
         self._address = dialable_address(bind, port)
         self.replica_id = replica_id or self._address
         self._stopped = threading.Event()
+        self._push = (
+            PushStream(self._lighthouse, self._push_request, self._pushed, self._push_down) if push else None
+        )
         self._loop = threading.Thread(target=self._refresh_loop, name="manager-refresh", daemon=True)
         self._loop.start()
         logger.info(
@@ -256,25 +267,82 @@ class ManagerServer:
         self._probes.set_serving(True)
         return snapshot
 
-    def _fetch(self, held: Snapshot | None) -> Snapshot:
+    def _request(self, held: Snapshot | None) -> tuple[pb.LighthouseConfigRequest, int]:
+        """A request for the lighthouse (a fetch, or a report on the push stream), and the step the
+        step lease it asks for should cover."""
         status = self._status()
         wanted = self._step_wanted
-        lease_from = wanted if wanted > status.step else None
+        request = self._lighthouse.request(
+            known_version=held.version if held else 0,
+            known_state_id=held.state_id if held else "",
+            status=status,
+            lease_seconds=self._cache.ttl,
+            lease_from_step=wanted if wanted > status.step else None,
+        )
+        return request, max(status.step, wanted)
+
+    def _fetch(self, held: Snapshot | None) -> Snapshot:
+        request, base = self._request(held)
         try:
-            reply = self._lighthouse.fetch(
-                timeout=self.lighthouse_timeout,
-                known_version=held.version if held else 0,
-                known_state_id=held.state_id if held else "",
-                status=status,
-                lease_seconds=self._cache.ttl,
-                lease_from_step=lease_from,
-            )
+            reply = self._lighthouse.get(request, timeout=self.lighthouse_timeout)
         except grpc.RpcError as exc:
             raise FetchFailed(explain_rpc_error(exc, self._lighthouse.tls is not None)) from None
-        self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
-        snapshot = self._take_reply(reply, held)
-        self._take_lease(reply, snapshot, max(status.step, wanted))
+        self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in request.status.switches])
+        with self._take_lock:
+            snapshot = self._take_reply(reply, self._cache.good or held)
+            self._take_lease(reply, snapshot, base)
         return snapshot
+
+    # ------------------------------------------------------------ push
+    def _push_request(self) -> pb.LighthouseConfigRequest:
+        """A request for the push stream: its first one (the version held), a report, a renewal."""
+        request, self._push_base = self._request(self._cache.good)
+        self._push_switches += [(w.version, w.step, w.previous_step) for w in request.status.switches]
+        self._reported = self._report_key(request.status)
+        self._reported_at = time.monotonic()
+        return request
+
+    def _pushed(self, reply: pb.LighthouseConfigResponse) -> None:
+        """A message of the push stream: a new version, an answer to a report or renewal, a keep-alive."""
+        with self._take_lock:
+            snapshot = self._take_reply(reply, self._cache.good)
+            self._take_lease(reply, snapshot, self._push_base)
+        self._cache.offer(snapshot)
+        self._push_asked = None
+        sent, self._push_switches = self._push_switches, []
+        self._pins.ack_switches(sent)
+        self._probes.set_serving(True)
+
+    def _push_down(self, why: str) -> None:
+        """The push stream ended: poll from now on (the refresh loop fetches at once)."""
+        self._push_asked = None
+        self._cache.expire()
+        self._renew.set()
+
+    def _push_step(self) -> float:
+        """With a live push stream: renew or report on it when due; seconds until to look again."""
+        push = self._push
+        assert push is not None
+        now = time.monotonic()
+        asked = self._push_asked
+        if asked is not None and now - asked > self.lighthouse_timeout:
+            push.reset(f"no answer to a request within {self.lighthouse_timeout:g}s")
+            return 0.0
+        deadline = 2 * push.keepalive + self.lighthouse_timeout
+        if push.keepalive and push.silent_for() > deadline:
+            push.reset(f"silent for {push.silent_for():.1f}s (keep-alive every {push.keepalive:g}s)")
+            return 0.0
+        renew = self._lease is not None and self._pins.max_step >= self._renew_at
+        changed = self._report_key(self._status()) != self._reported
+        due = renew or (changed and now - self._reported_at >= HEARTBEAT_INTERVAL)
+        if asked is None and due and push.send(self._push_request()):
+            self._push_asked = now
+        return min(HEARTBEAT_INTERVAL, self.lighthouse_timeout / 2)
+
+    @staticmethod
+    def _report_key(status: pb.ManagerStatus) -> tuple[int, ...]:
+        """What a report tells the lighthouse that changes (not its time)."""
+        return (status.version, status.requests, status.step, len(status.switches), status.steps_past_lease)
 
     def _take_lease(self, reply: pb.LighthouseConfigResponse, snapshot: Snapshot, base: int) -> None:
         """Hold the lease that came with ``snapshot`` (the newest snapshot is valid for every step
@@ -320,10 +388,15 @@ class ManagerServer:
         return fresh
 
     def _refresh_loop(self) -> None:
-        """Refresh just before the cache expires, and renew the step lease once the group is half-way
-        through it; send a bare heartbeat when the TTL is longer than that."""
+        """With a live push stream, report and renew on it; else refresh just before the cache
+        expires, and renew the step lease once the group is half-way through it; send a bare
+        heartbeat when the TTL is longer than that."""
         cache = self._cache
         while not self._stopped.is_set():
+            if self._push is not None and self._push.live:
+                self._renew.wait(self._push_step())
+                self._renew.clear()
+                continue
             refresh_in = cache.next_refresh_in()
             if self._lease is not None and self._pins.max_step >= self._renew_at and not cache.failing:
                 refresh_in = 0.0  # half the lease is used up
@@ -408,6 +481,8 @@ class ManagerServer:
         first = not self._stopped.is_set()
         self._stopped.set()
         self._renew.set()
+        if self._push is not None:
+            self._push.stop()
         self._probes.shutdown()  # health watchers hear NOT_SERVING before the port closes
         if self._server is not None:
             self._server.stop(grace).wait()

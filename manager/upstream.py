@@ -112,6 +112,32 @@ class UpstreamCache:
             answer = self._fetch_once(wait=True, fresh=True)
         return answer
 
+    def offer(self, snapshot: Snapshot) -> Snapshot:
+        """A snapshot pushed by the lighthouse: held, and fresh until ``expire`` (while the push stream
+        lives it is always the newest). Never replaces a newer one of the same state; returns the one held."""
+        with self._cond:
+            held = self._keep(snapshot)
+            if self._failing:
+                logger.info("lighthouse reachable again; serving version %d", held.version)
+            self._good = held
+            self._fresh_until = float("inf")
+            self._failing = False
+            self._cond.notify_all()
+            return held
+
+    def expire(self) -> None:
+        """The held snapshot is fresh no longer (the push stream ended): the next call fetches."""
+        with self._cond:
+            self._fresh_until = min(self._fresh_until, self._clock())
+
+    def _keep(self, snapshot: Snapshot) -> Snapshot:
+        """``snapshot``, unless the one held is newer in the same lighthouse state (answers of two
+        paths, a fetch and a push, may arrive out of order)."""
+        good = self._good
+        if good is not None and good.state_id == snapshot.state_id and good.version > snapshot.version:
+            return good
+        return snapshot
+
     def refresh(self) -> Answer:
         """Fetch now unless a fetch is in flight or the backoff window is open (background loop)."""
         if self._failing and self._clock() < self._retry_at:
@@ -181,8 +207,8 @@ class UpstreamCache:
                 logger.info("lighthouse reachable again; serving version %d", snapshot.version)
             self._failing = False
             self.last_error = ""
-            self._good = snapshot
-            self._fresh_until = started + self.ttl
+            snapshot = self._good = self._keep(snapshot)
+            self._fresh_until = max(self._fresh_until, started + self.ttl)
             self._in_flight = False
             self._cond.notify_all()
         return Answer(snapshot, True)

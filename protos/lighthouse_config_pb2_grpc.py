@@ -46,6 +46,11 @@ class LighthouseServiceStub:
                 request_serializer=protos_dot_lighthouse__config__pb2.LighthouseHeartbeatRequest.SerializeToString,
                 response_deserializer=protos_dot_lighthouse__config__pb2.LighthouseHeartbeatResponse.FromString,
                 _registered_method=True)
+        self.WatchConfig = channel.stream_stream(
+                '/lighthouse_config.LighthouseService/WatchConfig',
+                request_serializer=protos_dot_lighthouse__config__pb2.LighthouseConfigRequest.SerializeToString,
+                response_deserializer=protos_dot_lighthouse__config__pb2.LighthouseConfigResponse.FromString,
+                _registered_method=True)
 
 
 class LighthouseServiceServicer:
@@ -69,6 +74,19 @@ class LighthouseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchConfig(self, request_iterator, context):
+        """Push: one stream per manager. The manager sends a request as for GetConfig
+        first (the version it holds, its status), then a request whenever it reports
+        or renews its step lease; the lighthouse answers each, and sends the job's
+        newest version as soon as it is committed (also one committed through another
+        lighthouse on the same store; versions in between are coalesced), and a
+        keep-alive every keepalive_ms. A manager whose lighthouse lacks this method
+        (UNIMPLEMENTED: an older release) polls GetConfig instead.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LighthouseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -81,6 +99,11 @@ def add_LighthouseServiceServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=protos_dot_lighthouse__config__pb2.LighthouseHeartbeatRequest.FromString,
                     response_serializer=protos_dot_lighthouse__config__pb2.LighthouseHeartbeatResponse.SerializeToString,
+            ),
+            'WatchConfig': grpc.stream_stream_rpc_method_handler(
+                    servicer.WatchConfig,
+                    request_deserializer=protos_dot_lighthouse__config__pb2.LighthouseConfigRequest.FromString,
+                    response_serializer=protos_dot_lighthouse__config__pb2.LighthouseConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -139,6 +162,33 @@ class LighthouseService:
             '/lighthouse_config.LighthouseService/Heartbeat',
             protos_dot_lighthouse__config__pb2.LighthouseHeartbeatRequest.SerializeToString,
             protos_dot_lighthouse__config__pb2.LighthouseHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchConfig(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/lighthouse_config.LighthouseService/WatchConfig',
+            protos_dot_lighthouse__config__pb2.LighthouseConfigRequest.SerializeToString,
+            protos_dot_lighthouse__config__pb2.LighthouseConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

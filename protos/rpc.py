@@ -23,6 +23,7 @@ LIGHTHOUSE_SERVICE = "lighthouse_config.LighthouseService"
 MANAGER_SERVICE = "lighthouse_config.ManagerService"
 LIGHTHOUSE_GET_CONFIG = f"/{LIGHTHOUSE_SERVICE}/GetConfig"
 LIGHTHOUSE_HEARTBEAT = f"/{LIGHTHOUSE_SERVICE}/Heartbeat"
+LIGHTHOUSE_WATCH = f"/{LIGHTHOUSE_SERVICE}/WatchConfig"
 MANAGER_GET_CONFIG = f"/{MANAGER_SERVICE}/GetConfig"
 MANAGER_GET_STATUS = f"/{MANAGER_SERVICE}/GetStatus"
 
@@ -190,8 +191,17 @@ def start_server(
     )
     if probes is not None:
         probes.register(server)
+    bound = add_port(server, bind, credentials)
+    server.start()
+    return server, bound
+
+
+def add_port(
+    server: grpc.Server | grpc.aio.Server, bind: str, credentials: grpc.ServerCredentials | None
+) -> int:
+    """Listen on ``bind`` (TLS with ``credentials``); the port bound. OSError when it cannot."""
+    target = format_address(*parse_address(bind))
     try:
-        target = format_address(host, port)
         if credentials is not None:
             bound = server.add_secure_port(target, credentials)
         else:
@@ -200,8 +210,14 @@ def start_server(
         raise OSError(f"cannot listen on {bind}: {exc}") from None
     if bound == 0:
         raise OSError(f"cannot listen on {bind}: address in use or not available")
-    server.start()
-    return server, bound
+    return bound
+
+
+def check_bindable(bind: str) -> None:
+    """Fail with a plain message ("address already in use") before gRPC logs its own cryptic one."""
+    host, port = parse_address(bind)
+    if port != 0:
+        _check_bindable(host, port)
 
 
 def _check_bindable(host: str, port: int) -> None:
