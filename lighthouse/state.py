@@ -117,6 +117,7 @@ class LighthouseState:
         # Called after refresh() served a new snapshot (the push streams; set by the job registry).
         self.on_served: Callable[[], None] | None = None
         self.watch_messages = 0  # requests received on push streams
+        self.open_streams = 0  # push streams of this job's managers open now
         self._watch_message_count = itertools.count(1)
         self._snapshot = self._build_snapshot()
         store.leases.publish(self._snapshot, self._snapshot.version)
@@ -201,6 +202,8 @@ class LighthouseState:
         if not request.HasField("status"):
             return -1
         step = self.observe(request.status, peer, fetch=True)
+        if step < 0:  # a manager that has served no step yet: its first lease should not wait
+            self.store.leases.prepare(self.store.current_step, request.lease_seconds)
         if request.HasField("lease_from_step"):
             wanted = request.lease_from_step  # a step a worker waits for, beyond those served
             if 0 <= wanted <= max(step, self.store.current_step, 0) + MAX_STEP_LEAP:
@@ -236,6 +239,7 @@ class LighthouseState:
     def watched(self, replica_id: str, opened: int, version: int | None = None) -> None:
         """A push stream of ``replica_id`` opened (1) or closed (-1), or (0) delivered ``version``."""
         with self._lock:
+            self.open_streams += opened
             record = self._managers.get(replica_id)
             if record is None:
                 return
