@@ -28,7 +28,9 @@ logger = logging.getLogger(__name__)
 
 MAX_STEP_LEAP = 1_000_000  # steps between two reports of one manager that count at once
 MAX_LEASE_WAIT = 1.0  # seconds a call may wait for a lease (a first ceiling write, a commit)
-MIN_RATE_INTERVAL = 0.01  # seconds between two reports of a manager for a step-rate sample
+# A group's step rate is measured over at least this many seconds of its reports: two reports
+# close together (a renewal right after a fetch) would give a rate far off.
+RATE_WINDOW = 0.5
 PAST_LEASE_SHOWN = 30.0  # seconds a group that served steps past its lease stays marked so
 _CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
 _STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
@@ -55,7 +57,8 @@ class ManagerRecord:
     steps_past_lease: int = 0  # steps it served without a confirmed config (it reports them)
     past_lease: bool = False  # at its last report: at a step past its lease
     past_lease_at: float = float("-inf")  # when a report last showed more steps served past the lease
-    rate: float = 0.0  # its steps per second, between its last two reports
+    rate: float = 0.0  # its steps per second, over its reports of the last RATE_WINDOW or more
+    rate_anchor: tuple[int, float] = (-1, 0.0)  # (step, time) the rate is measured from
     streams: int = 0  # its open push streams to this lighthouse (0: it polls)
 
     def to_json(self, now: float, head: int) -> dict[str, Any]:
@@ -64,7 +67,7 @@ class ManagerRecord:
             "address": self.address,
             "version": self.version,
             # pushed to: the open stream is its liveness (it reports only when something changed)
-            "last_seen_s": 0.0 if self.streams else round(now - self.last_seen, 3),
+            "last_seen_s": 0 if self.streams else round(now - self.last_seen, 3),
             "mode": "push" if self.streams else "poll",
             "behind_versions": max(0, head - self.version),
             "requests": self.requests,
@@ -280,9 +283,12 @@ class LighthouseState:
             if status.steps_past_lease > record.steps_past_lease:
                 record.past_lease_at = now
             record.steps_past_lease = status.steps_past_lease
-            elapsed = now - record.last_seen
-            if plausible and 0 <= previous < status.step and elapsed >= MIN_RATE_INTERVAL:
-                rate = record.rate = (status.step - previous) / elapsed
+            anchor_step, anchor_time = record.rate_anchor
+            if not plausible or status.step < anchor_step or anchor_step < 0:
+                record.rate_anchor = (status.step, now)  # (re)start measuring from here
+            elif now - anchor_time >= RATE_WINDOW:
+                rate = record.rate = (status.step - anchor_step) / (now - anchor_time)
+                record.rate_anchor = (status.step, now)
             record.last_seen = now
             record.fetches += int(fetch)
         if rate > 0:
