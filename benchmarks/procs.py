@@ -172,11 +172,13 @@ class CpuMeter:
         self.started = time.monotonic()
         self._cpu0 = [cpu_seconds(pid) for pid in pids]
 
+    def seconds(self) -> list[float]:
+        """CPU seconds each process used since the meter started."""
+        return [cpu_seconds(pid) - c0 for pid, c0 in zip(self.pids, self._cpu0, strict=True)]
+
     def percent(self) -> list[float]:
         elapsed = time.monotonic() - self.started
-        return [
-            100 * (cpu_seconds(pid) - c0) / elapsed for pid, c0 in zip(self.pids, self._cpu0, strict=True)
-        ]
+        return [100 * used / elapsed for used in self.seconds()]
 
 
 def wait_for(check, timeout: float, interval: float = 0.02, what: str = "condition"):  # type: ignore[no-untyped-def]

@@ -132,7 +132,7 @@ def change_to_workers(children: Children, work: Path, args: argparse.Namespace) 
 
 def _ms_summary(delays_us: list[float]) -> dict[str, Any]:
     s = summarize(delays_us)
-    return {"n": s["n"], **{k: None if s[k] is None else s[k] / 1e3 for k in ("p50", "p99", "max")}}
+    return {"n": s["n"], **{k: None if s[k] is None else s[k] / 1e3 for k in ("p50", "p90", "p99", "max")}}
 
 
 # ------------------------------------------------------------------- idle
@@ -203,10 +203,13 @@ def fan_out(
     wait_for(
         lambda: deliveries(fleets, acks[-1:])[0]["have"] == streams, 60, 0.5, "the last edit at every stream"
     )
-    cpu = meter.percent()
+    cpu, cpu_s = meter.percent(), meter.seconds()
     per_edit = deliveries(fleets, acks)
     return {
         "streams": streams,
+        # CPU of the lighthouses over the edits per message delivered: an upper bound (the window
+        # also holds the keep-alives and the edits' HTTP requests), machine noise mostly left out.
+        "lighthouse_cpu_us_per_message": 1e6 * sum(cpu_s) / (streams * len(acks)),
         "acks": acks,  # (version, acknowledged at): monotonic, as the agents' times
         "edits": per_edit,
         "lighthouse_cpu_pct_each": cpu,
@@ -350,11 +353,14 @@ def render(results: dict[str, Any]) -> str:
         f"Change -> every worker: {w['managers_each']} pushed and {w['managers_each']} polling managers "
         f"(TTL {w['ttl_s']:g} s), {w['workers_each']} workers each calling get_config() every "
         f"{w['step_ms']:g} ms, {w['edits']} edits at random moments",
-        f"{'kind':5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'missed':>6}",
+        f"{'kind':5} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'missed':>6}",
     ]
     for kind in ("push", "poll"):
         k = w[kind]
-        lines.append(f"{kind:5} {_ms(k['p50']):>8} {_ms(k['p99']):>8} {_ms(k['max']):>8} {k['missed']:6d}")
+        lines.append(
+            f"{kind:5} {_ms(k['p50']):>8} {_ms(k['p90']):>8} {_ms(k['p99']):>8} {_ms(k['max']):>8} "
+            f"{k['missed']:6d}"
+        )
     lines.append(
         f"push / poll: p50 {_ratio(w['push']['p50'], w['poll']['p50'])}x, "
         f"p99 {_ratio(w['push']['p99'], w['poll']['p99'])}x"
@@ -396,6 +402,7 @@ def render(results: dict[str, Any]) -> str:
             f"last stream over edits: p50 {_ms(f['last_p50_ms'])}, p99 {_ms(f['last_p99_ms'])}, "
             f"max {_ms(f['last_max_ms'])} ms; lighthouse CPU during the edits "
             + " / ".join(f"{c:.0f}%" for c in f["lighthouse_cpu_pct_each"])
+            + f", {f['lighthouse_cpu_us_per_message']:.0f} us of lighthouse CPU per message sent"
         )
         for i, per in enumerate(f.get("per_lighthouse", [])):
             lines.append(
