@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from benchmarks.procs import Child, Children, CpuMeter
 from benchmarks.report import summarize
@@ -309,7 +309,31 @@ def outage(
 
 
 # ------------------------------------------------------------------ scale
-class SimFleet:
+class AgentGroup:
+    """Load-generating ``benchmarks.agent`` processes, told to quit and stopped on exit."""
+
+    def __init__(self, children: Children) -> None:
+        self.children = children
+        self.agents: list[Child] = []
+
+    @property
+    def pids(self) -> list[int]:
+        return [agent.pid for agent in self.agents]
+
+    def stop(self) -> None:
+        for agent in self.agents:
+            with contextlib.suppress(OSError):
+                agent.send(json.dumps({"op": "quit"}))
+            self.children.stop(agent)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class SimFleet(AgentGroup):
     """``count`` simulated managers (``agent sims``) over ``processes`` processes; stopped on exit.
 
     ``lighthouse`` may list several (``A,B,C``): each sim starts on one picked by its
@@ -326,8 +350,7 @@ class SimFleet:
         ttl: float,
         jobs: list[str] | None = None,
     ) -> None:
-        self.children = children
-        self.sims: list[Child] = []
+        super().__init__(children)
         offset = 0
         try:
             for i in range(processes):
@@ -337,28 +360,16 @@ class SimFleet:
                     "--ttl", str(ttl), "--prefix", f"{name}-{i}", "--jobs", ",".join(jobs or []),
                     "--offset", str(offset),
                 ]  # fmt: skip
-                self.sims.append(children.python(f"{name}-{i}", *args))
+                self.agents.append(children.python(f"{name}-{i}", *args))
                 offset += n
-            for sim in self.sims:
+            for sim in self.agents:
                 sim.readline()
         except BaseException:
             self.stop()
             raise
 
-    def stop(self) -> None:
-        for sim in self.sims:
-            with contextlib.suppress(OSError):
-                sim.send(json.dumps({"op": "quit"}))
-            self.children.stop(sim)
 
-    def __enter__(self) -> SimFleet:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class StreamFleet:
+class StreamFleet(AgentGroup):
     """Simulated pushed managers (``agent streams``): ``processes`` processes, each holding its share
     of the ``WatchConfig`` streams on one ``grpc.aio`` event loop, ``per_connection`` streams to an
     HTTP/2 connection (1: each its own, as real managers); stopped on exit."""
@@ -366,8 +377,7 @@ class StreamFleet:
     def __init__(
         self, children: Children, name: str, lighthouse: str, processes: int, per_connection: int
     ) -> None:
-        self.children = children
-        self.agents: list[Child] = []
+        super().__init__(children)
         self.count = 0
         try:
             for i in range(processes):
@@ -381,10 +391,6 @@ class StreamFleet:
         except BaseException:
             self.stop()
             raise
-
-    @property
-    def pids(self) -> list[int]:
-        return [agent.pid for agent in self.agents]
 
     def open(self, count: int) -> dict[str, Any]:
         """``count`` more streams, spread over the processes; returns once each has its first
@@ -402,18 +408,6 @@ class StreamFleet:
             "connections": sum(a["connections"] for a in answers),
             "seconds": max(a["seconds"] for a in answers),
         }
-
-    def stop(self) -> None:
-        for agent in self.agents:
-            with contextlib.suppress(OSError):
-                agent.send(json.dumps({"op": "quit"}))
-            self.children.stop(agent)
-
-    def __enter__(self) -> StreamFleet:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def deliveries(fleets: list[StreamFleet], acks: list[tuple[int, float]]) -> list[dict[str, Any]]:
@@ -473,17 +467,17 @@ def measure_window(
     cmd: dict[str, Any] = {"op": "measure", "start": start, "duration": duration}
     if exclude_job is not None:
         cmd["exclude_job"] = exclude_job
-    for sim in fleet.sims:
+    for sim in fleet.agents:
         sim.send(json.dumps(cmd))
     time.sleep(max(0.0, start - time.monotonic()))
-    pids = [lh.pid for lh, _ in lighthouses] + list(other_pids) + [sim.pid for sim in fleet.sims]
+    pids = [lh.pid for lh, _ in lighthouses] + list(other_pids) + fleet.pids
     meter = CpuMeter(pids)
     calls0, t0 = sum(lighthouse_calls(url) for _, url in lighthouses), time.monotonic()
     extra = during(t0 + duration) if during is not None else None
     time.sleep(max(0.0, t0 + duration - time.monotonic()))
     cpu = meter.percent()
     calls1, t1 = sum(lighthouse_calls(url) for _, url in lighthouses), time.monotonic()
-    answers = [json.loads(sim.readline(duration + 60)) for sim in fleet.sims]
+    answers = [json.loads(sim.readline(duration + 60)) for sim in fleet.agents]
     result = {
         "ttl_s": ttl,
         "lighthouse_cpu_pct": sum(cpu[: len(lighthouses)]),
