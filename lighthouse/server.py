@@ -94,17 +94,13 @@ class LighthouseServer:
             handler = grpc.method_handlers_generic_handler(
                 LIGHTHOUSE_SERVICE,
                 {
-                    "GetConfig": grpc.unary_unary_rpc_method_handler(
-                        self.service.get_config, request_deserializer=pb.LighthouseConfigRequest.FromString
-                    ),
+                    # Requests arrive as bytes: the service parses them (junk gets INVALID_ARGUMENT).
+                    "GetConfig": grpc.unary_unary_rpc_method_handler(self.service.get_config),
                     "Heartbeat": grpc.unary_unary_rpc_method_handler(
                         self.service.heartbeat,
-                        request_deserializer=pb.LighthouseHeartbeatRequest.FromString,
                         response_serializer=pb.LighthouseHeartbeatResponse.SerializeToString,
                     ),
-                    "WatchConfig": grpc.stream_stream_rpc_method_handler(
-                        self.service.watch, request_deserializer=pb.LighthouseConfigRequest.FromString
-                    ),
+                    "WatchConfig": grpc.stream_stream_rpc_method_handler(self.service.watch),
                 },
             )
             credentials = certificates.grpc_credentials() if certificates is not None else None

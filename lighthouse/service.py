@@ -24,8 +24,10 @@ import asyncio
 import logging
 from collections import defaultdict
 from functools import partial
+from typing import TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from lighthouse.jobs import JobRegistry, TooManyJobs
 from lighthouse.state import LighthouseState, lease_wait
@@ -84,10 +86,9 @@ class LighthouseService:
         for stream in self._streams.get(job, ()):
             stream.wake.set()
 
-    async def get_config(
-        self, request: pb.LighthouseConfigRequest, context: grpc.aio.ServicerContext
-    ) -> bytes:
+    async def get_config(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """``GetConfig``: the reply already serialized (no per-call protobuf work on the hot path)."""
+        request = await _parse(pb.LighthouseConfigRequest, raw, context)
         state = await self._state(request.job, context)
         peer = context.peer()
         step = state.receive(request, peer)
@@ -97,8 +98,9 @@ class LighthouseService:
         return reply[0]
 
     async def heartbeat(
-        self, request: pb.LighthouseHeartbeatRequest, context: grpc.aio.ServicerContext
+        self, raw: bytes, context: grpc.aio.ServicerContext
     ) -> pb.LighthouseHeartbeatResponse:
+        request = await _parse(pb.LighthouseHeartbeatRequest, raw, context)
         state = await self._state(request.status.job, context)
         state.count_heartbeat()
         state.observe(request.status, context.peer())
@@ -107,9 +109,10 @@ class LighthouseService:
     async def watch(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         """``WatchConfig``: one manager's push stream, until it ends."""
         self.loop = asyncio.get_running_loop()
-        first = await context.read()
-        if first is EOF:
+        raw = await context.read()
+        if raw is EOF:
             return
+        first = await _parse(pb.LighthouseConfigRequest, raw, context)
         job = first.job or DEFAULT_JOB
         state = await self._state(first.job, context)
         stream = _Stream(first, context.peer())
@@ -161,9 +164,14 @@ class LighthouseService:
         """The manager's requests, queued for the stream; its end (or a broken stream) closes it."""
         try:
             while True:
-                request = await context.read()
-                if request is EOF:
+                raw = await context.read()
+                if raw is EOF:
                     break
+                try:
+                    request = pb.LighthouseConfigRequest.FromString(raw)
+                except DecodeError:
+                    logger.warning("push stream of %s: a malformed request, ignored", stream.replica)
+                    continue
                 stream.requests.append(request)
                 del stream.requests[:-MAX_QUEUED_REQUESTS]
                 stream.wake.set()
@@ -187,6 +195,19 @@ class LighthouseService:
         reply = await _answer(state, *stream.sent, stream.step, stream.request, stream.peer)
         stream.sent = (reply[1], state.store.state_id)
         return reply
+
+
+M = TypeVar("M", pb.LighthouseConfigRequest, pb.LighthouseHeartbeatRequest)
+
+
+async def _parse(kind: type[M], raw: bytes, context: grpc.aio.ServicerContext) -> M:
+    """A request parsed here, so junk bytes get INVALID_ARGUMENT and say why (a deserializer that
+    fails gives the caller only UNKNOWN)."""
+    try:
+        return kind.FromString(raw)
+    except DecodeError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {kind.__name__}: {exc}")
+    raise AssertionError("context.abort raises")
 
 
 async def _answer(
