@@ -13,6 +13,11 @@ Roles (``python -m benchmarks.agent ROLE ...``):
   real manager's refresh loop does (scale). ``--jobs A,B,...`` spreads them over
   jobs in turn (``--offset``: this process's first global index), and
   ``--lighthouse A,B,C`` over lighthouses by replica id, as managers do.
+* ``streams``: many simulated pushed managers on one ``grpc.aio`` event loop, each
+  a ``WatchConfig`` stream opened with a first request carrying its replica id, as
+  ``manager serve`` opens it; ``--per-connection`` of them share one HTTP/2
+  connection. ``open`` adds streams, ``report`` says when each stream first had
+  each edited version.
 
 Times cross processes as ``time.monotonic()`` (CLOCK_MONOTONIC is system-wide).
 """
@@ -20,8 +25,10 @@ Times cross processes as ``time.monotonic()`` (CLOCK_MONOTONIC is system-wide).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
+import resource
 import sys
 import threading
 import time
@@ -118,19 +125,22 @@ class Workers:
 
         return {"calls": sum(_threads(threads, loop))}
 
-    def watch(self, addrs: list[str], threads: int, duration: float, step_s: float) -> dict[str, Any]:
-        """Training loops with prefetch: step every ``step_s``; first time each version was seen."""
+    def watch(
+        self, addrs: list[str], threads: int, duration: float, step_s: float, no_step: bool = False
+    ) -> dict[str, Any]:
+        """Training loops with prefetch: step every ``step_s``; first time each version was seen.
+        ``no_step``: ``get_config()`` without a step and without prefetch (the seed's workers)."""
         end = time.monotonic() + duration
 
         def loop(i: int) -> dict[str, float]:
-            client = self._make(addrs[i % len(addrs)], timeout=5.0, prefetch=True)
+            client = self._make(addrs[i % len(addrs)], timeout=5.0, prefetch=not no_step)
             seen: dict[str, float] = {}
             step, last = 0, -1
             try:
                 t = time.monotonic()
                 while t < end:
                     step += 1
-                    cfg = client.get_config(step=step)
+                    cfg = client.get_config() if no_step else client.get_config(step=step)
                     if cfg.version > last:
                         last = cfg.version
                         seen[str(cfg.version)] = time.monotonic()
@@ -258,20 +268,160 @@ def serve_sims(lighthouse: str, count: int, ttl: float, prefix: str, jobs: list[
             t.join(timeout=6)
 
 
+# ---------------------------------------------------------------- streams
+STREAM_OPEN_TIMEOUT = 120.0  # seconds for every stream of one ``open`` to get its first message
+OPENING_AT_ONCE = 100  # streams waiting for their first message at a time: a storm of thousands of
+# new connections at once makes handshakes time out (real managers spread out and retry)
+
+
+class Streams:
+    """Simulated pushed managers: one coroutine per ``WatchConfig`` stream, all on one event loop.
+
+    Each sends one request (``known_version`` 0, a ``ManagerStatus`` with its replica id, no
+    step: an idle group) and then only reads, as an idle manager does; it records when it
+    first had each version (keep-alives repeat the version and are only counted).
+    """
+
+    def __init__(self, lighthouse: str, prefix: str, per_connection: int) -> None:
+        self.lighthouse = lighthouse
+        self.prefix = prefix
+        self.per_connection = per_connection
+        self.channels: list[Any] = []
+        self.stubs: list[Any] = []
+        self.arrivals: list[dict[int, float]] = []  # per stream: version -> first time held
+        self.messages = 0
+        self.errors: dict[str, int] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def _stub(self, i: int) -> Any:
+        """Stream ``i``'s stub: a new connection every ``per_connection`` streams (a local
+        subchannel pool, or grpcio would share one connection among equal channels)."""
+        import grpc
+
+        from protos import lighthouse_config_pb2_grpc as pb_grpc
+        from protos.rpc import CHANNEL_OPTIONS, grpc_target
+
+        if i % self.per_connection == 0:
+            options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+            channel = grpc.aio.insecure_channel(grpc_target(self.lighthouse), options=options)
+            self.channels.append(channel)
+            self.stubs.append(pb_grpc.LighthouseServiceStub(channel))
+        return self.stubs[-1]
+
+    async def open(self, count: int) -> dict[str, Any]:
+        """``count`` more streams; answers once each has its first message."""
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        firsts: list[asyncio.Future[None]] = []
+        opening = asyncio.Semaphore(OPENING_AT_ONCE)
+        deadline = started + STREAM_OPEN_TIMEOUT
+        for _ in range(count):
+            await asyncio.wait_for(opening.acquire(), max(0.0, deadline - time.monotonic()))
+            i = len(self.arrivals)
+            self.arrivals.append({})
+            first: asyncio.Future[None] = loop.create_future()
+            first.add_done_callback(lambda _: opening.release())
+            firsts.append(first)
+            self.tasks.append(asyncio.create_task(self._stream(self._stub(i), i, first)))
+        await asyncio.wait(firsts, timeout=max(0.0, deadline - time.monotonic()))
+        return {
+            "open": len(self.arrivals),
+            "answered": sum(1 for f in firsts if f.done() and f.exception() is None),  # of these
+            "seconds": time.monotonic() - started,
+            "connections": len(self.channels),
+            "errors": self.errors,
+        }
+
+    async def _stream(self, stub: Any, i: int, first: asyncio.Future[None]) -> None:
+        import grpc
+
+        from protos import lighthouse_config_pb2 as pb
+
+        replica = f"{self.prefix}-{i}"
+        status = pb.ManagerStatus(replica_id=replica, address=f"127.0.0.1:{20000 + i % 40000}", step=-1)
+        arrivals = self.arrivals[i]
+        call = stub.WatchConfig(wait_for_ready=True)  # connects as a retrying manager would
+        try:
+            await call.write(pb.LighthouseConfigRequest(replica_id=replica, status=status, lease_seconds=1.0))
+            async for reply in call:
+                self.messages += 1
+                arrivals.setdefault(reply.version, time.monotonic())
+                if not first.done():
+                    first.set_result(None)
+        except grpc.aio.AioRpcError as exc:
+            key = f"{exc.code().name}: {exc.details()}"
+            self.errors[key] = self.errors.get(key, 0) + 1
+            if not first.done():
+                first.set_exception(exc)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+
+    def report(self, acks: list[tuple[int, float]]) -> dict[str, Any]:
+        """For each acknowledged edit (version, time): how many streams had it (that version or a
+        newer one: sends coalesce), the slowest, and a 1 ms histogram of the delays (mergeable)."""
+        edits = []
+        for version, acked in acks:
+            delays = []
+            for arrivals in self.arrivals:
+                times = [t for v, t in arrivals.items() if v >= version]
+                if times:
+                    delays.append(max(0.0, min(times) - acked))
+            histogram: dict[str, int] = {}
+            for delay in delays:
+                key = str(int(delay * 1e3))
+                histogram[key] = histogram.get(key, 0) + 1
+            edits.append(
+                {"version": version, "have": len(delays), "max_s": max(delays, default=None), "ms": histogram}
+            )
+        streams = len(self.arrivals)
+        return {"streams": streams, "messages": self.messages, "errors": self.errors, "edits": edits}
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for channel in self.channels:
+            await channel.close()
+
+
+async def serve_streams(lighthouse: str, prefix: str, per_connection: int) -> None:
+    # A stream per connection at the most: a process may hold thousands of sockets.
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    streams = Streams(lighthouse, prefix, per_connection)
+    loop = asyncio.get_running_loop()
+    _reply("ready")
+    try:
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            cmd = json.loads(line)
+            if cmd["op"] == "quit":
+                break
+            if cmd["op"] == "open":
+                _reply(await streams.open(cmd["count"]))
+            else:
+                _reply(streams.report([(v, t) for v, t in cmd["acks"]]))
+    finally:
+        await streams.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.agent")
-    parser.add_argument("role", choices=["workers", "managers", "sims"])
+    parser.add_argument("role", choices=["workers", "managers", "sims", "streams"])
     parser.add_argument("--lighthouse", default="")
     parser.add_argument("--count", type=int, default=1)
     parser.add_argument("--ttl", type=float, default=1.0)
     parser.add_argument("--prefix", default="bench")
     parser.add_argument("--jobs", default="", help="sims: comma-separated jobs, taken in turn")
     parser.add_argument("--offset", type=int, default=0, help="sims: global index of this process's first")
+    parser.add_argument("--per-connection", type=int, default=1, help="streams: per HTTP/2 connection")
     args = parser.parse_args()
     if args.role == "workers":
         serve_workers()
     elif args.role == "managers":
         serve_managers(args.lighthouse, args.count, args.ttl, args.prefix)
+    elif args.role == "streams":
+        asyncio.run(serve_streams(args.lighthouse, args.prefix, args.per_connection))
     else:
         jobs = [j for j in args.jobs.split(",") if j]
         serve_sims(args.lighthouse, args.count, args.ttl, args.prefix, jobs, args.offset)

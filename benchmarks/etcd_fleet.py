@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.etcd_store import start_etcd_lighthouse
+from benchmarks.etcd_store import start_etcd_fleet, start_etcd_lighthouse
 from benchmarks.load import SimFleet, measure_window
-from benchmarks.procs import Children, wait_for
+from benchmarks.procs import Children
 from benchmarks.report import machine_line, machine_load, run_standalone, standalone_parser
 from benchmarks.stack import CONFIG, lighthouse_calls, start_manager
 from lighthouse.admin_client import AdminClient
@@ -43,11 +43,7 @@ def fleet(
     children: Children, cluster: EtcdCluster, managers: int, ttl: float, duration: float, processes: int
 ) -> dict[str, Any]:
     store = f"etcd://{cluster.endpoints}/fleet"
-    lighthouses = [start_etcd_lighthouse(children, f"lighthouse-fleet-{i}", store) for i in range(3)]
-    version = int(AdminClient(lighthouses[0][2]).put(CONFIG)["version"])
-    for _, addr, _ in lighthouses:  # every lighthouse serves the config before the load starts
-        with LighthouseClient(addr) as client:
-            wait_for(lambda c=client: c.fetch(timeout=5).version >= version, 30, what=f"{addr} to catch up")
+    lighthouses = start_etcd_fleet(children, "lighthouse-fleet", store, 3)
     addrs = ",".join(addr for _, addr, _ in lighthouses)
     etcd_pids = tuple(m.popen.pid for m in cluster.members if m.popen is not None)
     with SimFleet(children, "fleet", addrs, managers, processes, ttl) as sims:

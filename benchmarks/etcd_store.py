@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.procs import Child, Children
+from benchmarks.procs import Child, Children, wait_for
 from benchmarks.report import publish
 from benchmarks.stack import CONFIG, patch_config, start_lighthouse
+from lighthouse.admin_client import AdminClient
 from lighthouse.client import LighthouseClient
 from tests.etcd_cluster import EtcdCluster
 
@@ -33,6 +34,17 @@ def start_etcd_lighthouse(children: Children, name: str, store: str) -> tuple[Ch
         "--store", store, "--log-level", "warning",
     )  # fmt: skip
     return child, child.readline(), child.readline().rstrip("/")
+
+
+def start_etcd_fleet(children: Children, name: str, store: str, count: int) -> list[tuple[Child, str, str]]:
+    """``count`` lighthouses on ``store``, the job given ``CONFIG`` through the first; returns once
+    every one serves it (each as ``start_etcd_lighthouse`` returns it)."""
+    lighthouses = [start_etcd_lighthouse(children, f"{name}-{i}", store) for i in range(count)]
+    version = int(AdminClient(lighthouses[0][2]).put(CONFIG)["version"])
+    for _, addr, _ in lighthouses:
+        with LighthouseClient(addr) as client:
+            wait_for(lambda c=client: c.fetch(timeout=5).version >= version, 30, what=f"{addr} to catch up")
+    return lighthouses
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from benchmarks.procs import Child, Children, cpu_seconds
+from benchmarks.procs import Child, Children, CpuMeter
 from benchmarks.report import summarize
 from benchmarks.stack import lighthouse_calls, patch_config, start_lighthouse, start_manager
 from worker_client import ManagerClient
@@ -209,18 +210,7 @@ def propagation(
                 for s in json.loads(agent.readline(duration + 60))["seen"]
                 if s is not None
             ]
-            delays = []
-            missed = 0
-            for version, acked in acks:
-                firsts = []
-                for worker in seen:
-                    times = [t for v, t in worker.items() if int(v) >= version]
-                    if times:
-                        firsts.append(min(times))
-                if len(firsts) < len(seen):
-                    missed += 1
-                    continue
-                delays.append(max(0.0, max(firsts) - acked) * 1e6)
+            delays, missed = last_worker_delays(seen, acks)
             results.append(
                 {
                     "ttl_s": ttl,
@@ -237,6 +227,26 @@ def propagation(
                 children.stop(m)
             children.stop(lh)
     return results
+
+
+def last_worker_delays(
+    seen: list[dict[str, float]], acks: list[tuple[int, float]]
+) -> tuple[list[float], int]:
+    """Per acknowledged edit (version, time), the µs until the last worker of ``seen`` (each: version
+    -> when first seen) had it or a newer version; and how many edits some worker never had."""
+    delays = []
+    missed = 0
+    for version, acked in acks:
+        firsts = []
+        for worker in seen:
+            times = [t for v, t in worker.items() if int(v) >= version]
+            if times:
+                firsts.append(min(times))
+        if len(firsts) < len(seen):
+            missed += 1
+            continue
+        delays.append(max(0.0, max(firsts) - acked) * 1e6)
+    return delays, missed
 
 
 # ----------------------------------------------------------------- outage
@@ -299,7 +309,31 @@ def outage(
 
 
 # ------------------------------------------------------------------ scale
-class SimFleet:
+class AgentGroup:
+    """Load-generating ``benchmarks.agent`` processes, told to quit and stopped on exit."""
+
+    def __init__(self, children: Children) -> None:
+        self.children = children
+        self.agents: list[Child] = []
+
+    @property
+    def pids(self) -> list[int]:
+        return [agent.pid for agent in self.agents]
+
+    def stop(self) -> None:
+        for agent in self.agents:
+            with contextlib.suppress(OSError):
+                agent.send(json.dumps({"op": "quit"}))
+            self.children.stop(agent)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class SimFleet(AgentGroup):
     """``count`` simulated managers (``agent sims``) over ``processes`` processes; stopped on exit.
 
     ``lighthouse`` may list several (``A,B,C``): each sim starts on one picked by its
@@ -316,8 +350,7 @@ class SimFleet:
         ttl: float,
         jobs: list[str] | None = None,
     ) -> None:
-        self.children = children
-        self.sims: list[Child] = []
+        super().__init__(children)
         offset = 0
         try:
             for i in range(processes):
@@ -327,25 +360,94 @@ class SimFleet:
                     "--ttl", str(ttl), "--prefix", f"{name}-{i}", "--jobs", ",".join(jobs or []),
                     "--offset", str(offset),
                 ]  # fmt: skip
-                self.sims.append(children.python(f"{name}-{i}", *args))
+                self.agents.append(children.python(f"{name}-{i}", *args))
                 offset += n
-            for sim in self.sims:
+            for sim in self.agents:
                 sim.readline()
         except BaseException:
             self.stop()
             raise
 
-    def stop(self) -> None:
-        for sim in self.sims:
-            with contextlib.suppress(OSError):
-                sim.send(json.dumps({"op": "quit"}))
-            self.children.stop(sim)
 
-    def __enter__(self) -> SimFleet:
-        return self
+class StreamFleet(AgentGroup):
+    """Simulated pushed managers (``agent streams``): ``processes`` processes, each holding its share
+    of the ``WatchConfig`` streams on one ``grpc.aio`` event loop, ``per_connection`` streams to an
+    HTTP/2 connection (1: each its own, as real managers); stopped on exit."""
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __init__(
+        self, children: Children, name: str, lighthouse: str, processes: int, per_connection: int
+    ) -> None:
+        super().__init__(children)
+        self.count = 0
+        try:
+            for i in range(processes):
+                args = [
+                    "-m", "benchmarks.agent", "streams", "--lighthouse", lighthouse,
+                    "--prefix", f"{name}-{i}", "--per-connection", str(per_connection),
+                ]  # fmt: skip
+                self.agents.append(children.python(f"{name}-{i}", *args))
+            for agent in self.agents:
+                agent.readline()
+        except BaseException:
+            self.stop()
+            raise
+
+    def open(self, count: int) -> dict[str, Any]:
+        """``count`` more streams, spread over the processes; returns once each has its first
+        message (raises when one failed: a figure over fewer streams than claimed is wrong)."""
+        n = len(self.agents)
+        for i, agent in enumerate(self.agents):
+            agent.send(json.dumps({"op": "open", "count": count // n + (i < count % n)}))
+        answers = [json.loads(agent.readline(300)) for agent in self.agents]
+        self.count += count
+        answered = sum(a["answered"] for a in answers)
+        if answered != count:
+            raise RuntimeError(f"{answered} of {count} new streams answered: {answers}")
+        return {
+            "streams": sum(a["open"] for a in answers),
+            "connections": sum(a["connections"] for a in answers),
+            "seconds": max(a["seconds"] for a in answers),
+        }
+
+
+def deliveries(fleets: list[StreamFleet], acks: list[tuple[int, float]]) -> list[dict[str, Any]]:
+    """For each acknowledged edit (version, time): how many streams of ``fleets`` had it, and
+    after how long the first, the median, the p99 and the last stream had it (ms; 1 ms bins but
+    the last, which is exact)."""
+    agents = [agent for fleet in fleets for agent in fleet.agents]
+    for agent in agents:
+        agent.send(json.dumps({"op": "report", "acks": acks}))
+    reports = [json.loads(agent.readline(120)) for agent in agents]
+    out = []
+    for k, (version, _) in enumerate(acks):
+        edits = [r["edits"][k] for r in reports]
+        bins: dict[int, int] = {}
+        for edit in edits:
+            for ms, n in edit["ms"].items():
+                bins[int(ms)] = bins.get(int(ms), 0) + n
+        have = sum(e["have"] for e in edits)
+        last = [e["max_s"] for e in edits if e["max_s"] is not None]
+
+        def quantile(q: float, bins: dict[int, int] = bins, have: int = have) -> float | None:
+            rank, seen = max(1, math.ceil(q * have)), 0
+            for ms in sorted(bins):
+                seen += bins[ms]
+                if seen >= rank:
+                    return ms + 0.5
+            return None
+
+        out.append(
+            {
+                "version": version,
+                "streams": sum(r["streams"] for r in reports),
+                "have": have,
+                "first_ms": quantile(0.0),
+                "p50_ms": quantile(0.5),
+                "p99_ms": quantile(0.99),
+                "last_ms": max(last) * 1e3 if last else None,
+            }
+        )
+    return out
 
 
 def measure_window(
@@ -365,18 +467,17 @@ def measure_window(
     cmd: dict[str, Any] = {"op": "measure", "start": start, "duration": duration}
     if exclude_job is not None:
         cmd["exclude_job"] = exclude_job
-    for sim in fleet.sims:
+    for sim in fleet.agents:
         sim.send(json.dumps(cmd))
     time.sleep(max(0.0, start - time.monotonic()))
-    pids = [lh.pid for lh, _ in lighthouses] + list(other_pids) + [sim.pid for sim in fleet.sims]
-    cpu0 = [cpu_seconds(pid) for pid in pids]
+    pids = [lh.pid for lh, _ in lighthouses] + list(other_pids) + fleet.pids
+    meter = CpuMeter(pids)
     calls0, t0 = sum(lighthouse_calls(url) for _, url in lighthouses), time.monotonic()
     extra = during(t0 + duration) if during is not None else None
     time.sleep(max(0.0, t0 + duration - time.monotonic()))
-    cpu1 = [cpu_seconds(pid) for pid in pids]
+    cpu = meter.percent()
     calls1, t1 = sum(lighthouse_calls(url) for _, url in lighthouses), time.monotonic()
-    answers = [json.loads(sim.readline(duration + 60)) for sim in fleet.sims]
-    cpu = [100 * (b - a) / (t1 - t0) for a, b in zip(cpu0, cpu1, strict=True)]
+    answers = [json.loads(sim.readline(duration + 60)) for sim in fleet.agents]
     result = {
         "ttl_s": ttl,
         "lighthouse_cpu_pct": sum(cpu[: len(lighthouses)]),

@@ -156,6 +156,31 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process, from /proc/<pid>/status (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+class CpuMeter:
+    """CPU use of some processes from now on, as % of one core each (``percent()`` reads it)."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.started = time.monotonic()
+        self._cpu0 = [cpu_seconds(pid) for pid in pids]
+
+    def seconds(self) -> list[float]:
+        """CPU seconds each process used since the meter started."""
+        return [cpu_seconds(pid) - c0 for pid, c0 in zip(self.pids, self._cpu0, strict=True)]
+
+    def percent(self) -> list[float]:
+        elapsed = time.monotonic() - self.started
+        return [100 * used / elapsed for used in self.seconds()]
+
+
 def wait_for(check, timeout: float, interval: float = 0.02, what: str = "condition"):  # type: ignore[no-untyped-def]
     """Poll ``check`` until truthy; raise TimeoutError after ``timeout`` (never a blind sleep)."""
     deadline = time.monotonic() + timeout

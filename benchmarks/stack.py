@@ -86,8 +86,10 @@ def start_manager(
     ttl: float = 1.0,
     lighthouse_timeout: float = 1.0,
     backoff: float = 1.0,
+    push: bool = True,
 ) -> Child:
-    """``manager serve`` (read its address with ``readline()``, so several can start in parallel)."""
+    """``manager serve`` (read its address with ``readline()``, so several can start in parallel);
+    ``push=False`` only polls every TTL (``--poll``)."""
     return children.python(
         name,
         "-m",
@@ -105,6 +107,7 @@ def start_manager(
         str(lighthouse_timeout),
         "--backoff",
         str(backoff),
+        "--push" if push else "--poll",
         "--log-level",
         "warning",
     )

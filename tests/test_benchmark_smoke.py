@@ -63,6 +63,32 @@ def test_etcd_fleet_benchmark_runs(tmp_path: Path) -> None:
     assert "longest gap after a kill" in out.stdout
 
 
+def test_push_benchmark_runs(tmp_path: Path) -> None:
+    out, results = run_quick("push", tmp_path)
+    workers = results["workers"]
+    for kind in ("push", "poll"):  # every edit reached every worker, pushed and polled
+        k = workers[kind]
+        assert k["missed"] == 0 and k["n"] == workers["edits"] > 0
+        assert 0 <= k["p50"] <= k["p90"] <= k["p99"] <= k["max"]
+    polling = results["idle"]["polling"]
+    assert polling["calls_per_s"] > 0 and polling["errors"] == 0 and polling["rss_mib"] > 0
+    pushed = results["idle"]["pushed"]
+    assert [p["streams"] for p in pushed] == [20, 60]
+    for level in pushed:  # one connection per simulated manager unless told otherwise
+        assert level["connections"] == level["streams"] and level["rss_mib"] > 0
+        assert level["lighthouse_cpu_pct"] >= 0 and level["load_cpu_pct"] >= 0
+    for key, streams in (("fanout", 60), ("etcd", 30)):
+        fan = results[key]
+        assert fan["streams"] == streams and fan["missed"] == 0 and len(fan["edits"]) == 2
+        assert fan["lighthouse_cpu_us_per_message"] > 0
+        for edit in fan["edits"]:  # every stream had every edit; the slowest stream bounds the others
+            assert edit["have"] == streams
+            assert edit["first_ms"] <= edit["p50_ms"] <= edit["p99_ms"] <= edit["last_ms"] + 1
+    assert sum(p["streams"] for p in results["etcd"]["per_lighthouse"]) == 30
+    assert len(results["goals"]) == 5 and all(g["met"] in (True, False, None) for g in results["goals"])
+    assert "Goals (issue 17)" in out.stdout
+
+
 def run_quick(name: str, out_dir: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     """``python -m benchmarks.NAME --quick``: it must exit 0; its stdout and JSON results."""
     out = subprocess.run(
