@@ -15,7 +15,7 @@ from lighthouse.leases import LeasePolicy
 from lighthouse.migrate import migrate_command
 from lighthouse.values import ConfigError
 from protos.cli_options import server_tls_options
-from protos.daemon import Termination, announce, configure_logging, tune_gc_for_many_streams
+from protos.daemon import Termination, announce, configure_logging, tune_for_many_streams
 from protos.rpc import DEFAULT_DASHBOARD_PORT, DEFAULT_LIGHTHOUSE_PORT
 from protos.tls import ServerTLS
 
@@ -171,7 +171,7 @@ def serve(
 ) -> None:
     """Serve the config. Prints the gRPC address (line 1) and dashboard URL (line 2)."""
     configure_logging(log_level)
-    tune_gc_for_many_streams()
+    tune_for_many_streams()
     termination = Termination()
     from lighthouse.backend import StoreUnavailable
     from lighthouse.etcd_backend import open_etcd_store

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections import defaultdict
 from functools import partial
 from typing import TypeVar
@@ -133,7 +134,9 @@ class LighthouseService:
                 if stream.closed:
                     return
                 try:
-                    async with asyncio.timeout(self.keepalive):
+                    # Jittered: after a fan-out every stream's timer restarts at once, and would
+                    # keep firing together (thousands of keep-alives in one burst).
+                    async with asyncio.timeout(self.keepalive * random.uniform(0.8, 1.0)):
                         await stream.wake.wait()
                 except TimeoutError:
                     stream.keepalive_due = True

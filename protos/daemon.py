@@ -6,8 +6,10 @@ torchrun, systemd, Kubernetes or a test harness.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import resource
 import signal
 import sys
 import threading
@@ -23,9 +25,18 @@ import click
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
-def tune_gc_for_many_streams() -> None:
-    """For a server process holding thousands of streams (see GC_THRESHOLDS); not for libraries."""
+def tune_for_many_streams() -> None:
+    """For a server process holding thousands of streams; not for libraries.
+
+    The young GC generation is enlarged (see GC_THRESHOLDS), and the soft limit of open files
+    raised to the hard one: each manager holds a connection (a socket), and the usual soft
+    limit of 1,024 would refuse managers past about a thousand.
+    """
     gc.set_threshold(*GC_THRESHOLDS)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def configure_logging(level: str) -> None:
