@@ -3,7 +3,8 @@
 The lighthouse's load stays proportional to the number of groups: workers'
 calls are answered from the cache (see ``upstream``), pinned per step (see
 ``pinning``), and a background loop refreshes the cache just before it expires,
-carrying the manager's heartbeat on the same call.
+carrying the manager's heartbeat on the same call. The ranks' reported metrics
+ride on that status too (see ``metrics``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 import grpc
 
 from lighthouse.client import LighthouseClient
+from manager.metrics import GroupMetrics
 from manager.pinning import StepPins
 from manager.snapshot import Snapshot
 from manager.upstream import FetchFailed, UpstreamCache
@@ -27,6 +29,7 @@ from protos.tls import ServerCertificates, ServerTLS, TLSConfig, explain_rpc_err
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL = 1.0
+FINAL_REPORTS = 4  # heartbeats at shutdown, at most, to hand over the metrics still held
 
 
 class ManagerServer:
@@ -62,6 +65,7 @@ class ManagerServer:
         self._request_count = itertools.count(1)
         self._hit_count = itertools.count(1)
         self._pins = StepPins(step_window)
+        self._metrics = GroupMetrics()
         credentials = ServerCertificates(tls).grpc_credentials() if tls is not None else None
         # Several lighthouses ("A,B,C"): start at one picked by the replica id, so groups spread.
         self._lighthouse = LighthouseClient(
@@ -111,6 +115,8 @@ class ManagerServer:
     # --------------------------------------------------------- worker calls
     def _get_config(self, request: pb.ManagerConfigRequest, context: grpc.ServicerContext) -> bytes:
         self.requests = next(self._request_count)  # atomic: no increment lost across threads
+        if request.metrics or request.metrics_dropped:  # the rank's reports ride on its calls
+            self._metrics.add(request.metrics, request.metrics_dropped)
         if not request.HasField("step"):
             answer = self._cache.get()
             snapshot = answer.snapshot
@@ -136,8 +142,11 @@ class ManagerServer:
         return pinned if pinned is not None else snapshot.reply(segment, False)
 
     # ------------------------------------------------------------ upstream
-    def _status(self) -> pb.ManagerStatus:
+    def _status(self, final: bool = False) -> pb.ManagerStatus:
+        """What the lighthouse learns of this group with each call: also the ranks' metrics, so
+        whatever carries the status (a fetch, a heartbeat) carries them. ``final``: the last one."""
         switches = self._pins.take_switches()
+        metrics, batch = self._metrics.take(everything=final)
         return pb.ManagerStatus(
             replica_id=self.replica_id,
             address=self._address,
@@ -147,6 +156,9 @@ class ManagerServer:
             step=self._pins.max_step,
             switches=[pb.StepSwitch(version=v, step=s, previous_step=p) for v, s, p in switches],
             job=self.job,
+            metrics=metrics,
+            metrics_batch=batch,
+            metrics_dropped=self._metrics.dropped,
         )
 
     def serving_version(self) -> int:
@@ -167,8 +179,7 @@ class ManagerServer:
             )
         except grpc.RpcError as exc:
             raise FetchFailed(explain_rpc_error(exc, self._lighthouse.tls is not None)) from None
-        self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
-        self._last_contact = time.monotonic()
+        self._acked(status)
         self._lighthouse_step = reply.current_step
         if reply.instance_id != self._instance_id:
             if self._instance_id:
@@ -212,14 +223,20 @@ class ManagerServer:
             else:
                 self._stopped.wait(refresh_in if cache.failing else min(refresh_in, heartbeat_in))
 
-    def _heartbeat(self, timeout: float | None = None) -> None:
-        status = self._status()
+    def _heartbeat(self, timeout: float | None = None, final: bool = False) -> bool:
+        status = self._status(final)
         try:
             self._lighthouse.heartbeat(status, timeout=timeout or self.lighthouse_timeout)
         except grpc.RpcError:
             self._last_contact = time.monotonic()  # retried in a heartbeat interval; the fetch logs outages
-            return
+            return False
+        self._acked(status)
+        return True
+
+    def _acked(self, status: pb.ManagerStatus) -> None:
+        """The lighthouse received ``status``: its switches and metrics need not be sent again."""
         self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
+        self._metrics.ack(status.metrics_batch)
         self._last_contact = time.monotonic()
 
     def stats(self) -> dict[str, int]:
@@ -242,7 +259,10 @@ class ManagerServer:
             self._server = None
         self._loop.join(timeout=self.lighthouse_timeout + 1)
         if first and not self._cache.failing:
-            self._heartbeat(timeout=min(self.lighthouse_timeout, 0.5))
+            for _ in range(FINAL_REPORTS):  # the last steps' metrics too (a batch is bounded)
+                sent = self._heartbeat(timeout=min(self.lighthouse_timeout, 0.5), final=True)
+                if not sent or not self._metrics.pending:
+                    break
         self._lighthouse.close()
 
     def __enter__(self) -> ManagerServer:
