@@ -11,6 +11,7 @@ import grpc
 
 from lighthouse.backend import StoreBackend
 from lighthouse.config_file import ConfigDirWatcher, FileContent, FileWatcher, read_schema_file
+from lighthouse.guards import GuardWatch
 from lighthouse.jobs import JobRegistry, TooManyJobs
 from lighthouse.peer_managers import PeerManagers
 from lighthouse.sqlite_backend import SqliteBackend
@@ -64,6 +65,7 @@ class LighthouseServer:
         self._http = None
         self._server: grpc.Server | None = None
         self._peers: PeerManagers | None = None
+        self._guards: GuardWatch | None = None
         self.jobs = JobRegistry(
             backend if backend is not None else SqliteBackend(store_path),
             history_limit=history_limit,
@@ -123,6 +125,8 @@ class LighthouseServer:
                 )
             for watcher in self._watchers:
                 watcher.start()
+            self._guards = GuardWatch(self.jobs.states)
+            self._guards.start()
         except BaseException:
             self.shutdown()
             raise
@@ -198,6 +202,9 @@ class LighthouseServer:
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None
+        if self._guards is not None:
+            self._guards.stop()
+            self._guards = None
         if self._peers is not None:
             self._peers.stop()
             self._peers = None

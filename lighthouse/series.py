@@ -1,0 +1,511 @@
+"""Each job's training metrics as the lighthouse keeps them: per metric and step, across replica
+groups, in memory bounded whatever the run length.
+
+Per metric:
+
+* **Recent steps, exact, per group** (``Trail``): each group's summaries of the
+  newest ``RECENT_STEPS`` to ``2 * RECENT_STEPS`` steps, as columnar arrays sorted
+  by step (36 bytes a step). Taking a manager's batch is an array extend when its
+  steps follow the group's last one (the usual case); anything else (a late value
+  for a step already taken, steps out of order) is merged step by step.
+* **Older steps, coarser, across groups** (``Coarse``): once the newest step is
+  ``2 * RECENT_STEPS`` past the oldest recent one, the older half of every trail is
+  folded into at most ``COARSE_BUCKETS`` buckets of equal width (a power of two,
+  doubled by merging neighbours whenever the run outgrows them), each summing every
+  group's values of its steps.
+* **The job's per-step view** (``exact``): the recent steps merged across groups
+  when read, and kept until data arrives for a step it covers. Taking a batch does
+  no per-step Python work in the usual case; a read does it once.
+
+A summary is (count, non-finite count, sum, min, max) and merges exactly, so a
+value that arrives late, in two parts, or through another lighthouse lands where
+it belongs. The mean is over the finite values.
+
+Bound per job: ``MAX_METRICS`` metrics; ``MAX_TRAILS`` per-group trails (groups
+beyond share one trail per metric, so their values still count but lose their
+per-group detail); each trail at most ``2 * RECENT_STEPS`` steps. That is at most
+about 1,056 x 18 KiB + 32 x 55 KiB = 21 MiB for a job, whatever its length; a job
+of 100 groups x 4 metrics holds at most 400 x 18 KiB + 4 x 55 KiB = 7.3 MiB
+(``benchmarks/series_memory.py`` measures it).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import threading
+from array import array
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from protos import lighthouse_config_pb2 as pb
+from protos.metrics import COUNTS, MAX_METRICS, STEPS, VALUES, is_metric_name, unpack
+
+RECENT_STEPS = 256
+COARSE_BUCKETS = 1024
+MAX_TRAILS = 1024
+OVERFLOW = "*"  # the trail of the groups beyond MAX_TRAILS
+MAX_OUTBOX = 4096  # batches waiting to be shared with other lighthouses (oldest dropped beyond)
+
+INF = math.inf
+
+# One step of one column set: (step, count, nonfinite, total, low, high).
+Row = tuple[int, int, int, float, float, float]
+# A point of a series: (from step, to step, count, nonfinite, total, low, high); from == to when exact.
+Point = tuple[int, int, int, int, float, float, float]
+
+
+class Columns:
+    """Summaries by step, columnar: entry i of every array belongs to ``steps[i]``."""
+
+    __slots__ = ("count", "high", "low", "nonfinite", "steps", "total")
+
+    TYPECODES = (STEPS, COUNTS, COUNTS, VALUES, VALUES, VALUES)
+
+    def __init__(self, arrays: Sequence[array[Any]] | None = None) -> None:
+        steps, count, nonfinite, total, low, high = arrays or [array(code) for code in self.TYPECODES]
+        self.steps = steps
+        self.count = count
+        self.nonfinite = nonfinite
+        self.total = total
+        self.low = low
+        self.high = high
+
+    def arrays(self) -> tuple[array[Any], ...]:
+        return (self.steps, self.count, self.nonfinite, self.total, self.low, self.high)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def append(self, step: int, summary: Sequence[float]) -> None:
+        self.steps.append(step)
+        self.count.append(int(summary[0]))
+        self.nonfinite.append(int(summary[1]))
+        self.total.append(summary[2])
+        self.low.append(summary[3])
+        self.high.append(summary[4])
+
+    def rows(self, start: int = 0, stop: int | None = None) -> Iterable[Row]:
+        """(step, count, nonfinite, total, low, high) of entries ``start:stop``."""
+        return zip(*(islice(a, start, stop) for a in self.arrays()), strict=True)
+
+    def cut(self, index: int) -> Columns:
+        """Remove the entries before ``index`` and return them."""
+        head = Columns()
+        for mine, theirs in zip(self.arrays(), head.arrays(), strict=True):
+            theirs.extend(mine[:index])
+            del mine[:index]
+        return head
+
+    def index(self, step: int) -> int:
+        """Position of the first entry at or after ``step`` (steps are sorted)."""
+        return bisect_left(self.steps, step)
+
+
+def merged_rows(rows: Iterable[Row]) -> dict[int, list[float]]:
+    """Per step, the merged summary [count, nonfinite, total, low, high] of ``rows``."""
+    out: dict[int, list[float]] = {}
+    for step, count, nonfinite, total, low, high in rows:
+        known = out.get(step)
+        if known is None:
+            out[step] = [count, nonfinite, total, low, high]
+        else:
+            known[0] += count
+            known[1] += nonfinite
+            known[2] += total
+            if low < known[3]:
+                known[3] = low
+            if high > known[4]:
+                known[4] = high
+    return out
+
+
+def _columns_of(merged: dict[int, list[float]]) -> Columns:
+    cols = Columns()
+    for step in sorted(merged):
+        cols.append(step, merged[step])
+    return cols
+
+
+class Trail(Columns):
+    """One group's recent summaries of one metric: sorted by step, one entry a step."""
+
+    __slots__ = ()
+
+    def take(self, batch: Columns) -> None:
+        """Add ``batch`` (sorted, distinct steps): appended when it follows, else merged.
+
+        A manager sends sorted steps; the lighthouse does not check every batch for it (a
+        batch costs a memory copy), so a trail grown past its bound by batches that were not
+        is sorted again here: the bound holds whatever a client sends.
+        """
+        if not len(batch):
+            return
+        if len(self) and batch.steps[0] <= self.steps[-1]:
+            self._merge(batch)
+            return
+        for mine, theirs in zip(self.arrays(), batch.arrays(), strict=True):
+            mine.extend(theirs)
+        if len(self) > 2 * RECENT_STEPS + len(batch):
+            self._merge(Columns())
+
+    def _merge(self, batch: Columns) -> None:
+        fresh = _columns_of(merged_rows([*self.rows(), *batch.rows()]))
+        for mine, theirs in zip(self.arrays(), fresh.arrays(), strict=True):
+            del mine[:]
+            mine.extend(theirs)
+
+
+class Coarse:
+    """Older steps across every group: at most COARSE_BUCKETS buckets of ``width`` steps each
+    (bucket k holds steps k*width to (k+1)*width - 1); the width doubles as the run grows."""
+
+    __slots__ = ("count", "high", "low", "nonfinite", "total", "width")
+
+    def __init__(self) -> None:
+        self.width = 1
+        self.count = array("q", bytes(8 * COARSE_BUCKETS))
+        self.nonfinite = array("q", bytes(8 * COARSE_BUCKETS))
+        self.total = array("d", bytes(8 * COARSE_BUCKETS))
+        self.low = array("d", [INF]) * COARSE_BUCKETS
+        self.high = array("d", [-INF]) * COARSE_BUCKETS
+
+    def _widen(self) -> None:
+        """Double the width: bucket k takes the old buckets 2k and 2k+1."""
+        half = COARSE_BUCKETS // 2
+        for column, fold, empty in (
+            (self.count, operator.add, 0),
+            (self.nonfinite, operator.add, 0),
+            (self.total, operator.add, 0.0),
+            (self.low, min, INF),
+            (self.high, max, -INF),
+        ):
+            pairs = array(column.typecode, map(fold, column[0::2], column[1::2]))
+            column[:] = pairs + array(column.typecode, [empty]) * half
+        self.width *= 2
+
+    def add(self, cols: Columns) -> None:
+        """Fold ``cols`` (sorted by step) in, one bucket's run of entries at a time."""
+        n = len(cols)
+        if not n:
+            return
+        while max(cols.steps) >= COARSE_BUCKETS * self.width:
+            self._widen()
+        width = self.width
+        i = 0
+        while i < n:
+            bucket = max(0, cols.steps[i] // width)
+            j = bisect_left(cols.steps, (bucket + 1) * width, i + 1, n)  # > i: ends on any input
+            self.count[bucket] += sum(cols.count[i:j])
+            self.nonfinite[bucket] += sum(cols.nonfinite[i:j])
+            self.total[bucket] += sum(cols.total[i:j])
+            self.low[bucket] = min(self.low[bucket], min(cols.low[i:j]))
+            self.high[bucket] = max(self.high[bucket], max(cols.high[i:j]))
+            i = j
+
+    def buckets(self, first: int, last: int, below: int) -> list[Point]:
+        """Non-empty buckets holding steps in [first, last]: (from, to, count, nonfinite, total,
+        low, high); ``to`` stops before ``below`` (steps from there on are not folded in yet)."""
+        width = self.width
+        out = []
+        for k in range(max(0, first // width), min(COARSE_BUCKETS - 1, last // width) + 1):
+            if self.count[k]:
+                start, end = k * width, min((k + 1) * width, below) - 1
+                out.append(
+                    (start, end, self.count[k], self.nonfinite[k], self.total[k], self.low[k], self.high[k])
+                )
+        return out
+
+
+class MetricSeries:
+    """One metric of one job (not thread-safe: ``JobSeries`` holds the lock)."""
+
+    def __init__(self) -> None:
+        self.trails: dict[str, Trail] = {}
+        self.coarse = Coarse()
+        self.horizon = 0  # steps before it are in ``coarse`` only
+        self.newest = -1
+        self._exact = Columns()  # the trails merged (steps >= horizon), up to date below _dirty_from
+        self._dirty_from: int | None = None
+
+    def take(self, key: str, batch: Columns) -> None:
+        """Add one group's summaries (sorted, distinct steps) under trail ``key``."""
+        late = batch.index(self.horizon)
+        if late:  # steps already folded: they join their buckets
+            self.coarse.add(batch.cut(late))
+        if not len(batch):
+            return
+        trail = self.trails.get(key)
+        if trail is None:
+            trail = self.trails[key] = Trail()
+        trail.take(batch)
+        first, last = batch.steps[0], batch.steps[-1]
+        self._dirty_from = first if self._dirty_from is None else min(self._dirty_from, first)
+        if last > self.newest:
+            self.newest = last
+            if last - self.horizon >= 2 * RECENT_STEPS:
+                self._fold(last - RECENT_STEPS + 1)
+
+    def _fold(self, horizon: int) -> None:
+        """Move every step before ``horizon`` from the trails into the coarse buckets."""
+        for key, trail in list(self.trails.items()):
+            self.coarse.add(trail.cut(trail.index(horizon)))
+            if not len(trail):
+                del self.trails[key]  # a group gone quiet frees its place
+        self._exact.cut(self._exact.index(horizon))
+        self.horizon = horizon
+
+    def exact(self) -> Columns:
+        """The recent steps merged across groups (recomputed from the lowest step that changed)."""
+        dirty = self._dirty_from
+        if dirty is not None:
+            keep = self._exact.index(dirty)
+            for column in self._exact.arrays():
+                del column[keep:]
+            tails = (row for trail in self.trails.values() for row in trail.rows(trail.index(dirty)))
+            merged = merged_rows(tails)
+            for step in sorted(merged):
+                self._exact.append(step, merged[step])
+            self._dirty_from = None
+        return self._exact
+
+    def points(self, first: int, last: int) -> list[Point]:
+        """Steps ``first`` to ``last``: older ones as coarse buckets, recent ones exact."""
+        out: list[Point] = []
+        if first < self.horizon:
+            out.extend(self.coarse.buckets(first, min(last, self.horizon - 1), self.horizon))
+        exact = self.exact()
+        start, stop = exact.index(max(first, self.horizon)), exact.index(last + 1)
+        out.extend((s, s, c, nf, t, lo, hi) for s, c, nf, t, lo, hi in exact.rows(start, stop))
+        return out
+
+    def group_points(self, first: int, last: int) -> dict[str, list[Point]]:
+        """Each group's exact steps ``first`` to ``last`` (the recent ones only)."""
+        return {
+            key: [
+                (s, s, c, nf, t, lo, hi)
+                for s, c, nf, t, lo, hi in trail.rows(trail.index(first), trail.index(last + 1))
+            ]
+            for key, trail in sorted(self.trails.items())
+        }
+
+    def entries(self) -> dict[str, int]:
+        return {
+            "trails": len(self.trails),
+            "trail_steps": sum(len(t) for t in self.trails.values()),
+            "exact_steps": len(self._exact),
+            "coarse_buckets": sum(1 for c in self.coarse.count if c),
+            "bucket_steps": self.coarse.width,
+            "recent_from": self.horizon,
+        }
+
+
+def batch_of(summaries: pb.MetricSummaries) -> Columns | None:
+    """A manager's summaries as columns (a memory copy); None when malformed (columns of unequal
+    length, a negative first step)."""
+    wire = (
+        summaries.steps,
+        summaries.count,
+        summaries.nonfinite,
+        summaries.sum,
+        summaries.min,
+        summaries.max,
+    )
+    unpacked = [unpack(code, data) for code, data in zip(Columns.TYPECODES, wire, strict=True)]
+    arrays = [column for column in unpacked if column is not None]
+    if len(arrays) != len(unpacked) or len({len(column) for column in arrays}) != 1:
+        return None
+    cols = Columns(arrays)
+    if len(cols) and cols.steps[0] < 0:
+        return None
+    return cols
+
+
+def point_json(point: Point) -> dict[str, Any]:
+    """A point as the API gives it: mean, min and max of the finite values (null when none)."""
+    start, end, count, nonfinite, total, low, high = point
+    finite = count - nonfinite
+    row: dict[str, Any] = {
+        "step": start,
+        "mean": _number(total / finite) if finite > 0 else None,
+        "min": _number(low) if finite > 0 else None,
+        "max": _number(high) if finite > 0 else None,
+        "count": count,
+        "nonfinite": nonfinite,
+    }
+    if end != start:
+        row["to_step"] = end  # a coarse bucket: steps `step` to `to_step`
+    return row
+
+
+def _number(value: float) -> float | None:
+    """JSON has no NaN or infinity (only a malformed batch or an overflowing sum makes one)."""
+    return value if math.isfinite(value) else None
+
+
+def thin(points: list[Point], max_points: int) -> list[Point]:
+    """At most ``max_points`` points: neighbours merged into buckets of equal step width."""
+    if len(points) <= max_points:
+        return points
+    first, last = points[0][0], points[-1][1]
+    width = -(-(last - first + 1) // max_points)
+    out: list[Point] = []
+    for start, end, count, nonfinite, total, low, high in points:
+        bucket = first + (start - first) // width * width
+        if out and out[-1][0] == bucket:
+            _, _, c, nf, t, lo, hi = out[-1]
+            out[-1] = (bucket, end, c + count, nf + nonfinite, t + total, min(lo, low), max(hi, high))
+        else:
+            out.append((bucket, end, count, nonfinite, total, low, high))
+    return out
+
+
+@dataclass(frozen=True)
+class LastValue:
+    step: int
+    mean: float | None
+    nonfinite: int
+
+
+class JobSeries:
+    """Every metric of one job; thread-safe (managers' calls write, pages and guards read)."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self._lock = threading.Lock()
+        self._metrics: dict[str, MetricSeries] = {}
+        self._batches: dict[str, int] = {}  # replica -> id of the last batch taken from its manager
+        self._dropped: dict[str, int] = {}  # replica -> values its manager says the group dropped
+        self.refused = 0  # values refused here: malformed summaries, names past MAX_METRICS
+        self._outbox: deque[tuple[str, list[pb.MetricSummaries]]] | None = None
+
+    def take_status(self, replica: str, status: pb.ManagerStatus) -> None:
+        """The metrics riding on a manager's status; a batch id taken before is skipped."""
+        if status.metrics_dropped:
+            self._dropped[replica] = status.metrics_dropped
+        if not status.metrics:
+            return
+        batches = [(s.name, batch_of(s), len(s.steps) // 8) for s in status.metrics]
+        with self._lock:
+            if status.metrics_batch <= self._batches.get(replica, 0):
+                return  # sent again: the call that carried it succeeded after all
+            self._batches[replica] = status.metrics_batch
+            self._take(replica, batches)
+        outbox = self._outbox
+        if outbox is not None:
+            outbox.append((replica, list(status.metrics)))
+
+    def take(self, replica: str, summaries: Iterable[pb.MetricSummaries]) -> None:
+        """Add one group's summaries (shared by the lighthouse its manager talks to)."""
+        batches = [(s.name, batch_of(s), len(s.steps) // 8) for s in summaries]
+        with self._lock:
+            self._take(replica, batches)
+
+    def _take(self, replica: str, batches: list[tuple[str, Columns | None, int]]) -> None:
+        for name, batch, size in batches:
+            series = self._metrics.get(name)
+            if series is None and batch is not None:
+                if len(self._metrics) >= MAX_METRICS or not is_metric_name(name):
+                    batch = None
+                else:
+                    series = self._metrics[name] = MetricSeries()
+            if series is None or batch is None:
+                self.refused += size
+                continue
+            trails = sum(len(m.trails) for m in self._metrics.values())
+            key = replica if replica in series.trails or trails < MAX_TRAILS else OVERFLOW
+            series.take(key, batch)
+
+    # ------------------------------------------------------------ sharing
+    def share(self) -> None:
+        """Keep what managers send for ``take_outbox`` (another lighthouse shares this job)."""
+        if self._outbox is None:
+            self._outbox = deque(maxlen=MAX_OUTBOX)
+
+    def take_outbox(self) -> list[tuple[str, list[pb.MetricSummaries]]]:
+        """What managers sent since the previous call, oldest first."""
+        outbox = self._outbox
+        out = []
+        while outbox:
+            out.append(outbox.popleft())
+        return out
+
+    # ------------------------------------------------------------ reads
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._metrics)
+
+    def query(
+        self,
+        names: Sequence[str] | None = None,
+        first: int = 0,
+        last: int = 2**62,
+        max_points: int | None = None,
+        groups: bool = False,
+    ) -> dict[str, Any]:
+        """GET /api/jobs/{job}/metrics: per metric its points from ``first`` to ``last``."""
+        out: dict[str, Any] = {"job": self.job, "metrics": {}}
+        per_group: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        resolution: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for name in sorted(self._metrics):
+                if names is not None and name not in names:
+                    continue
+                series = self._metrics[name]
+                points = series.points(first, last)
+                if max_points is not None:
+                    points = thin(points, max_points)
+                out["metrics"][name] = [point_json(p) for p in points]
+                resolution[name] = {"recent_from": series.horizon, "bucket_steps": series.coarse.width}
+                if groups:
+                    per_group[name] = {
+                        replica: [point_json(p) for p in rows]
+                        for replica, rows in series.group_points(first, last).items()
+                    }
+            dropped = sum(self._dropped.values()) + self.refused
+        out["resolution"] = resolution
+        out["dropped"] = dropped
+        if groups:
+            out["groups"] = per_group
+        return out
+
+    def window(self, name: str, first: int, last: int) -> list[Point]:
+        """The points of ``name`` from ``first`` to ``last`` (empty when never reported)."""
+        with self._lock:
+            series = self._metrics.get(name)
+            return series.points(first, last) if series is not None else []
+
+    def newest(self, name: str) -> int:
+        """The newest step ``name`` was reported for (-1: never)."""
+        with self._lock:
+            series = self._metrics.get(name)
+            return series.newest if series is not None else -1
+
+    def nonfinite_groups(self, name: str, first: int, last: int) -> list[tuple[str, int]]:
+        """(group, step) of every non-finite value of ``name`` in the recent steps ``first``..``last``."""
+        with self._lock:
+            series = self._metrics.get(name)
+            rows = series.group_points(first, last) if series is not None else {}
+        return [(replica, p[0]) for replica, points in rows.items() for p in points if p[3]]
+
+    def last_values(self) -> dict[str, LastValue]:
+        """Per metric, the newest step's summary across groups (as far as reported)."""
+        out = {}
+        with self._lock:
+            for name, series in self._metrics.items():
+                exact = series.exact()
+                if len(exact):
+                    count, nonfinite, total = exact.count[-1], exact.nonfinite[-1], exact.total[-1]
+                    finite = count - nonfinite
+                    mean = total / finite if finite > 0 else None
+                    out[name] = LastValue(exact.steps[-1], mean, nonfinite)
+        return out
+
+    def entries(self) -> dict[str, dict[str, int]]:
+        """What the job holds per metric (tests and benchmarks check the bound with it)."""
+        with self._lock:
+            return {name: series.entries() for name, series in sorted(self._metrics.items())}
