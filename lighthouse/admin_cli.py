@@ -16,6 +16,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from lighthouse.admin_client import DEFAULT_URL, AdminClient, AdminError
+from lighthouse.guard_options import describe_guard, guard_options
 from lighthouse.values import ConfigError, decode_cli_value, parse_config, parse_json
 from protos.cli_options import client_tls_options, job_option
 from protos.jobs import InvalidJobId
@@ -77,10 +78,15 @@ def print_change(answer: dict[str, Any]) -> None:
     """``version N`` for a change; for a dry run, the version it would make and its diff, key by key."""
     step = answer.get("effective_step")
     when = f" (takes effect at step {step})" if step is not None else ""
+    guard = [describe_guard(answer["guard"])] if answer.get("guard") else []
     if not answer.get("dry_run"):
         click.echo(f"version {answer['version']}{when}")
+        for line in guard:
+            click.echo(line)
         return
     click.echo(f"dry run, nothing stored: would make version {answer['version']}{when}")
+    for line in guard:
+        click.echo(line)
     changes: dict[str, dict[str, Any]] = answer.get("changes") or {}
     if not changes:
         click.echo("  no key changes")
@@ -135,6 +141,7 @@ def show(client: AdminClient) -> None:
 @comment_option
 @click.option("--if-match", type=int, default=None, help="Refuse the change unless VERSION is still live.")
 @dry_run_option
+@guard_options
 @connection_options
 def set_(
     client: AdminClient,
@@ -143,6 +150,7 @@ def set_(
     comment: str | None,
     if_match: int | None,
     dry_run: bool,
+    guard: dict[str, Any],
 ) -> None:
     """Change keys, keeping the others.
 
@@ -156,6 +164,7 @@ def set_(
         effective_step=at_step,
         comment=comment,
         dry_run=dry_run,
+        **guard,
     )
     print_change(answer)
 
@@ -166,6 +175,7 @@ def set_(
 @comment_option
 @click.option("--if-match", type=int, default=None, help="Refuse the change unless VERSION is still live.")
 @dry_run_option
+@guard_options
 @connection_options
 def load(
     client: AdminClient,
@@ -174,6 +184,7 @@ def load(
     comment: str | None,
     if_match: int | None,
     dry_run: bool,
+    guard: dict[str, Any],
 ) -> None:
     """Replace the whole config with FILE's JSON object."""
     try:
@@ -183,7 +194,7 @@ def load(
     except OSError as exc:
         fail(f"{file}: {exc.strerror or exc}")
     answer = client.put(
-        new, if_match=if_match, effective_step=at_step, comment=comment or str(file), dry_run=dry_run
+        new, if_match=if_match, effective_step=at_step, comment=comment or str(file), dry_run=dry_run, **guard
     )
     print_change(answer)
 

@@ -99,9 +99,9 @@ def evaluate(guard: dict[str, Any], series: JobSeries) -> Verdict:
     """Judge ``guard`` on what ``series`` holds now (pure: no store, no clock)."""
     metric, effective = guard["metric"], guard["effective_step"]
     steps, window, factor = guard["steps"], guard["window"], guard["factor"]
-    newest = series.newest(metric)
+    newest = series.settled(metric)
     if newest < effective:
-        return Verdict()  # the change has not taken effect in any reporting group yet
+        return Verdict()  # some reporting group has not reached the change's step yet
     baseline = None
     if guard.get("baseline") is None:
         first = max(0, effective - steps)
@@ -118,8 +118,8 @@ def evaluate(guard: dict[str, Any], series: JobSeries) -> Verdict:
         groups = sorted({g for g, _ in series.nonfinite_groups(metric, bad[0], bad[1])})
         where = f" in group {', '.join(groups)}" if groups else ""
         return Verdict(f"{metric} was not finite (NaN or inf){where} at step {bad[0]}", baseline=baseline)
-    if base is not None and base > 0:
-        means = [(p[1], m) for p in points if (m := _mean([p])) is not None]
+    if base is not None and base > 0:  # judged on steps every group has reported
+        means = [(p[1], m) for p in points if p[1] <= newest and (m := _mean([p])) is not None]
         complete = newest >= last
         for i in range(len(means)):
             if i + 1 < window and not (complete and i == len(means) - 1):

@@ -259,6 +259,11 @@ class MetricSeries:
         self._exact.cut(self._exact.index(horizon))
         self.horizon = horizon
 
+    def settled(self) -> int:
+        """The newest step every group with recent steps has reported (-1: none): newer steps may
+        still miss a group's values. A group gone quiet drops out once its steps are folded."""
+        return min((trail.steps[-1] for trail in self.trails.values() if len(trail)), default=-1)
+
     def exact(self) -> Columns:
         """The recent steps merged across groups (recomputed from the lowest step that changed)."""
         dirty = self._dirty_from
@@ -279,17 +284,20 @@ class MetricSeries:
         if first < self.horizon:
             out.extend(self.coarse.buckets(first, min(last, self.horizon - 1), self.horizon))
         exact = self.exact()
-        start, stop = exact.index(max(first, self.horizon)), exact.index(last + 1)
-        out.extend((s, s, c, nf, t, lo, hi) for s, c, nf, t, lo, hi in exact.rows(start, stop))
+        out.extend(_points(exact, exact.index(max(first, self.horizon)), exact.index(last + 1)))
         return out
+
+    def last_point(self) -> Point | None:
+        """The newest settled step across groups (see ``settled``)."""
+        step = self.settled()
+        exact = self.exact()
+        at = exact.index(step)
+        return next(iter(_points(exact, at, at + 1)), None) if step >= 0 else None
 
     def group_points(self, first: int, last: int) -> dict[str, list[Point]]:
         """Each group's exact steps ``first`` to ``last`` (the recent ones only)."""
         return {
-            key: [
-                (s, s, c, nf, t, lo, hi)
-                for s, c, nf, t, lo, hi in trail.rows(trail.index(first), trail.index(last + 1))
-            ]
+            key: list(_points(trail, trail.index(first), trail.index(last + 1)))
             for key, trail in sorted(self.trails.items())
         }
 
@@ -302,6 +310,11 @@ class MetricSeries:
             "bucket_steps": self.coarse.width,
             "recent_from": self.horizon,
         }
+
+
+def _points(cols: Columns, start: int, stop: int | None = None) -> Iterable[Point]:
+    """Entries ``start:stop`` of ``cols`` as points of one step each."""
+    return ((s, s, c, nf, t, lo, hi) for s, c, nf, t, lo, hi in cols.rows(start, stop))
 
 
 def batch_of(summaries: pb.MetricSummaries) -> Columns | None:
@@ -451,6 +464,7 @@ class JobSeries:
         out: dict[str, Any] = {"job": self.job, "metrics": {}}
         per_group: dict[str, dict[str, list[dict[str, Any]]]] = {}
         resolution: dict[str, dict[str, int]] = {}
+        newest: dict[str, dict[str, Any]] = {}
         with self._lock:
             for name in sorted(self._metrics):
                 if names is not None and name not in names:
@@ -460,6 +474,9 @@ class JobSeries:
                 if max_points is not None:
                     points = thin(points, max_points)
                 out["metrics"][name] = [point_json(p) for p in points]
+                settled = series.last_point()
+                if settled is not None:  # the newest step, whatever the range asked for
+                    newest[name] = point_json(settled)
                 resolution[name] = {"recent_from": series.horizon, "bucket_steps": series.coarse.width}
                 if groups:
                     per_group[name] = {
@@ -467,6 +484,7 @@ class JobSeries:
                         for replica, rows in series.group_points(first, last).items()
                     }
             dropped = sum(self._dropped.values()) + self.refused
+        out["last"] = newest
         out["resolution"] = resolution
         out["dropped"] = dropped
         if groups:
@@ -479,11 +497,11 @@ class JobSeries:
             series = self._metrics.get(name)
             return series.points(first, last) if series is not None else []
 
-    def newest(self, name: str) -> int:
-        """The newest step ``name`` was reported for (-1: never)."""
+    def settled(self, name: str) -> int:
+        """The newest step of ``name`` every recently reporting group has reported (-1: none)."""
         with self._lock:
             series = self._metrics.get(name)
-            return series.newest if series is not None else -1
+            return series.settled() if series is not None else -1
 
     def nonfinite_groups(self, name: str, first: int, last: int) -> list[tuple[str, int]]:
         """(group, step) of every non-finite value of ``name`` in the recent steps ``first``..``last``."""
@@ -493,16 +511,14 @@ class JobSeries:
         return [(replica, p[0]) for replica, points in rows.items() for p in points if p[3]]
 
     def last_values(self) -> dict[str, LastValue]:
-        """Per metric, the newest step's summary across groups (as far as reported)."""
+        """Per metric, the summary across groups of its newest settled step (see ``settled``)."""
         out = {}
         with self._lock:
             for name, series in self._metrics.items():
-                exact = series.exact()
-                if len(exact):
-                    count, nonfinite, total = exact.count[-1], exact.nonfinite[-1], exact.total[-1]
-                    finite = count - nonfinite
-                    mean = total / finite if finite > 0 else None
-                    out[name] = LastValue(exact.steps[-1], mean, nonfinite)
+                point = series.last_point()
+                if point is not None:
+                    row = point_json(point)
+                    out[name] = LastValue(row["step"], row["mean"], row["nonfinite"])
         return out
 
     def entries(self) -> dict[str, dict[str, int]]:
