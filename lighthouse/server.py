@@ -14,6 +14,7 @@ from lighthouse.config_file import ConfigDirWatcher, FileContent, FileWatcher, r
 from lighthouse.guards import GuardWatch
 from lighthouse.jobs import JobRegistry, TooManyJobs
 from lighthouse.peer_managers import PeerManagers
+from lighthouse.peer_series import PeerSeries
 from lighthouse.sqlite_backend import SqliteBackend
 from lighthouse.state import LighthouseState
 from lighthouse.store import ConfigStore
@@ -65,6 +66,7 @@ class LighthouseServer:
         self._http = None
         self._server: grpc.Server | None = None
         self._peers: PeerManagers | None = None
+        self._peer_series: PeerSeries | None = None
         self._guards: GuardWatch | None = None
         self.jobs = JobRegistry(
             backend if backend is not None else SqliteBackend(store_path),
@@ -138,12 +140,16 @@ class LighthouseServer:
         )
 
     def _start_peers(self) -> None:
-        """On a store shared by several lighthouses (etcd), share the managers table with the others."""
+        """On a store shared by several lighthouses (etcd), share the managers table and the reported
+        metrics with the others."""
         backend = self.jobs.backend
         client, prefix = getattr(backend, "client", None), getattr(backend, "prefix", None)
         if client is not None and prefix is not None:
-            self._peers = PeerManagers(client, prefix, uuid.uuid4().hex, self._address, self.jobs)
+            instance = uuid.uuid4().hex
+            self._peers = PeerManagers(client, prefix, instance, self._address, self.jobs)
             self._peers.start()
+            self._peer_series = PeerSeries(client, prefix, instance, self.jobs)
+            self._peer_series.start()
 
     @property
     def state(self) -> LighthouseState:
@@ -205,6 +211,9 @@ class LighthouseServer:
         if self._guards is not None:
             self._guards.stop()
             self._guards = None
+        if self._peer_series is not None:
+            self._peer_series.stop()
+            self._peer_series = None
         if self._peers is not None:
             self._peers.stop()
             self._peers = None

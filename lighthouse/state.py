@@ -94,6 +94,8 @@ class LighthouseState:
         self.file_error: str | None = None
         self.schema = JobSchema(store, schema_path)  # checks every commit below
         self.series = JobSeries(self.job)  # what the job's ranks report (ManagerClient.report)
+        if store.backend.shared:
+            self.series.share()  # other lighthouses take what this one's managers send (peer_series)
         self.guards = JobGuards(self)  # changes that roll themselves back when a metric regresses
         self.get_config_calls = 0
         self.heartbeat_calls = 0
