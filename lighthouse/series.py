@@ -137,12 +137,8 @@ class Trail(Columns):
     __slots__ = ()
 
     def take(self, batch: Columns) -> None:
-        """Add ``batch`` (sorted, distinct steps): appended when it follows, else merged.
-
-        A manager sends sorted steps; the lighthouse does not check every batch for it (a
-        batch costs a memory copy), so a trail grown past its bound by batches that were not
-        is sorted again here: the bound holds whatever a client sends.
-        """
+        """Add ``batch`` (sorted by step): appended when it follows, else merged. A trail that
+        grew past its bound (a batch repeating steps) is merged again: the bound always holds."""
         if not len(batch):
             return
         if len(self) and batch.steps[0] <= self.steps[-1]:
@@ -318,21 +314,18 @@ def _points(cols: Columns, start: int, stop: int | None = None) -> Iterable[Poin
 
 
 def batch_of(summaries: pb.MetricSummaries) -> Columns | None:
-    """A manager's summaries as columns (a memory copy); None when malformed (columns of unequal
-    length, a negative first step)."""
-    wire = (
-        summaries.steps,
-        summaries.count,
-        summaries.nonfinite,
-        summaries.sum,
-        summaries.min,
-        summaries.max,
-    )
+    """A manager's summaries as columns sorted by step (a memory copy and a check, when they come
+    sorted as managers send them); None when malformed (columns of unequal length, a negative step)."""
+    s = summaries
+    wire = (s.steps, s.count, s.nonfinite, s.sum, s.min, s.max)
     unpacked = [unpack(code, data) for code, data in zip(Columns.TYPECODES, wire, strict=True)]
     arrays = [column for column in unpacked if column is not None]
     if len(arrays) != len(unpacked) or len({len(column) for column in arrays}) != 1:
         return None
     cols = Columns(arrays)
+    steps = cols.steps.tolist()
+    if steps != sorted(steps):  # not as a manager sends them: merged step by step
+        cols = _columns_of(merged_rows(cols.rows()))
     if len(cols) and cols.steps[0] < 0:
         return None
     return cols

@@ -14,7 +14,10 @@ cache TTL or heartbeat) carries them, so reports cost the lighthouse no call.
   duplicate that arrives late is recognized too.
 * Bounded: at most MAX_STEPS steps wait (beyond, the oldest are dropped), at most
   MAX_METRICS names are kept, a batch holds at most MAX_BATCH_ENTRIES (step,
-  metric) summaries (about 40 bytes each); dropped values are counted and the
+  metric) summaries of 36 bytes (about 108 KB: a status rides on a request, and
+  requests are limited to 256 KiB, ``protos.rpc``). So a group forwards at most
+  3,000 summaries per status (750 steps of 4 metrics per TTL); one that steps
+  faster for long loses its oldest steps. Dropped values are counted, and the
   count rides on the status.
 """
 
@@ -31,7 +34,7 @@ from protos import lighthouse_config_pb2 as pb
 from protos.metrics import COUNTS, MAX_METRICS, STEPS, VALUES, is_metric_name, pack
 
 MAX_STEPS = 4096
-MAX_BATCH_ENTRIES = 8192
+MAX_BATCH_ENTRIES = 3000
 
 # Per metric of one step: [count, nonfinite, sum, min, max] over the values (sum/min/max of finite ones).
 Summary = list[Any]

@@ -20,7 +20,7 @@ from protos import lighthouse_config_pb2 as pb
 from protos.metrics import MAX_METRICS, check_metric_name
 
 MAX_PENDING = 4096  # reports held until a call carries them (oldest dropped beyond)
-MAX_PER_CALL = 512  # reports one request carries: bounds the request, the rest go with the next
+MAX_CALL_BYTES = 64 * 1024  # reports one request carries, about (requests are limited to 256 KiB)
 
 
 class ReportBuffer:
@@ -59,18 +59,19 @@ class ReportBuffer:
         return len(self._pending)
 
     def drain_into(self, request: pb.ManagerConfigRequest) -> int:
-        """Move up to MAX_PER_CALL reports (oldest first) into ``request``; returns how many."""
+        """Move the oldest reports, up to about MAX_CALL_BYTES, into ``request``; returns how many."""
         pending = self._pending
-        taken = 0
+        taken = size = 0
         if pending:
             batch = request.metrics
-            while taken < MAX_PER_CALL:
+            while size < MAX_CALL_BYTES:
                 try:
                     step, values = pending.popleft()  # atomic: a concurrent drain takes others
                 except IndexError:
                     break
                 batch.add(step=step, values=values)
                 taken += 1
+                size += 16 + sum(len(name) + 13 for name in values)  # encoded: tags, lengths, doubles
         if self._unsent_drops:
             with self._lock:
                 request.metrics_dropped, self._unsent_drops = self._unsent_drops, 0
