@@ -6,7 +6,7 @@ process that reads a job's metrics and changes its config: see
 
     from lighthouse.admin_client import AdminClient
 
-    admin = AdminClient("http://lh-host:29511", token=TOKEN, job="llama-70b")
+    admin = AdminClient("http://lh-host:29511", token=TOKEN, job="llama-70b", author="my-controller")
     loss = admin.metrics("loss", from_step=1000)["metrics"]["loss"]   # [{"step", "mean", ...}, ...]
     admin.patch({"lr": 2e-4}, comment="controller: loss plateaued", guard="loss:1.5", guard_steps=200)
     admin.guards()["guards"]                                          # active, passed, triggered
@@ -54,6 +54,7 @@ class AdminClient:
 
     An ``https://`` URL verifies the lighthouse against ``tls.ca`` (the system's
     roots without one) and presents ``tls.cert`` when mutual TLS asks for it.
+    ``author`` names who makes the changes in the history (a controller's name).
     """
 
     def __init__(
@@ -64,8 +65,10 @@ class AdminClient:
         *,
         tls: TLSConfig | None = None,
         job: str = DEFAULT_JOB,
+        author: str | None = None,
     ) -> None:
         self.url = normalize_url(url)
+        self.author = author  # recorded with every change (X-Author), e.g. the controller's name
         self.job = check_job_id(job)
         # The job default keeps the unprefixed routes: they work on every lighthouse release.
         self._api = "/api" if self.job == DEFAULT_JOB else f"/api/jobs/{self.job}"
@@ -227,6 +230,8 @@ class AdminClient:
             sent["Content-Type"] = "application/json"
         if self.token:
             sent["Authorization"] = f"Bearer {self.token}"
+        if self.author and method != "GET":
+            sent["X-Author"] = self.author
         request = urllib.request.Request(url, data=data, method=method, headers=sent)
         try:
             with self._opener.open(request, timeout=self.timeout) as response:
