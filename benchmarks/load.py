@@ -303,7 +303,9 @@ class SimFleet:
     """``count`` simulated managers (``agent sims``) over ``processes`` processes; stopped on exit.
 
     ``lighthouse`` may list several (``A,B,C``): each sim starts on one picked by its
-    replica id, as a manager does. ``jobs`` are taken in turn over all the sims.
+    replica id, as a manager does. ``jobs`` are taken in turn over all the sims. With
+    ``steps_per_call`` each group steps that many steps a call; with ``metrics`` too, its
+    status carries that many metrics' summaries for those steps.
     """
 
     def __init__(
@@ -315,6 +317,8 @@ class SimFleet:
         processes: int,
         ttl: float,
         jobs: list[str] | None = None,
+        steps_per_call: int = 0,
+        metrics: int = 0,
     ) -> None:
         self.children = children
         self.sims: list[Child] = []
@@ -325,7 +329,8 @@ class SimFleet:
                 args = [
                     "-m", "benchmarks.agent", "sims", "--lighthouse", lighthouse, "--count", str(n),
                     "--ttl", str(ttl), "--prefix", f"{name}-{i}", "--jobs", ",".join(jobs or []),
-                    "--offset", str(offset),
+                    "--offset", str(offset), "--steps-per-call", str(steps_per_call),
+                    "--metrics", str(metrics),
                 ]  # fmt: skip
                 self.sims.append(children.python(f"{name}-{i}", *args))
                 offset += n

@@ -101,6 +101,14 @@ class Columns:
             del mine[:index]
         return head
 
+    def tail(self, index: int) -> Columns:
+        """Remove the entries from ``index`` on and return them."""
+        rest = Columns()
+        for mine, theirs in zip(self.arrays(), rest.arrays(), strict=True):
+            theirs.extend(mine[index:])
+            del mine[index:]
+        return rest
+
     def index(self, step: int) -> int:
         """Position of the first entry at or after ``step`` (steps are sorted)."""
         return bisect_left(self.steps, step)
@@ -137,23 +145,19 @@ class Trail(Columns):
     __slots__ = ()
 
     def take(self, batch: Columns) -> None:
-        """Add ``batch`` (sorted by step): appended when it follows, else merged. A trail that
-        grew past its bound (a batch repeating steps) is merged again: the bound always holds."""
+        """Add ``batch`` (sorted by step): appended when it follows, else merged from the first
+        step it touches on. A trail grown past its bound (batches repeating steps) is merged
+        whole again: the bound holds whatever a client sends."""
         if not len(batch):
             return
         if len(self) and batch.steps[0] <= self.steps[-1]:
-            self._merge(batch)
-            return
+            touched = self.tail(self.index(batch.steps[0]))
+            batch = _columns_of(merged_rows([*touched.rows(), *batch.rows()]))
         for mine, theirs in zip(self.arrays(), batch.arrays(), strict=True):
             mine.extend(theirs)
         if len(self) > 2 * RECENT_STEPS + len(batch):
-            self._merge(Columns())
-
-    def _merge(self, batch: Columns) -> None:
-        fresh = _columns_of(merged_rows([*self.rows(), *batch.rows()]))
-        for mine, theirs in zip(self.arrays(), fresh.arrays(), strict=True):
-            del mine[:]
-            mine.extend(theirs)
+            whole = self.tail(0)
+            self.take(_columns_of(merged_rows(whole.rows())))
 
 
 class Coarse:

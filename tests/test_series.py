@@ -62,16 +62,21 @@ def test_a_call_carries_a_bounded_number_of_reports() -> None:
     assert request.ByteSize() < 2 * MAX_CALL_BYTES
 
 
-def test_report_refuses_bad_names_steps_and_values() -> None:
+def test_a_bad_report_is_dropped_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     buffer = ReportBuffer()
-    for step, metrics in ((-1, {"loss": 1.0}), (1, {"1loss": 1.0}), (1, {"lösß": 1.0}), (1, {"loss": "x"})):
-        with pytest.raises(ValueError):
-            buffer.add(step, metrics)  # type: ignore[arg-type]
-    with pytest.raises(TypeError):
-        buffer.add(1.5, {"loss": 1.0})  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
-        buffer.add(1, {f"m{i}": 1.0 for i in range(MAX_METRICS + 1)})
-    assert len(buffer) == 0
+    too_many = {f"m{i}": 1.0 for i in range(MAX_METRICS + 1)}
+    bad = [(-1, {"loss": 1.0}), (1.5, {"loss": 1.0}), (True, {"loss": 1.0}), (1, {"1loss": 1.0})]
+    bad += [(1, {"loss": "x"}), (1, too_many), (1, {"loss": 1.0, "1loss": 2.0})]  # the last: as the 4th
+    for step, metrics in [*bad, (2, {"loss": 3, "tokens": 2.5}), (3, {"loss": "nan"})]:
+        buffer.add(step, metrics)  # never raises: a training loop must not die of a metric
+    request = pb.ManagerConfigRequest()
+    assert buffer.drain_into(request) == 2
+    first, second = request.metrics
+    assert (first.step, dict(first.values)) == (2, {"loss": 3.0, "tokens": 2.5})
+    assert math.isnan(second.values["loss"])
+    assert request.metrics_dropped == len(bad) and buffer.dropped == len(bad)
+    logged = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(logged) == len(bad) - 1, logged  # once per kind of mistake
 
 
 # ------------------------------------------------------------------ the manager's summaries

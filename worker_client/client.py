@@ -260,14 +260,15 @@ class ManagerClient:
     def report(self, step: int, **metrics: float) -> None:
         """Report this rank's values for ``step``, e.g. ``client.report(step, loss=0.71, grad_norm=1.3)``.
 
-        A memory append: it never blocks and makes no call. The reports ride on this client's
-        next call to its manager (the next ``get_config``, or with ``prefetch=True`` its background
-        fetch), which aggregates the group's ranks per step (mean, min, max, count, non-finite)
-        and forwards them to the lighthouse with its status; ``close()`` sends what is left. At
-        most ``MAX_PENDING`` (4,096) reports wait: beyond, the oldest are dropped and counted.
-        Values are converted with ``float()``: pass Python numbers (``loss.item()``), since
-        converting a GPU tensor waits for the GPU. Names are ``[A-Za-z_][A-Za-z0-9_]*`` (at most
-        64 characters, at most 32 metrics a report); a bad name or value raises ValueError.
+        A memory append: it never blocks, makes no call and never raises. The reports ride on
+        this client's next call to its manager (the next ``get_config``, or with ``prefetch=True``
+        its background fetch), which aggregates the group's ranks per step (mean, min, max,
+        count, non-finite) and forwards them to the lighthouse with its status; ``close()`` sends
+        what is left. At most ``MAX_PENDING`` (4,096) reports wait: beyond, the oldest are
+        dropped and counted (``reports_dropped``). Names are ``[A-Za-z_][A-Za-z0-9_]*`` (at most
+        64 characters, 32 metrics a report) and values are converted with ``float()`` when the
+        report is sent: a report that breaks a rule is dropped, counted and logged. Pass Python
+        numbers (``loss.item()``): converting a GPU tensor would wait for the GPU.
         """
         self._reports.add(step, metrics)
 
