@@ -35,14 +35,15 @@ from benchmarks.agent import reported_metrics
 from benchmarks.load import SimFleet, measure_window
 from benchmarks.procs import Children
 from benchmarks.report import machine_line, machine_load, run_standalone, standalone_parser, summarize
-from benchmarks.stack import start_lighthouse, start_manager
+from benchmarks.stack import CONFIG, start_lighthouse, start_manager
+from lighthouse.admin_client import AdminClient
 from lighthouse.series import JobSeries
 from protos import lighthouse_config_pb2 as pb
 
 PARTS = ("critical_path", "lighthouse_cpu", "memory")
 METRICS = {"loss": 2.31, "grad_norm": 0.87, "tokens_per_s": 51234.0, "lr_applied": 3e-4}
 CPU_GOAL, PATH_GOAL = 1.3, 0.01
-CHART_READS = ("/api/metrics?max_points=450", "/api/config/timeline?limit=200", "/api/config/guards")
+CHART_READS = ("/metrics?max_points=450", "/config/timeline?limit=200", "/config/guards")
 
 
 # ----------------------------------------------------------------- critical path
@@ -84,16 +85,13 @@ def critical_path(children: Children, work: Path, rounds: int, batch: int) -> di
 
 # ---------------------------------------------------------------- lighthouse CPU
 def dashboard(url: str, period: float = 2.0) -> Any:
-    """A function for ``measure_window``: what an open dashboard's charts fetch, every ``period``."""
+    """A function for ``measure_window``: what an open dashboard's charts fetch (``url`` is a job's
+    API: ``.../api/jobs/JOB``), every ``period``."""
 
     def run(end: float) -> dict[str, Any]:
         reads = 0
         while time.monotonic() < end:
-            for path in (
-                "/api/metrics?max_points=450",
-                "/api/config/timeline?limit=200",
-                "/api/config/guards",
-            ):
+            for path in CHART_READS:
                 with urllib.request.urlopen(url + path, timeout=10) as answer:
                     answer.read()
             reads += 1
@@ -111,10 +109,10 @@ def lighthouse_cpu(
     cases = [("silent", 0), ("reporting", 4), ("reporting_dashboard", 4)]
     for r in range(rounds):
         for case, metrics in cases if r % 2 == 0 else cases[::-1]:
-            with SimFleet(
-                children, f"{case}-{r}", addr, managers, processes, ttl, None, 10, metrics
-            ) as fleet:
-                during = dashboard(url) if case == "reporting_dashboard" else None
+            job = f"{case}-{r}"  # a fresh job per window: a job's series starts with its first report
+            AdminClient(url, job=job).put(CONFIG)
+            with SimFleet(children, job, addr, managers, processes, ttl, [job], 10, metrics) as fleet:
+                during = dashboard(f"{url}/api/jobs/{job}") if case == "reporting_dashboard" else None
                 window = measure_window(fleet, [(lh, url)], ttl, duration, during=during)
             windows.append({"case": case, "round": r, **window})
     children.stop(lh)

@@ -113,10 +113,15 @@ class Columns:
         """Position of the first entry at or after ``step`` (steps are sorted)."""
         return bisect_left(self.steps, step)
 
+    def last_step(self) -> int:
+        """The newest step held (-1: none)."""
+        return self.steps[-1] if len(self) else -1
 
-def merged_rows(rows: Iterable[Row]) -> dict[int, list[float]]:
-    """Per step, the merged summary [count, nonfinite, total, low, high] of ``rows``."""
-    out: dict[int, list[float]] = {}
+
+def merged_rows(rows: Iterable[Row], into: dict[int, list[float]] | None = None) -> dict[int, list[float]]:
+    """Per step, the merged summary [count, nonfinite, total, low, high] of ``rows`` (merged into
+    ``into`` when given)."""
+    out: dict[int, list[float]] = {} if into is None else into
     for step, count, nonfinite, total, low, high in rows:
         known = out.get(step)
         if known is None:
@@ -134,8 +139,10 @@ def merged_rows(rows: Iterable[Row]) -> dict[int, list[float]]:
 
 def _columns_of(merged: dict[int, list[float]]) -> Columns:
     cols = Columns()
-    for step in sorted(merged):
-        cols.append(step, merged[step])
+    steps = sorted(merged)
+    cols.steps.extend(steps)
+    for i, column in enumerate(cols.arrays()[1:]):
+        column.extend([merged[step][i] for step in steps])
     return cols
 
 
@@ -148,16 +155,50 @@ class Trail(Columns):
         """Add ``batch`` (sorted by step): appended when it follows, else merged from the first
         step it touches on. A trail grown past its bound (batches repeating steps) is merged
         whole again: the bound holds whatever a client sends."""
-        if not len(batch):
-            return
-        if len(self) and batch.steps[0] <= self.steps[-1]:
-            touched = self.tail(self.index(batch.steps[0]))
+        steps, first = self.steps, batch.steps[0]
+        if steps and first <= steps[-1]:
+            touched = self.tail(self.index(first))
             batch = _columns_of(merged_rows([*touched.rows(), *batch.rows()]))
         for mine, theirs in zip(self.arrays(), batch.arrays(), strict=True):
             mine.extend(theirs)
-        if len(self) > 2 * RECENT_STEPS + len(batch):
+        if len(steps) > 2 * RECENT_STEPS + len(batch.steps):
             whole = self.tail(0)
             self.take(_columns_of(merged_rows(whole.rows())))
+
+
+class SharedTrail(Trail):
+    """The groups beyond MAX_TRAILS of one metric, merged per step (no per-group detail). Their
+    batches interleave on the same steps, so each is merged into a dict as it comes (no array
+    rebuilt per batch), and the dict into the sorted arrays when they are read."""
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending: dict[int, list[float]] = {}
+
+    def take(self, batch: Columns) -> None:
+        merged_rows(batch.rows(), self._pending)
+        if len(self._pending) > 2 * RECENT_STEPS:
+            self._sync()
+
+    def _sync(self) -> None:
+        pending = self._pending
+        if pending:
+            self._pending = {}
+            super().take(_columns_of(pending))
+
+    def __len__(self) -> int:
+        self._sync()
+        return super().__len__()
+
+    def index(self, step: int) -> int:
+        self._sync()
+        return super().index(step)
+
+    def last_step(self) -> int:
+        self._sync()
+        return super().last_step()
 
 
 class Coarse:
@@ -233,15 +274,14 @@ class MetricSeries:
         self._dirty_from: int | None = None
 
     def take(self, key: str, batch: Columns) -> None:
-        """Add one group's summaries (sorted, distinct steps) under trail ``key``."""
-        late = batch.index(self.horizon)
-        if late:  # steps already folded: they join their buckets
-            self.coarse.add(batch.cut(late))
-        if not len(batch):
-            return
+        """Add one group's summaries (sorted by step, not empty) under trail ``key``."""
+        if batch.steps[0] < self.horizon:  # steps already folded: they join their buckets
+            self.coarse.add(batch.cut(batch.index(self.horizon)))
+            if not batch.steps:
+                return
         trail = self.trails.get(key)
         if trail is None:
-            trail = self.trails[key] = Trail()
+            trail = self.trails[key] = SharedTrail() if key == OVERFLOW else Trail()
         trail.take(batch)
         first, last = batch.steps[0], batch.steps[-1]
         self._dirty_from = first if self._dirty_from is None else min(self._dirty_from, first)
@@ -262,7 +302,7 @@ class MetricSeries:
     def settled(self) -> int:
         """The newest step every group with recent steps has reported (-1: none): newer steps may
         still miss a group's values. A group gone quiet drops out once its steps are folded."""
-        return min((trail.steps[-1] for trail in self.trails.values() if len(trail)), default=-1)
+        return min((step for t in self.trails.values() if (step := t.last_step()) >= 0), default=-1)
 
     def exact(self) -> Columns:
         """The recent steps merged across groups (recomputed from the lowest step that changed)."""
@@ -319,20 +359,18 @@ def _points(cols: Columns, start: int, stop: int | None = None) -> Iterable[Poin
 
 def batch_of(summaries: pb.MetricSummaries) -> Columns | None:
     """A manager's summaries as columns sorted by step (a memory copy and a check, when they come
-    sorted as managers send them); None when malformed (columns of unequal length, a negative step)."""
+    sorted as managers send them); None when empty or malformed (columns of unequal length, a
+    negative step)."""
     s = summaries
-    wire = (s.steps, s.count, s.nonfinite, s.sum, s.min, s.max)
-    unpacked = [unpack(code, data) for code, data in zip(Columns.TYPECODES, wire, strict=True)]
-    arrays = [column for column in unpacked if column is not None]
-    if len(arrays) != len(unpacked) or len({len(column) for column in arrays}) != 1:
+    wire = (s.steps, s.count, s.nonfinite, s.sum, s.min, s.max)  # each access copies: once
+    n = len(wire[0]) // 8
+    if not n or [len(data) for data in wire] != [8 * n, 4 * n, 4 * n, 8 * n, 8 * n, 8 * n]:
         return None
-    cols = Columns(arrays)
-    steps = cols.steps.tolist()
-    if steps != sorted(steps):  # not as a manager sends them: merged step by step
+    cols = Columns([unpack(code, data) for code, data in zip(Columns.TYPECODES, wire, strict=True)])
+    order = cols.steps.tolist()
+    if order != sorted(order):  # not as a manager sends them: merged step by step
         cols = _columns_of(merged_rows(cols.rows()))
-    if len(cols) and cols.steps[0] < 0:
-        return None
-    return cols
+    return cols if cols.steps[0] >= 0 else None
 
 
 def point_json(point: Point) -> dict[str, Any]:
@@ -397,12 +435,12 @@ class JobSeries:
         """The metrics riding on a manager's status; a batch id taken before is skipped."""
         if status.metrics_dropped:
             self._dropped[replica] = status.metrics_dropped
-        if not status.metrics:
-            return
+        if not status.metrics or status.metrics_batch <= self._batches.get(replica, 0):
+            return  # nothing, or sent again: the call that carried it succeeded after all
         batches = [(s.name, batch_of(s), len(s.steps) // 8) for s in status.metrics]
         with self._lock:
             if status.metrics_batch <= self._batches.get(replica, 0):
-                return  # sent again: the call that carried it succeeded after all
+                return  # another call carried the same batch meanwhile
             self._batches[replica] = status.metrics_batch
             self._take(replica, batches)
         outbox = self._outbox
@@ -426,8 +464,12 @@ class JobSeries:
             if series is None or batch is None:
                 self.refused += size
                 continue
-            trails = sum(len(m.trails) for m in self._metrics.values())
-            key = replica if replica in series.trails or trails < MAX_TRAILS else OVERFLOW
+            key = replica
+            if (
+                replica not in series.trails
+                and sum(len(m.trails) for m in self._metrics.values()) >= MAX_TRAILS
+            ):
+                key = OVERFLOW
             series.take(key, batch)
 
     # ------------------------------------------------------------ sharing

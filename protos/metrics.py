@@ -50,11 +50,9 @@ def pack(column: array[Any]) -> bytes:
     return column.tobytes()
 
 
-def unpack(typecode: str, data: bytes) -> array[Any] | None:
-    """A column from the wire; None when ``data`` is not a whole number of entries."""
+def unpack(typecode: str, data: bytes) -> array[Any]:
+    """A column from the wire; ValueError when ``data`` is not a whole number of entries."""
     column = array(typecode)
-    if len(data) % column.itemsize:
-        return None
     column.frombytes(data)
     if _SWAP:
         column.byteswap()

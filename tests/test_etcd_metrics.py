@@ -3,22 +3,18 @@ real etcd prefix: each lighthouse's API shows the whole job (the groups of both)
 change whose loss triples is rolled back exactly once, though both lighthouses judge it.
 
 Group g0's manager talks to lighthouse A, group g1's to B; each group has one worker process
-(``tests/report_proc.py``) whose loss triples while ``lr`` is above 0.015.
+(``tests/worker_proc.py --report``) whose loss triples while ``lr`` is above 0.015.
 """
 
 from __future__ import annotations
 
-import sys
 import uuid
-from pathlib import Path
 from typing import Any
 
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import call, get_json, history
 from tests.procs import LighthouseProc, ProcessPool, poll, wait_ready
-from tests.report_proc import known_loss
-
-REPORTER = Path(__file__).resolve().parent / "report_proc.py"
+from tests.worker_proc import known_loss
 
 
 def test_every_lighthouse_shows_the_whole_job_and_one_rolls_back(
@@ -30,18 +26,18 @@ def test_every_lighthouse_shows_the_whole_job_and_one_rolls_back(
     workers = []
     for group, lighthouse in enumerate((a, b)):
         manager = procs.manager(lighthouse.address, f"g{group}", cache_ttl=0.2)
-        args = [
-            sys.executable,
-            str(REPORTER),
-            "--addr",
-            manager.address,
-            "--group",
-            str(group),
-            "--rank",
-            "0",
-        ]
-        args += ["--steps", "1000000", "--interval", "0.02", "--hot-lr", "0.015"]
-        workers.append(procs.spawn(args, f"reporter-{group}"))
+        extra = ["--report", "--hot-lr", "0.015"]
+        workers.append(
+            procs.worker(
+                manager.address,
+                group=f"g{group}",
+                rank=0,
+                steps=1_000_000,
+                step_interval=0.02,
+                wait=False,
+                extra=extra,
+            )
+        )
     wait_ready(workers)
 
     def both_groups(lighthouse: LighthouseProc) -> list[dict[str, Any]] | None:
@@ -53,7 +49,7 @@ def test_every_lighthouse_shows_the_whole_job_and_one_rolls_back(
     for lighthouse in (a, b):
         points = poll(lambda lh=lighthouse: both_groups(lh), 30, 0.2, f"both groups on {lighthouse.url}")
         assert [p["mean"] for p in points] == [
-            (known_loss(0, 0, s) + known_loss(1, 0, s)) / 2 for s in range(10, 41)
+            (known_loss("g0", 0, s) + known_loss("g1", 0, s)) / 2 for s in range(10, 41)
         ]
 
     version = call(a.url, "PATCH", "/api/config?guard=loss:1.5&guard_steps=60", {"lr": 0.02}).json["version"]

@@ -9,6 +9,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.http_steps import call
 from tests.http_util import wait_healthy
@@ -20,9 +21,9 @@ STEP_LINE = re.compile(
 )
 
 
-def run_example(*args: str, timeout: float = 90) -> str:
+def run_example(*args: str, timeout: float = 90, script: Path = EXAMPLE) -> str:
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), *args],
+        [sys.executable, str(script), *args],
         cwd=ROOT,
         env=child_env(),
         stdin=subprocess.DEVNULL,
@@ -116,19 +117,11 @@ def test_adaptive_sync_tunes_sync_every_of_a_running_job(procs: ProcessPool) -> 
     ]
     train = procs.spawn([sys.executable, str(EXAMPLE), *train_args, "--print-every", "100"], "train_diloco")
     controller_args = ["--url", lh.url, "--window", "20", "--interval", "0.3", "--idle", "5"]
-    controller = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "adaptive_sync.py"), *controller_args],
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert controller.returncode == 0, controller.stderr
+    controller = run_example(*controller_args, timeout=300, script=ROOT / "examples" / "adaptive_sync.py")
     assert train.wait(60) == 0, train.stderr()
     out = "\n".join(train.lines())
-    decisions = [line for line in controller.stdout.splitlines() if "sync_every" in line]
-    assert decisions, controller.stdout
+    decisions = [line for line in controller.splitlines() if "sync_every" in line]
+    assert decisions, controller
     versions = call(lh.url, "GET", "/api/config/history")["versions"]
     made = [v for v in versions if v["author"] == "adaptive_sync"]
     assert len(made) == len(decisions)

@@ -1,5 +1,5 @@
 """Guarded changes with real processes: a lighthouse, two managers and two groups x two ranks of
-workers (``tests/report_proc.py``) whose loss triples while ``lr`` is above 0.015, as a bad learning
+workers (``tests/worker_proc.py --report``) whose loss triples while ``lr`` is above 0.015, as a bad learning
 rate would make it. The scenarios run in order on one running job:
 
 1. a guarded change whose loss triples is rolled back (history: the ``guard`` version, its reason);
@@ -12,7 +12,6 @@ rate would make it. The scenarios run in order on one running job:
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ from tests.helpers_lighthouse import run_cli
 from tests.http_util import get_json, history, live, wait_healthy
 from tests.procs import LighthouseProc, ManagerProc, Proc, ProcessPool, poll, records_so_far, wait_ready
 
-REPORTER = Path(__file__).resolve().parent / "report_proc.py"
 GROUPS, RANKS = 2, 2
 CALM_LR, HOT_LR = 0.01, 0.02  # the workers' loss triples while lr > 0.015
 GUARD_STEPS = 60
@@ -101,12 +99,19 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     try:
         lh = procs.lighthouse({"lr": CALM_LR}, state_dir=tmp / "state")
         managers = [procs.manager(lh.address, f"g{g}", cache_ttl=0.2) for g in range(GROUPS)]
-        workers = []
-        for g in range(GROUPS):
-            for r in range(RANKS):
-                args = [sys.executable, str(REPORTER), "--addr", managers[g].address, "--group", str(g)]
-                args += ["--rank", str(r), "--steps", "1000000", "--interval", "0.02", "--hot-lr", "0.015"]
-                workers.append(procs.spawn(args, f"reporter-{g}-{r}"))
+        workers = [
+            procs.worker(
+                managers[g].address,
+                group=f"g{g}",
+                rank=r,
+                steps=1_000_000,
+                step_interval=0.02,
+                wait=False,
+                extra=["--report", "--hot-lr", "0.015"],
+            )
+            for g in range(GROUPS)
+            for r in range(RANKS)
+        ]
         wait_ready(workers)
         job = Job(procs, tmp, lh, managers, workers)
         poll(lambda: job.step() >= GUARD_STEPS, 60, 0.2, "a baseline's worth of steps")
@@ -116,7 +121,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
 
 
 def _lr_at(records: list[dict[str, Any]], group: int, rank: int) -> dict[int, float]:
-    return {r["step"]: r["lr"] for r in records if (r["group"], r["rank"]) == (group, rank)}
+    return {r["step"]: r["lr"] for r in records if (r["group"], r["rank"]) == (f"g{group}", rank)}
 
 
 def test_a_guarded_change_whose_loss_triples_is_rolled_back(job: Job) -> None:

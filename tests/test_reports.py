@@ -1,14 +1,13 @@
 """What the ranks report reaches the lighthouse exactly, and a job's series stays bounded.
 
 Real processes: ``lighthouse serve``, ``manager serve`` per replica group, and
-worker processes (``tests/report_proc.py``) that report a loss known in advance.
+worker processes (``tests/worker_proc.py --report``) that report a loss known in advance.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from array import array
 from pathlib import Path
 from typing import Any
@@ -21,24 +20,17 @@ from protos import lighthouse_config_pb2 as pb
 from protos.metrics import pack
 from tests.helpers_lighthouse import run_cli
 from tests.http_util import call, get_json
-from tests.procs import Proc, ProcessPool, poll, wait_ready, worker_records
-from tests.report_proc import known_loss
+from tests.procs import ProcessPool, poll, wait_ready, worker_records
+from tests.worker_proc import known_loss
 
-REPORTER = Path(__file__).resolve().parent / "report_proc.py"
 GROUPS, RANKS, STEPS = 2, 2, 60
 NAN_STEP, NAN_GROUP, NAN_RANK = 17, 1, 1
-
-
-def reporter(procs: ProcessPool, addr: str, group: int, rank: int, *extra: str) -> Proc:
-    args = [sys.executable, str(REPORTER), "--addr", addr, "--group", str(group), "--rank", str(rank)]
-    proc: Proc = procs.spawn([*args, *extra], f"reporter-{group}-{rank}")
-    return proc
 
 
 def expected(step: int, groups: range = range(GROUPS)) -> dict[str, Any]:
     """What the series must hold for ``step``: the values every rank of ``groups`` sent."""
     values = [
-        math.nan if (g, r, step) == (NAN_GROUP, NAN_RANK, NAN_STEP) else known_loss(g, r, step)
+        math.nan if (g, r, step) == (NAN_GROUP, NAN_RANK, NAN_STEP) else known_loss(f"g{g}", r, step)
         for g in groups
         for r in range(RANKS)
     ]
@@ -59,10 +51,18 @@ def test_the_series_holds_what_every_rank_sent(procs: ProcessPool) -> None:
     workers = []
     for g in range(GROUPS):
         for r in range(RANKS):
-            extra = ["--steps", str(STEPS), "--interval", "0.01"]
-            extra += ["--prefetch"] if g == 1 else []  # group 1's reports ride on prefetches
-            extra += ["--nan-at", str(NAN_STEP)] if (g, r) == (NAN_GROUP, NAN_RANK) else []
-            workers.append(reporter(procs, managers[g].address, g, r, *extra))
+            extra = ["--report", *(["--nan-at", str(NAN_STEP)] if (g, r) == (NAN_GROUP, NAN_RANK) else [])]
+            worker = procs.worker(
+                managers[g].address,
+                group=f"g{g}",
+                rank=r,
+                steps=STEPS,
+                step_interval=0.01,
+                prefetch=g == 1,  # group 1's reports ride on prefetches
+                wait=False,
+                extra=extra,
+            )
+            workers.append(worker)
     wait_ready(workers)
     for worker in workers:
         assert len(worker_records(worker)) == STEPS
