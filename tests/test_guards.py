@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers_lighthouse import run_cli
+from tests.helpers_lighthouse import run_cli, start_lighthouse
 from tests.http_util import get_json, history, live, wait_healthy
 from tests.procs import LighthouseProc, ManagerProc, Proc, ProcessPool, poll, records_so_far, wait_ready
 
@@ -200,3 +200,42 @@ def test_a_guard_survives_a_lighthouse_restart(job: Job) -> None:
     newest = history(job.lighthouse.url)[0]
     assert newest["version"] == guard["rollback_version"] and newest["author"] == "guard"
     assert live(job.lighthouse.url)["config"]["lr"] == CALM_LR
+
+
+def test_a_guard_is_checked_before_its_change_and_cancelled_with_a_token(tmp_path: Path) -> None:
+    with start_lighthouse(tmp_path, config={"lr": CALM_LR}, token="s3cret") as lh:
+        auth = lh.auth()
+        for query, error in (
+            ("guard=loss", "METRIC:FACTOR"),
+            ("guard=loss:0.5", "above 1"),
+            ("guard=1loss:2", "not a metric name"),
+            ("guard_steps=10", "go with guard"),
+            ("guard=loss:2&guard_steps=0", "guard_steps must be >= 1"),
+            ("guard=loss:2&guard_steps=5&guard_window=6", "window must be 1 to"),
+        ):
+            answer = lh.http("PATCH", f"/api/config?{query}", {"lr": HOT_LR}, headers=auth)
+            assert answer.status == 400 and error in answer.error, (query, answer.body)
+        unchanged = lh.http("PATCH", "/api/config?guard=loss:2", {"lr": CALM_LR}, headers=auth)
+        assert unchanged.status == 400 and "nothing to guard" in unchanged.error
+        dry = lh.http(
+            "PATCH", "/api/config?guard=loss:2&guard_steps=50&dry_run=1", {"lr": HOT_LR}, headers=auth
+        )
+        assert dry.status == 200 and dry.json["dry_run"] and dry.json["guard"]["steps"] == 50
+        assert len(history(lh.url)) == 1 and get_json(lh.url, "/api/config/guards") == {"guards": []}
+
+        made = lh.http("PUT", "/api/config?guard=loss:1.5", {"lr": HOT_LR}, headers=auth).json
+        version = made["version"]
+        assert made["guard"]["changes"] == {"lr": {"before": CALM_LR, "after": HOT_LR}}
+        (guard,) = get_json(lh.url, "/api/config/guards")["guards"]
+        assert (guard["version"], guard["status"], guard["steps"], guard["window"]) == (
+            version,
+            "active",
+            200,
+            10,
+        )
+        assert lh.http("DELETE", f"/api/config/guards/{version}").status == 401
+        cancelled = lh.http("DELETE", f"/api/config/guards/{version}", headers=auth)
+        assert cancelled.status == 200 and cancelled.json["guard"]["status"] == "cancelled"
+        assert lh.http("DELETE", f"/api/config/guards/{version}", headers=auth).status == 409
+        assert lh.http("DELETE", "/api/config/guards/999", headers=auth).status == 404
+        assert live(lh.url)["config"]["lr"] == HOT_LR  # cancelling a guard leaves its change
