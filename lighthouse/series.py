@@ -21,12 +21,14 @@ A summary is (count, non-finite count, sum, min, max) and merges exactly, so a
 value that arrives late, in two parts, or through another lighthouse lands where
 it belongs. The mean is over the finite values.
 
-Bound per job: ``MAX_METRICS`` metrics; ``MAX_TRAILS`` per-group trails (groups
-beyond share one trail per metric, so their values still count but lose their
-per-group detail); each trail at most ``2 * RECENT_STEPS`` steps. That is at most
-about 1,056 x 18 KiB + 32 x 55 KiB = 21 MiB for a job, whatever its length; a job
-of 100 groups x 4 metrics holds at most 400 x 18 KiB + 4 x 55 KiB = 7.3 MiB
-(``benchmarks/series_memory.py`` measures it).
+Bound per job, whatever its length: ``MAX_METRICS`` metrics; ``MAX_TRAILS``
+per-group trails (groups beyond share one trail per metric: their values still
+count, without per-group detail); a trail holds at most ``2 * RECENT_STEPS`` steps
+(18 KiB). Per metric besides: the buckets (40 KiB), the merged recent steps (18
+KiB) and the shared trail (18 KiB, and up to 512 steps waiting to be merged, about
+100 KiB). At most about 1,024 x 18 KiB + 32 x 176 KiB = 24 MiB for a job; 100
+groups x 4 metrics hold at most 400 x 18 KiB + 4 x 176 KiB = 7.7 MiB
+(``benchmarks/reporting.py`` measures 4.6 MiB after a million steps).
 """
 
 from __future__ import annotations
@@ -95,19 +97,18 @@ class Columns:
 
     def cut(self, index: int) -> Columns:
         """Remove the entries before ``index`` and return them."""
-        head = Columns()
-        for mine, theirs in zip(self.arrays(), head.arrays(), strict=True):
-            theirs.extend(mine[:index])
-            del mine[:index]
-        return head
+        return self._remove(slice(None, index))
 
     def tail(self, index: int) -> Columns:
         """Remove the entries from ``index`` on and return them."""
-        rest = Columns()
-        for mine, theirs in zip(self.arrays(), rest.arrays(), strict=True):
-            theirs.extend(mine[index:])
-            del mine[index:]
-        return rest
+        return self._remove(slice(index, None))
+
+    def _remove(self, part: slice) -> Columns:
+        removed = Columns()
+        for mine, theirs in zip(self.arrays(), removed.arrays(), strict=True):
+            theirs.extend(mine[part])
+            del mine[part]
+        return removed
 
     def index(self, step: int) -> int:
         """Position of the first entry at or after ``step`` (steps are sorted)."""
