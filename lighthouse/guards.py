@@ -229,17 +229,17 @@ class JobGuards:
         """Every guard, newest first, each with the steps it watches."""
         return [
             {**g, "until_step": g["effective_step"] + g["steps"]}
-            for g in sorted(self._guards.values(), key=lambda g: -int(g["version"]))
+            for g in sorted(list(self._guards.values()), key=lambda g: -int(g["version"]))
         ]
 
     def active(self) -> bool:
-        return any(g["status"] == "active" for g in self._guards.values())
+        return any(g["status"] == "active" for g in list(self._guards.values()))  # a copy: HTTP adds
 
     # ------------------------------------------------------------ watching
     def check(self) -> None:
         """Judge every active guard now: record a baseline, a pass, or roll back a regression."""
         with self._lock:
-            for guard in [g for g in self._guards.values() if g["status"] == "active"]:
+            for guard in [g for g in list(self._guards.values()) if g["status"] == "active"]:
                 verdict = evaluate(guard, self.state.series)
                 if verdict.baseline is not None:
                     mean, first, last = verdict.baseline
