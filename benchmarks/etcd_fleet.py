@@ -11,6 +11,9 @@
   the fallback, before and after the kill, and how many fallbacks were served
   (the goal: none). Repeated ``--gap-rounds`` times with a fresh pair, so the kill
   falls at different points of the manager's TTL.
+* ``hang``: the same with SIGSTOP instead of SIGKILL (a frozen host: the
+  connection stays open and nothing answers), so the manager's calls are hedged
+  to the other lighthouse after a fraction of their deadline.
 """
 
 from __future__ import annotations
@@ -57,9 +60,16 @@ def fleet(
 
 
 def gap_round(
-    children: Children, store: str, r: int, ttl: float, healthy_s: float, after_s: float
+    children: Children,
+    store: str,
+    r: int,
+    ttl: float,
+    healthy_s: float,
+    after_s: float,
+    sig: signal.Signals = signal.SIGKILL,
 ) -> dict[str, Any]:
-    """One manager on a fresh pair of lighthouses; its lighthouse SIGKILLed mid-run."""
+    """One manager on a fresh pair of lighthouses; its lighthouse sent ``sig`` mid-run (the keys
+    say "kill" for either signal)."""
     pair = [start_etcd_lighthouse(children, f"lighthouse-gap{r}-{k}", store) for k in range(2)]
     addrs = ",".join(addr for _, addr, _ in pair)
     replica = f"gap-{r}"
@@ -79,7 +89,7 @@ def gap_round(
             time.sleep(max(0.0, due - time.monotonic()))
             if killed_at is None and due >= end - after_s:
                 survivor_calls = lighthouse_calls(survivor_url)
-                victim.signal(signal.SIGKILL)
+                victim.signal(sig)
                 killed_at = time.monotonic()
             step += 1
             started = time.monotonic()
@@ -99,6 +109,7 @@ def gap_round(
     after = [g for g, t in gaps if t >= killed_at]
     return {
         "round": r,
+        "signal": sig.name,
         "killed": used,
         "steps": len(records),
         "survivor_calls_after_kill": survivor_calls,  # > 0: the manager did move to the other one
@@ -117,15 +128,15 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         first = start_etcd_lighthouse(children, "lighthouse-gap-setup", store)
         AdminClient(first[2]).put(CONFIG)
         children.stop(first[0])
-        gaps = [
-            gap_round(children, store, r, args.gap_ttl, args.gap_healthy, args.gap_after)
-            for r in range(args.gap_rounds)
-        ]
+        timing = (args.gap_ttl, args.gap_healthy, args.gap_after)
+        gaps = [gap_round(children, store, r, *timing) for r in range(args.gap_rounds)]
+        hangs = [gap_round(children, store, r, *timing, signal.SIGSTOP) for r in range(args.gap_rounds)]
     return {
         "machine_before": load_before,
         "machine_after": machine_load(),
         "fleet": fleet_result,
         "gap": {"ttl_s": args.gap_ttl, "step_s": 0.01, "rounds": gaps},
+        "hang": {"ttl_s": args.gap_ttl, "step_s": 0.01, "rounds": hangs},
     }
 
 
@@ -146,25 +157,33 @@ def render(results: dict[str, Any]) -> str:
         f"{f['errors']:6d}  {' / '.join(f'{c:.0f}' for c in f['lighthouse_cpu_pct_each']):21}  "
         f"{' / '.join(f'{c:.0f}' for c in f['other_cpu_pct_each']):15}  {f['sims_cpu_pct']:.0f}",
         f"p99 goal < 50 ms and no errors: {'MET' if met else 'NOT MET'}",
-        "",
-        f"Gap: manager serve --lighthouse A,B (TTL {results['gap']['ttl_s']:g}s), a worker stepping "
-        "every 10 ms; the manager's lighthouse SIGKILLed",
-        f"{'round':>5} {'steps':>6} {'max gap before ms':>18} {'max gap after kill ms':>22} "
+    ]
+    for key, what, event in (("gap", "SIGKILLed", "kill"), ("hang", "SIGSTOPped (a hang)", "hang")):
+        lines += ["", *_gap_table(results[key], what, event)]
+    lines.append(machine_line(results["machine_before"], results["machine_after"]))
+    return "\n".join(lines)
+
+
+def _gap_table(gap: dict[str, Any], what: str, event: str) -> list[str]:
+    lines = [
+        f"Gap: manager serve --lighthouse A,B (TTL {gap['ttl_s']:g}s), a worker stepping "
+        f"every 10 ms; the manager's lighthouse {what}",
+        f"{'round':>5} {'steps':>6} {'max gap before ms':>18} {'max gap after it ms':>20} "
         f"{'slowest call ms':>16} {'fallbacks':>9} {'calls to the other':>18}",
     ]
-    for g in results["gap"]["rounds"]:
+    for g in gap["rounds"]:
         lines.append(
             f"{g['round']:5d} {g['steps']:6d} {_ms(g['max_gap_before_ms']):>18} "
-            f"{_ms(g['max_gap_after_kill_ms']):>22} {_ms(g['slowest_call_after_kill_ms']):>16} "
+            f"{_ms(g['max_gap_after_kill_ms']):>20} {_ms(g['slowest_call_after_kill_ms']):>16} "
             f"{g['fallbacks']:9d} {g['survivor_calls_after_kill']:18d}"
         )
-    rounds = results["gap"]["rounds"]
+    rounds = gap["rounds"]
     worst = max((g["max_gap_after_kill_ms"] or 0 for g in rounds), default=0)
-    lines += [
-        f"longest gap after a kill: {worst:.1f} ms; fallbacks served: {sum(g['fallbacks'] for g in rounds)}",
-        machine_line(results["machine_before"], results["machine_after"]),
-    ]
-    return "\n".join(lines)
+    healthy = max((g["max_gap_before_ms"] or 0 for g in rounds), default=0)
+    ratio = f" ({worst / healthy:.1f}x the longest healthy gap)" if healthy else ""
+    fallbacks = sum(g["fallbacks"] for g in rounds)
+    lines.append(f"longest gap after a {event}: {worst:.1f} ms{ratio}; fallbacks served: {fallbacks}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,11 +22,20 @@ and reads that step's config.
 torchft's own example does: torchft's lighthouse (``--torchft-lighthouse``,
 default env ``TORCHFT_LIGHTHOUSE``) forms the quorum across groups and heals a
 restarted group from a live one; ours (``--lighthouse``) serves the config.
+Groups average their gradients every step, so a group that applied another lr
+than the others would drift away for good: the script also all-reduces the
+values it used across the groups (through torchft's Manager, like the
+gradients) and stops with an error naming the step on a mismatch. Its client
+is strict: a step whose config the lighthouse cannot confirm (an outage longer
+than the group's step lease) raises instead of training on a fallback, so the
+group stops and torchft heals it when it comes back. Each group prints a hash
+of its parameters when it finishes (equal in every group of a healthy run).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -42,7 +51,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from worker_client import ManagerClient, connect
+from worker_client import ConfigUnavailable, ManagerClient, connect
 
 FEATURES, HIDDEN, BATCH = 8, 16, 32
 
@@ -135,6 +144,34 @@ def train_plain(args: argparse.Namespace, group: str, rank: int, knobs: Knobs) -
         time.sleep(args.step_time)
 
 
+def params_hash(model: nn.Module) -> str:
+    """A digest of the parameters: equal across groups exactly when they hold the same replica."""
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def check_across_groups(manager: Any, step: int, used: dict[str, Any]) -> None:
+    """All-reduce the lr and momentum this group used (SUM of 1, x and x*x over the participating
+    groups, torchft zeroes a healing group's tensor) and stop on any spread between groups."""
+    from torch.distributed import ReduceOp
+
+    lr, momentum = used["lr"], used["momentum"]
+    sums = torch.tensor([1.0, lr, lr * lr, momentum, momentum * momentum], dtype=torch.float64)
+    manager.allreduce(sums, reduce_op=ReduceOp.SUM).wait()
+    if manager.errored():
+        return  # the step will not commit anywhere; nothing trained on these values
+    n, lr_sum, lr_sq, m_sum, m_sq = sums.tolist()
+    for name, total, squares in (("lr", lr_sum, lr_sq), ("momentum", m_sum, m_sq)):
+        mean = total / n
+        if abs(squares / n - mean * mean) > 1e-12 * max(1.0, mean * mean):
+            raise SystemExit(
+                f"step {step}: the replica groups used different {name} values (mean {mean} over "
+                f"{n:.0f} groups, this group {used[name]}); stopping before they diverge"
+            )
+
+
 def train_torchft(args: argparse.Namespace, group: str, rank: int, knobs: Knobs) -> None:
     """torchft's Manager across groups (quorum, healing), the group's ranks averaged by gloo."""
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
@@ -166,7 +203,12 @@ def train_torchft(args: argparse.Namespace, group: str, rank: int, knobs: Knobs)
         while manager.current_step() < args.steps:
             optimizer.zero_grad()  # quorum; a restarted group is healed here and jumps to the live step
             step = manager.current_step()
-            used = knobs.apply(step, optimizer)
+            try:
+                used = knobs.apply(step, optimizer)
+            except ConfigUnavailable as exc:  # stop; torchft heals the group when it is started again
+                emit(event="unconfirmed", group=group, rank=rank, step=step, error=str(exc))
+                raise SystemExit(f"step {step}: {exc}") from None
+            check_across_groups(manager, step, used)
             x, y = batch(group, rank, step)
             loss = nn.functional.mse_loss(ddp(x), y)
             loss.backward()  # averaged across groups by torchft
@@ -179,6 +221,7 @@ def train_torchft(args: argparse.Namespace, group: str, rank: int, knobs: Knobs)
             emit(event="step", group=group, rank=rank, step=step, loss=round(loss.item(), 6),
                  committed=committed, participants=manager.num_participants(), **used)  # fmt: skip
             time.sleep(args.step_time)
+        emit(event="params", group=group, rank=rank, step=manager.current_step(), sha=params_hash(model))
     finally:
         manager.shutdown(wait=False)
 
@@ -188,7 +231,10 @@ def main() -> None:
     group = os.environ.get("REPLICA_GROUP_ID", "0")
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.gloo_timeout))
     rank = dist.get_rank()
-    client = connect(lighthouse=args.lighthouse, timeout=args.timeout, cache_ttl=args.cache_ttl)
+    # Under torchft a strict client: no step trains on a config the lighthouse did not confirm.
+    client = connect(
+        lighthouse=args.lighthouse, timeout=args.timeout, cache_ttl=args.cache_ttl, strict=args.torchft
+    )
     knobs = Knobs(client, args)
     try:
         (train_torchft if args.torchft else train_plain)(args, group, rank, knobs)

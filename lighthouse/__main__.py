@@ -1,3 +1,3 @@
 from lighthouse.cli import main
 
-main()
+main(prog_name="lighthouse")  # also under `python -m`: its usage lines and shell completion

@@ -15,6 +15,7 @@ import ipaddress
 import math
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from lighthouse.http_messages import (
 from lighthouse.jobs import JobBusy, JobRegistry
 from lighthouse.schema import SchemaViolation
 from lighthouse.state import LighthouseState
-from lighthouse.store import ConfigStore, NotFound, Plan
+from lighthouse.store import ConfigStore, NotFound, Plan, StepPromised
 from lighthouse.timeline import DEFAULT_SEGMENTS, timeline
 from lighthouse.values import ConfigError
 from protos.jobs import DEFAULT_JOB, InvalidJobId, check_job_id
@@ -45,6 +46,9 @@ MAX_COMMENT_CHARS = 500
 DEFAULT_HISTORY_LIMIT = 100
 MAX_HISTORY_LIMIT = 100_000
 MAX_METRIC_POINTS = 10_000
+# Blocking history queries (?after=V&wait=S, what `config watch` follows): each holds a thread.
+MAX_WAIT_SECONDS = 60.0
+MAX_WAITING_REQUESTS = 64
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -81,6 +85,7 @@ class AdminApi:
         self.access = Access(admin_token, job_tokens)
         self._allowed_hosts = {h.lower() for h in allowed_hosts} | _own_names()
         self.assets = load_assets()
+        self._waiting = threading.BoundedSemaphore(MAX_WAITING_REQUESTS)
         table: list[tuple[str, dict[str, Handler]]] = [
             (r"/api/jobs", {"GET": self.list_jobs}),
             (r"/", {"GET": self.page}),
@@ -227,8 +232,28 @@ class AdminApi:
         return json_response(self.state(req).view())
 
     def history(self, req: Request) -> Response:
-        limit = req.int_arg("limit", minimum=1) or DEFAULT_HISTORY_LIMIT
-        return json_response({"versions": self.state(req).store.history(min(limit, MAX_HISTORY_LIMIT))})
+        """Newest first; with ``after=V`` the versions after V, oldest first (a feed), and with
+        ``wait=S`` too, answered as soon as one exists or empty after S seconds (a blocking query)."""
+        limit = min(req.int_arg("limit", minimum=1) or DEFAULT_HISTORY_LIMIT, MAX_HISTORY_LIMIT)
+        after = req.int_arg("after")
+        wait = _seconds_arg(req, "wait", MAX_WAIT_SECONDS)
+        state = self.state(req)
+        if after is None:
+            if wait:
+                raise HttpError(400, "wait needs after=VERSION (the version you hold)")
+            return json_response({"versions": state.store.history(limit)})
+        if wait and state.store.head <= after:
+            if not self._waiting.acquire(blocking=False):
+                raise HttpError(
+                    503,
+                    f"{MAX_WAITING_REQUESTS} requests are waiting on this lighthouse already; retry later",
+                    headers={"Retry-After": "1"},
+                )
+            try:
+                state.wait_for_version(after, wait)
+            finally:
+                self._waiting.release()
+        return json_response({"versions": state.store.history_after(after, limit)})
 
     def scheduled(self, req: Request) -> Response:
         return json_response({"scheduled": self.state(req).store.scheduled()})
@@ -329,6 +354,18 @@ class AdminApi:
             "gauge",
             "Highest step any manager reported.",
             lambda st: st.store.current_step,
+        )
+        job_metric(
+            "lighthouse_lease_horizon",
+            "gauge",
+            "Highest step the job's groups may have been promised (-1: none): changes made now apply after.",
+            lambda st: st.store.leases.horizon,
+        )
+        job_metric(
+            "lighthouse_lease_ceiling_writes_total",
+            "counter",
+            "Step-lease ceilings this lighthouse stored (the store writes leases cost).",
+            lambda st: st.store.leases.ceiling_writes,
         )
         wall = time.time()
         per_manager = [
@@ -438,7 +475,7 @@ class AdminApi:
         state = self.state(req)
         try:
             plan = state.cancel(version, author=author, comment=self._comment(req))
-        except SchemaViolation:
+        except (SchemaViolation, StepPromised):
             raise
         except ConfigError as exc:  # not scheduled, already cancelled or already in effect
             raise HttpError(409, str(exc), version=state.store.head) from None
@@ -488,7 +525,8 @@ class AdminApi:
                 "config": plan.live,  # this version's config at the job's step, as planned
                 "changes": plan.changes(),
                 "op": row.op,
-                "effective_step": row.effective_step,
+                "effective_step": row.effective_step,  # where every group switches (None: at once)
+                "scheduled": row.scheduled,
                 "created_at": row.created_at,
                 "source": row.source,
                 "author": row.author,
@@ -504,6 +542,20 @@ def _resolve_or_none(store: ConfigStore, version: int, step: int) -> dict[str, A
         return store.resolve(version, step)
     except NotFound:
         return None
+
+
+def _seconds_arg(req: Request, name: str, maximum: float) -> float:
+    """``?name=S``: non-negative seconds, at most ``maximum`` (a longer wait is shortened); 0 when absent."""
+    text = req.arg(name)
+    if text is None:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise HttpError(400, f"{name} must be a number of seconds >= 0, got {text[:20]!r}")
+    return min(value, maximum)
 
 
 def _flag(req: Request, name: str) -> bool:

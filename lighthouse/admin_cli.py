@@ -1,24 +1,26 @@
-"""``lighthouse config ...``: read and change the live config through the admin API.
+"""``lighthouse config ...`` and ``lighthouse jobs``: read and change the live config through the admin API.
 
-Every command prints JSON (reads) or ``version N`` (changes) on stdout; a failure
-is one ``error: ...`` line on stderr and exit code 1 (2 for usage errors).
+Every command prints a table for people (reads; see ``admin_tables``) or
+``version N`` (changes), and with ``-o json`` the API's JSON answer for scripts.
+A failure is one ``error: ...`` line on stderr and exit code 1 (2 for usage errors).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import click
 
+from lighthouse import admin_tables
 from lighthouse.admin_client import DEFAULT_URL, AdminClient, AdminError
 from lighthouse.guard_options import describe_guard, guard_options
-from lighthouse.values import ConfigError, decode_cli_value, parse_config, parse_json
+from lighthouse.values import ConfigError, config_changes, decode_cli_value, parse_config, parse_json
 from protos.cli_options import client_tls_options, job_option
+from protos.cli_output import JSON, echo_lines, fail, output_option, print_json, with_iso_times
 from protos.jobs import InvalidJobId
 from protos.tls import TLSConfig
 
@@ -26,15 +28,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def connection_options(func: F) -> F:
-    """``--url``/``--token``/``--timeout``/``--job`` (and ``--cacert/--cert/--key``) on every
-    subcommand; the client arrives as ``client``."""
+    """``--url``/``--token``/``--timeout``/``--job``/``-o`` (and ``--cacert/--cert/--key``) on every
+    subcommand; the client arrives as ``client``, the output format as ``output``."""
 
     @click.option(
         "--url",
         envvar="LIGHTHOUSE_URL",
         default=DEFAULT_URL,
         show_default=True,
-        help="Lighthouse dashboard URL (env LIGHTHOUSE_URL).",
+        help="Lighthouse dashboard URL, or several as A,B (lighthouses on one store: the first that "
+        "answers is used). Env LIGHTHOUSE_URL.",
     )
     @click.option(
         "--token",
@@ -47,6 +50,7 @@ def connection_options(func: F) -> F:
     )
     @job_option("The training job whose config to read or change")
     @client_tls_options(peer="lighthouse")
+    @output_option
     @functools.wraps(func)
     def wrapper(
         url: str, token: str | None, timeout: float, job: str, tls: TLSConfig | None, **kwargs: Any
@@ -65,39 +69,18 @@ def connection_options(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def fail(message: str) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(1)
+def emit(output: str, answer: Any, lines: Callable[[], list[str]]) -> None:
+    """The API's ``answer`` as JSON (``-o json``), else the table ``lines()`` makes of it."""
+    if output == JSON:
+        print_json(answer)
+    else:
+        echo_lines(lines())
 
 
-def print_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, ensure_ascii=False))
-
-
-def print_change(answer: dict[str, Any]) -> None:
-    """``version N`` for a change; for a dry run, the version it would make and its diff, key by key."""
-    step = answer.get("effective_step")
-    when = f" (takes effect at step {step})" if step is not None else ""
-    guard = [describe_guard(answer["guard"])] if answer.get("guard") else []
-    if not answer.get("dry_run"):
-        click.echo(f"version {answer['version']}{when}")
-        for line in guard:
-            click.echo(line)
-        return
-    click.echo(f"dry run, nothing stored: would make version {answer['version']}{when}")
-    for line in guard:
-        click.echo(line)
-    changes: dict[str, dict[str, Any]] = answer.get("changes") or {}
-    if not changes:
-        click.echo("  no key changes")
-    show = functools.partial(json.dumps, ensure_ascii=False)
-    for key, change in changes.items():
-        if "before" not in change:
-            click.echo(f"+ {key}: {show(change['after'])}")
-        elif "after" not in change:
-            click.echo(f"- {key}: {show(change['before'])}")
-        else:
-            click.echo(f"~ {key}: {show(change['before'])} -> {show(change['after'])}")
+def change_lines(answer: dict[str, Any]) -> list[str]:
+    """A change's lines (``admin_tables.change_lines``), and what guards it when it is guarded."""
+    guard = answer.get("guard")
+    return [*admin_tables.change_lines(answer), *([describe_guard(guard)] if guard else [])]
 
 
 def parse_assignments(assignments: tuple[str, ...]) -> dict[str, Any]:
@@ -125,14 +108,15 @@ dry_run_option = click.option(
 
 @click.group()
 def config() -> None:
-    """Read and change the live config of a running lighthouse."""
+    """Read and change the live config of a running lighthouse (tables; -o json for scripts)."""
 
 
 @config.command()
 @connection_options
-def show(client: AdminClient) -> None:
-    """Print the live config with its version, as JSON."""
-    print_json(client.show())
+def show(client: AdminClient, output: str) -> None:
+    """Print the live config, its version and the changes scheduled ahead."""
+    view = client.show()
+    emit(output, view, lambda: admin_tables.show(view))
 
 
 @config.command("set")
@@ -145,6 +129,7 @@ def show(client: AdminClient) -> None:
 @connection_options
 def set_(
     client: AdminClient,
+    output: str,
     assignments: tuple[str, ...],
     at_step: int | None,
     comment: str | None,
@@ -166,7 +151,7 @@ def set_(
         dry_run=dry_run,
         **guard,
     )
-    print_change(answer)
+    emit(output, answer, lambda: change_lines(answer))
 
 
 @config.command()
@@ -179,6 +164,7 @@ def set_(
 @connection_options
 def load(
     client: AdminClient,
+    output: str,
     file: Path,
     at_step: int | None,
     comment: str | None,
@@ -196,15 +182,77 @@ def load(
     answer = client.put(
         new, if_match=if_match, effective_step=at_step, comment=comment or str(file), dry_run=dry_run, **guard
     )
-    print_change(answer)
+    emit(output, answer, lambda: change_lines(answer))
 
 
 @config.command()
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Newest N versions.")
 @connection_options
-def history(client: AdminClient, limit: int) -> None:
-    """Print the newest versions (with author, source and comment), as JSON."""
-    print_json(client.history(limit))
+def history(client: AdminClient, output: str, limit: int) -> None:
+    """One line per version, newest first (like git log --oneline), each with its change as a diff."""
+    if output == JSON:
+        print_json(client.history(limit))
+        return
+    entries = client.history(limit + 1)["versions"]  # one more: the diff base of the oldest shown
+    older = entries[limit] if len(entries) > limit else None
+    job_step = client.show()["current_step"]  # which scheduled changes are in effect
+    echo_lines(admin_tables.history(entries[:limit], older, job_step))
+
+
+@config.command()
+@click.argument("older", type=click.IntRange(min=1), metavar="V1")
+@click.argument("newer", type=click.IntRange(min=1), required=False, metavar="[V2]")
+@connection_options
+def diff(client: AdminClient, output: str, older: int, newer: int | None) -> None:
+    """What changed, key by key, from version V1 to V2 (default: the live config)."""
+    before = client.version(older)
+    if newer is None:
+        view = client.show()
+        after = {"version": view["version"], "config": view["config"]}
+    else:
+        after = client.version(newer)
+    if output == JSON:
+        changes = config_changes(before["config"], after["config"])
+        print_json(
+            {"from": before["version"], "to": after["version"], "live": newer is None, "changes": changes}
+        )
+        return
+    echo_lines(admin_tables.diff(before, after, live=newer is None))
+
+
+@config.command()
+@click.option(
+    "--since",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Print the versions after VERSION first (resume a watch); default: from the live version on.",
+)
+@connection_options
+def watch(client: AdminClient, output: str, since: int | None) -> None:
+    """Print each new version as it lands (who, what changed, effective step), until interrupted.
+
+    Exits 1 with a message when the lighthouse goes away (with several --url, when none answers).
+    """
+    view = client.show()
+    if since is None or since == view["version"]:
+        since, base = view["version"], view["config"]
+    else:
+        base = client.version(since)["config"] if since > 0 else {}
+    replay = admin_tables.Replay(base, view["current_step"])
+    if output != JSON:
+        click.echo(f"watching job {client.job} after version {since} at {client.url} (Ctrl-C to stop)")
+    last = since
+    try:
+        for entry in client.follow(since):
+            if output == JSON:
+                click.echo(json.dumps(with_iso_times(entry), ensure_ascii=False))
+            else:
+                echo_lines(admin_tables.watched(entry, replay))
+            last = entry["version"]
+    except AdminError as exc:
+        fail(f"the watch ended after version {last}: {exc.message}")
+    except KeyboardInterrupt:
+        return
 
 
 @config.command()
@@ -212,40 +260,44 @@ def history(client: AdminClient, limit: int) -> None:
 @comment_option
 @dry_run_option
 @connection_options
-def rollback(client: AdminClient, version: int, comment: str | None, dry_run: bool) -> None:
+def rollback(client: AdminClient, output: str, version: int, comment: str | None, dry_run: bool) -> None:
     """Make a new version with the content of VERSION."""
-    print_change(client.rollback(version, comment=comment, dry_run=dry_run))
+    answer = client.rollback(version, comment=comment, dry_run=dry_run)
+    emit(output, answer, lambda: admin_tables.change_lines(answer))
 
 
 @config.command()
 @connection_options
-def scheduled(client: AdminClient) -> None:
-    """Print the changes scheduled at a step (pending, in effect or cancelled), as JSON."""
-    print_json(client.scheduled())
+def scheduled(client: AdminClient, output: str) -> None:
+    """The changes scheduled at a step (pending, in effect or cancelled) and the groups that switched late."""
+    answer = client.scheduled()
+    emit(output, answer, lambda: admin_tables.scheduled(answer))
 
 
 @config.command()
 @click.argument("version", type=click.IntRange(min=1))
 @connection_options
-def cancel(client: AdminClient, version: int) -> None:
+def cancel(client: AdminClient, output: str, version: int) -> None:
     """Cancel the scheduled change VERSION before it takes effect."""
     answer = client.cancel(version)
-    click.echo(f"cancelled {version}: version {answer['version']}")
+    emit(output, answer, lambda: [f"cancelled {version}: version {answer['version']}"])
 
 
 @config.command("at-step")
 @click.argument("step", type=click.IntRange(min=0))
 @connection_options
-def at_step(client: AdminClient, step: int) -> None:
-    """Print which config was live at STEP (and what each replica group served), as JSON."""
-    print_json(client.at_step(step))
+def at_step(client: AdminClient, output: str, step: int) -> None:
+    """Which config was live at STEP, and what each replica group served there."""
+    answer = client.at_step(step)
+    emit(output, answer, lambda: admin_tables.at_step(answer))
 
 
 @config.command()
 @connection_options
-def managers(client: AdminClient) -> None:
-    """Print the managers the lighthouse hears from, as JSON."""
-    print_json(client.managers())
+def managers(client: AdminClient, output: str) -> None:
+    """The managers the lighthouse hears from: version served, last seen, step; behind or late ones."""
+    answer = client.managers()
+    emit(output, answer, lambda: admin_tables.managers(answer))
 
 
 @config.group()
@@ -255,9 +307,10 @@ def schema() -> None:
 
 @schema.command("show")
 @connection_options
-def schema_show(client: AdminClient) -> None:
-    """Print the schema with who set it and when, as JSON."""
-    print_json(client.schema())
+def schema_show(client: AdminClient, output: str) -> None:
+    """Print the schema with who set it and when."""
+    answer = client.schema()
+    emit(output, answer, lambda: admin_tables.schema(answer))
 
 
 @schema.command("set")
@@ -266,7 +319,9 @@ def schema_show(client: AdminClient) -> None:
 @comment_option
 @dry_run_option
 @connection_options
-def schema_set(client: AdminClient, file: Path, force: bool, comment: str | None, dry_run: bool) -> None:
+def schema_set(
+    client: AdminClient, output: str, file: Path, force: bool, comment: str | None, dry_run: bool
+) -> None:
     """Replace the schema with FILE's; refused while the config violates it (the violations are listed)."""
     try:
         document = parse_json(file.read_bytes(), what=str(file))
@@ -275,21 +330,29 @@ def schema_set(client: AdminClient, file: Path, force: bool, comment: str | None
     except OSError as exc:
         fail(f"{file}: {exc.strerror or exc}")
     answer = client.put_schema(document, force=force, dry_run=dry_run, comment=comment or str(file))
-    for violation in answer.get("violations") or []:
-        click.echo(f"violated (forced): {violation['path'] or '/'}: {violation['message']}")
-    click.echo("dry run, nothing stored: the schema would be accepted" if dry_run else "schema set")
+
+    def lines() -> list[str]:
+        forced = [
+            f"violated (forced): {v['path'] or '/'}: {v['message']}" for v in answer.get("violations") or []
+        ]
+        done = "dry run, nothing stored: the schema would be accepted" if dry_run else "schema set"
+        return [*forced, done]
+
+    emit(output, answer, lines)
 
 
 @schema.command("history")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Newest N changes.")
 @connection_options
-def schema_history(client: AdminClient, limit: int) -> None:
-    """Print the schema changes, newest first, as JSON."""
-    print_json(client.schema_history(limit))
+def schema_history(client: AdminClient, output: str, limit: int) -> None:
+    """The schema changes, newest first."""
+    answer = client.schema_history(limit)
+    emit(output, answer, lambda: admin_tables.schema_history(answer))
 
 
 @click.command()
 @connection_options
-def jobs(client: AdminClient) -> None:
-    """List the jobs of the lighthouse: version, last change, managers, job step, scheduled changes."""
-    print_json(client.jobs())
+def jobs(client: AdminClient, output: str) -> None:
+    """The jobs of the lighthouse: version, last change, managers, job step, scheduled changes."""
+    answer = client.jobs()
+    emit(output, answer, lambda: admin_tables.jobs(answer))

@@ -12,7 +12,9 @@ process that reads a job's metrics and changes its config: see
     admin.guards()["guards"]                                          # active, passed, triggered
 
 Every method returns the decoded JSON answer and raises ``AdminError`` (with the
-HTTP status, 0 when the lighthouse cannot be reached) on a refusal.
+HTTP status, 0 when the lighthouse cannot be reached) on a refusal. Given several
+lighthouses (``"http://A:29511,http://B:29511"``, lighthouses on one store), it uses
+the first that answers and stays with it.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 from protos.jobs import DEFAULT_JOB, check_job_id
@@ -30,6 +34,8 @@ from protos.rpc import DEFAULT_DASHBOARD_PORT
 from protos.tls import TLSConfig, tls_reason
 
 DEFAULT_URL = f"http://localhost:{DEFAULT_DASHBOARD_PORT}"
+WATCH_WAIT_SECONDS = 30.0  # one blocking query of follow(); the lighthouse caps it at 60 s
+BUSY_RETRY_SECONDS = 1.0  # the Retry-After of a lighthouse whose waiting slots are all taken
 
 
 class AdminError(Exception):
@@ -49,12 +55,40 @@ def normalize_url(url: str) -> str:
     return url
 
 
+def split_urls(urls: str) -> list[str]:
+    """``"A,B"`` -> ``["http://A", "http://B"]``; ValueError when none is given."""
+    items = [normalize_url(u) for u in urls.split(",") if u.strip()]
+    if not items:
+        raise ValueError(f"no lighthouse URL in {urls!r}")
+    return items
+
+
+class _NotSent(Exception):
+    """The request never reached this lighthouse (refused, unreachable, TLS): safe to send elsewhere."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _NoAnswer(Exception):
+    """The request was sent but no answer came (timeout, connection dropped)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class AdminClient:
     """One method per admin endpoint; every method returns the decoded JSON answer.
 
-    An ``https://`` URL verifies the lighthouse against ``tls.ca`` (the system's
-    roots without one) and presents ``tls.cert`` when mutual TLS asks for it.
-    ``author`` names who makes the changes in the history (a controller's name).
+    ``url`` may list several lighthouses (comma-separated): a call goes to the one
+    that answered last and moves on to the next when it is unreachable (a read also
+    when it does not answer in time; a change only when it was never sent, so it is
+    never applied twice). An ``https://`` URL verifies the lighthouse against
+    ``tls.ca`` (the system's roots without one) and presents ``tls.cert`` when
+    mutual TLS asks for it. ``author`` names who makes the changes in the history
+    (a controller's name).
     """
 
     def __init__(
@@ -67,7 +101,8 @@ class AdminClient:
         job: str = DEFAULT_JOB,
         author: str | None = None,
     ) -> None:
-        self.url = normalize_url(url)
+        self.urls = split_urls(url)
+        self._current = 0
         self.author = author  # recorded with every change (X-Author), e.g. the controller's name
         self.job = check_job_id(job)
         # The job default keeps the unprefixed routes: they work on every lighthouse release.
@@ -80,12 +115,49 @@ class AdminClient:
             handlers.append(urllib.request.HTTPSHandler(context=tls.ssl_context()))
         self._opener = urllib.request.build_opener(*handlers)
 
+    @property
+    def url(self) -> str:
+        """The lighthouse calls go to first (the one that answered last)."""
+        return self.urls[self._current]
+
     # ------------------------------------------------------------ reads
     def show(self) -> dict[str, Any]:
         return self._call("GET", f"{self._api}/config")
 
     def history(self, limit: int = 100) -> dict[str, Any]:
+        """The newest ``limit`` versions, newest first."""
         return self._call("GET", f"{self._api}/config/history", query={"limit": limit})
+
+    def versions_after(self, version: int, limit: int = 100, wait: float = 0.0) -> list[dict[str, Any]]:
+        """The versions after ``version``, oldest first; with ``wait``, a blocking query: answered as
+        soon as one exists, or empty after ``wait`` seconds."""
+        query = {"after": version, "limit": limit, "wait": f"{wait:g}" if wait else None}
+        answer = self._call("GET", f"{self._api}/config/history", query=query, extra_time=wait)
+        versions: list[dict[str, Any]] = answer["versions"]
+        return versions
+
+    def version(self, version: int) -> dict[str, Any]:
+        """One version's history entry; AdminError 404 when it was pruned or never existed."""
+        found = self.versions_after(version - 1, limit=1)
+        if not found or found[0]["version"] != version:
+            raise AdminError(404, f"version {version} is not in the history (never made, or pruned)")
+        return found[0]
+
+    def follow(self, after: int, wait: float = WATCH_WAIT_SECONDS) -> Iterator[dict[str, Any]]:
+        """Every version after ``after`` as it lands, in order, none missed, forever (blocking
+        queries: no polling). Raises AdminError when no listed lighthouse answers any more; a
+        lighthouse with every waiting slot taken (503) is asked again a second later."""
+        while True:
+            try:
+                versions = self.versions_after(after, wait=wait)
+            except AdminError as exc:
+                if exc.status != 503:
+                    raise
+                time.sleep(BUSY_RETRY_SECONDS)
+                continue
+            for entry in versions:
+                after = max(after, int(entry["version"]))
+                yield entry
 
     def scheduled(self) -> dict[str, Any]:
         return self._call("GET", f"{self._api}/config/scheduled")
@@ -220,9 +292,40 @@ class AdminClient:
         body: Any = None,
         query: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
+        extra_time: float = 0.0,
     ) -> dict[str, Any]:
+        """Send to the current lighthouse, then to each other one once (see the class docstring)."""
         params = {k: str(v) for k, v in (query or {}).items() if v is not None and v != ""}
-        url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        target = path + ("?" + urllib.parse.urlencode(params) if params else "")
+        failures: list[str] = []
+        count = len(self.urls)
+        for k in range(count):
+            index = (self._current + k) % count
+            base = self.urls[index]
+            try:
+                answer = self._send(base, method, target, body, headers, self.timeout + extra_time)
+            except _NotSent as exc:
+                failures.append(f"{base}: {exc.reason}")
+                continue
+            except _NoAnswer as exc:
+                if method != "GET":  # it may have been applied: never send a change twice
+                    raise AdminError(
+                        0,
+                        f"no answer from the lighthouse at {base}: {exc.reason} (the change may or may "
+                        "not have been applied: check `lighthouse config history`)",
+                    ) from None
+                failures.append(f"{base}: {exc.reason}")
+                continue
+            self._current = index
+            return answer
+        if count == 1:
+            raise AdminError(0, f"cannot reach the lighthouse at {failures[0]}")
+        raise AdminError(0, "cannot reach any lighthouse: " + "; ".join(failures))
+
+    def _send(
+        self, base: str, method: str, target: str, body: Any, headers: dict[str, str] | None, timeout: float
+    ) -> dict[str, Any]:
+        url = base + target
         sent = {"Accept": "application/json", **(headers or {})}
         data = None
         if body is not None:
@@ -234,19 +337,22 @@ class AdminClient:
             sent["X-Author"] = self.author
         request = urllib.request.Request(url, data=data, method=method, headers=sent)
         try:
-            with self._opener.open(request, timeout=self.timeout) as response:
+            with self._opener.open(request, timeout=timeout) as response:
                 return _decode(response.read(), response.status)
         except urllib.error.HTTPError as exc:
             raise AdminError(exc.code, _error_text(exc)) from None
         except (urllib.error.URLError, OSError) as exc:
+            # urllib wraps what fails before the request is sent (connect, TLS, send) in URLError;
+            # what fails while waiting for the answer comes as it is.
+            not_sent = isinstance(exc, urllib.error.URLError)
             reason = exc if isinstance(exc, ssl.SSLError) else getattr(exc, "reason", exc)
             if isinstance(reason, socket.timeout | TimeoutError):
-                reason = f"no answer within {self.timeout:g} s"
+                reason = f"no answer within {timeout:g} s"
             elif isinstance(reason, ssl.SSLError):
                 reason = tls_reason(reason)
-            elif self.url.startswith("http://") and isinstance(reason, ConnectionError):
+            elif base.startswith("http://") and isinstance(reason, ConnectionError):
                 reason = f"{reason} (does the lighthouse serve HTTPS? try an https:// URL)"
-            raise AdminError(0, f"cannot reach the lighthouse at {self.url}: {reason}") from None
+            raise (_NotSent if not_sent else _NoAnswer)(str(reason)) from None
 
 
 def _decode(raw: bytes, status: int) -> dict[str, Any]:

@@ -5,8 +5,9 @@ late groups); a backend only stores and returns records, so the logic never
 knows whether it runs on the embedded SQLite file or on etcd.
 
 A backend shared by several lighthouses (etcd) also offers
-``subscribe(on_job_changed, on_step)``: the job registry then reloads a job
-another lighthouse changed and adopts the job step it stored.
+``subscribe(on_job_changed, on_step, on_lease_ceiling)``: the job registry then
+reloads a job another lighthouse changed, adopts the job step it stored, and
+respects the step-lease ceiling it stored (see ``leases``).
 """
 
 from __future__ import annotations
@@ -29,10 +30,14 @@ class Change:
     source: str
     author: str
     comment: str
+    # A change made now whose effective_step the lighthouse chose (above every step lease it
+    # had granted), rather than one the operator scheduled at a step.
+    made_now: bool = False
 
     @property
     def scheduled(self) -> bool:
-        return self.effective_step is not None
+        """Asked for at a step by the operator."""
+        return self.effective_step is not None and not self.made_now
 
     def to_json(self, cancelled: bool = False) -> dict[str, Any]:
         return {
@@ -45,6 +50,7 @@ class Change:
             "op": self.op,
             "change": self.change,
             "effective_step": self.effective_step,
+            "scheduled": self.scheduled,
             "cancelled": cancelled,
         }
 
@@ -62,6 +68,18 @@ class JobRecords:
     # Versions whose ``config`` the backend did not keep (etcd, when change + config would not
     # fit in one request): the store recomputes them, ``config`` being a function of the rows.
     unresolved: set[int] = field(default_factory=set)
+    # The store's revision these records were read at (etcd; 0 for a store with one writer): when,
+    # not what, so two reads of the same records compare equal.
+    revision: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """What a commit assumed of the other lighthouses' lease ceilings: none of them (every
+    ``lease_ceiling*`` meta key but ``own_key``) changed after ``revision``."""
+
+    own_key: str
+    revision: int
 
 
 class HeadMoved(Exception):
@@ -88,10 +106,27 @@ class StoreBackend(Protocol):
 
     def load(self, job: str) -> JobRecords: ...
 
-    def append(self, job: str, rows: list[Change], meta: dict[str, str], expected_head: int) -> None:
+    def append(
+        self,
+        job: str,
+        rows: list[Change],
+        meta: dict[str, str],
+        expected_head: int,
+        leases: LeaseView | None = None,
+    ) -> None:
         """Store ``rows`` (consecutive versions after ``expected_head``) and ``meta`` in one
-        transaction if the job's head is still ``expected_head``, else raise HeadMoved (storing
-        nothing); StoreUnavailable when it cannot commit now."""
+        transaction if the job's head is still ``expected_head`` (and, on a shared store, no other
+        lighthouse raised its lease ceiling since ``leases.revision``), else raise HeadMoved
+        (storing nothing); StoreUnavailable when it cannot commit now."""
+        ...
+
+    def lease_ceiling_key(self, owner: str) -> str:
+        """The meta key holding the lease ceiling of lighthouse ``owner`` (one per process life)."""
+        ...
+
+    def save_lease_ceiling(self, job: str, owner: str, ceiling: int, served_head: int) -> None:
+        """Store ``owner``'s lease ceiling of ``job`` durably; on a shared store only while the job's
+        head is still ``served_head`` (the version the lighthouse serves), else HeadMoved."""
         ...
 
     def set_meta(self, job: str, items: dict[str, str]) -> None: ...

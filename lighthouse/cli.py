@@ -12,6 +12,7 @@ import click
 from lighthouse.access import load_job_tokens
 from lighthouse.admin_cli import config, jobs
 from lighthouse.guards_cli import guards
+from lighthouse.leases import LeasePolicy
 from lighthouse.metrics_cli import metrics
 from lighthouse.migrate import migrate_command
 from lighthouse.values import ConfigError
@@ -124,6 +125,28 @@ def main() -> None:
     show_default=True,
     help="'off' keeps the dashboard on plain HTTP under --tls-cert (for a port only a local proxy reaches).",
 )
+@click.option(
+    "--lease-extra-steps",
+    type=click.IntRange(min=0),
+    default=LeasePolicy.extra_steps,
+    show_default=True,
+    help="Step leases: steps added to the rate x TTL a lease lasts (slack for the renewal).",
+)
+@click.option(
+    "--lease-min-steps",
+    type=click.IntRange(min=1),
+    default=LeasePolicy.min_steps,
+    show_default=True,
+    help="Step leases: the shortest lease, in steps (before the job's step rate is known).",
+)
+@click.option(
+    "--lease-ceiling-ahead",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    help="Step leases: seconds of steps the stored promise ceiling runs ahead (fewer store writes; a "
+    "change made through another lighthouse, or after a restart, waits up to this long). "
+    "Default: 10 with --state-dir, 1 with --store.",
+)
 @click.option("--log-level", default="info", show_default=True, help="debug, info, warning or error.")
 def serve(
     bind: str,
@@ -144,6 +167,9 @@ def serve(
     store_ca: str | None,
     store_cert: str | None,
     store_key: str | None,
+    lease_extra_steps: int,
+    lease_min_steps: int,
+    lease_ceiling_ahead: float | None,
 ) -> None:
     """Serve the config. Prints the gRPC address (line 1) and dashboard URL (line 2)."""
     configure_logging(log_level)
@@ -177,6 +203,9 @@ def serve(
             tls=tls,
             http_tls=http_tls == "on",
             backend=backend,
+            lease_policy=LeasePolicy(
+                min_steps=lease_min_steps, extra_steps=lease_extra_steps, ceiling_ahead=lease_ceiling_ahead
+            ),
         )
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)

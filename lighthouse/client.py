@@ -3,26 +3,42 @@
 Training code normally goes through its group's manager; this client is for
 direct use (tools, tests, single-process jobs) and for the manager itself.
 Given several lighthouses (``"A,B,C"``, all serving the same store), it sticks
-to one and moves to the next when a call fails, so losing one lighthouse host
-costs a caller one failed attempt, not an outage.
+to one and moves to the next when a call fails or hangs, so losing one
+lighthouse host costs a caller one failed or slow attempt, not an outage.
+
+A hang (a frozen host, a long pause, a path that drops packets) keeps the
+connection open and answers nothing, so waiting for an error would spend the
+whole deadline. Calls are hedged instead: when the lighthouse in use has not
+answered within ``HEDGE_FRACTION`` of the call's deadline, it is asked again
+and the next one too (the one after it another fraction later), within the
+same deadline; the first good answer wins and the client stays on the
+lighthouse that gave it.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, check_job_id
-from protos.rpc import LIGHTHOUSE_GET_CONFIG, LIGHTHOUSE_HEARTBEAT, make_channel, seconds, split_addresses
-from protos.tls import TLSConfig
+from protos.rpc import (
+    LIGHTHOUSE_GET_CONFIG,
+    LIGHTHOUSE_HEARTBEAT,
+    LIGHTHOUSE_WATCH,
+    make_channel,
+    seconds,
+    split_addresses,
+)
+from protos.tls import TLSConfig, tls_for
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +48,21 @@ T = TypeVar("T")
 # request, say) would be answered the same by every lighthouse.
 FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
+# A lighthouse that has not answered within this fraction of a call's deadline is taken for hung,
+# and the next one is asked too. A healthy lighthouse answers in milliseconds, so a quarter (250 ms
+# of the manager's default 1 s) is far past its normal latency yet leaves the next lighthouse three
+# quarters of the deadline; with three lighthouses the third is asked at half the deadline.
+HEDGE_FRACTION = 0.25
+
+Method = Callable[["_Endpoint"], "grpc.UnaryUnaryMultiCallable[Any, T]"]
+
 
 class _Endpoint:
     """One lighthouse: its channel and the two methods."""
 
     def __init__(self, addr: str, tls: TLSConfig | None) -> None:
         self.addr = addr
+        self.tls = tls
         self.channel = make_channel(addr, tls)
         self.get_config = self.channel.unary_unary(
             LIGHTHOUSE_GET_CONFIG,
@@ -48,6 +73,11 @@ class _Endpoint:
             LIGHTHOUSE_HEARTBEAT,
             request_serializer=pb.LighthouseHeartbeatRequest.SerializeToString,
             response_deserializer=pb.LighthouseHeartbeatResponse.FromString,
+        )
+        self.watch = self.channel.stream_stream(
+            LIGHTHOUSE_WATCH,
+            request_serializer=pb.LighthouseConfigRequest.SerializeToString,
+            response_deserializer=pb.LighthouseConfigResponse.FromString,
         )
 
 
@@ -60,7 +90,8 @@ class LighthouseClient:
     over the list instead of all using the first. ``job`` is the training job whose
     config it asks for (default: the job ``default``). Calls raise ``grpc.RpcError``
     when no lighthouse answers in time. ``tls`` dials lighthouses serving TLS
-    (``protos.tls.explain_rpc_error`` says what failed).
+    (``protos.tls.explain_rpc_error`` says what failed); an ``https://`` address
+    speaks TLS too, trusting the system's roots.
     """
 
     def __init__(
@@ -73,11 +104,11 @@ class LighthouseClient:
         tls: TLSConfig | None = None,
     ) -> None:
         self.addr = addr
-        self.tls = tls
         self.job = check_job_id(job)
         self._wire_job = "" if self.job == DEFAULT_JOB else self.job  # what every lighthouse release reads
         addrs = split_addresses(addr)
-        self._endpoints = [_Endpoint(a, tls) for a in addrs]
+        self._endpoints = [_Endpoint(a, tls_for(a, tls)) for a in addrs]
+        self.tls = next((e.tls for e in self._endpoints if e.tls is not None), None)
         self._current = zlib.crc32(spread_key.encode()) % len(addrs) if spread_key else 0
         self._lock = threading.Lock()
         if connect_timeout is not None:
@@ -107,63 +138,183 @@ class LighthouseClient:
         known_state_id: str = "",
         status: pb.ManagerStatus | None = None,
         replica_id: str = "",
+        lease_seconds: float = 0.0,
+        lease_from_step: int | None = None,
     ) -> pb.LighthouseConfigResponse:
-        """The full reply: version, per-step segments, and not_modified when ``known_version`` is current."""
+        """The full reply: version, per-step segments, and not_modified when ``known_version`` is current.
+
+        With a ``status`` that reports a step (a manager), the reply carries a step lease
+        (``stable_through_step``) sized for a renewal every ``lease_seconds``, covering
+        ``lease_from_step`` when given (a step a worker waits for).
+        """
+        request = self.request(
+            known_version=known_version,
+            known_state_id=known_state_id,
+            status=status,
+            replica_id=replica_id,
+            lease_seconds=lease_seconds,
+            lease_from_step=lease_from_step,
+        )
+        return self.get(request, timeout=timeout)
+
+    def get(
+        self, request: pb.LighthouseConfigRequest, *, timeout: timedelta | float
+    ) -> pb.LighthouseConfigResponse:
+        """One GetConfig with ``request`` (built by ``request``), failing over as every call does."""
+        reply: pb.LighthouseConfigResponse = self._call(
+            lambda e: e.get_config, request, seconds(timeout, 5.0)
+        )
+        return reply
+
+    def request(
+        self,
+        *,
+        known_version: int = 0,
+        known_state_id: str = "",
+        status: pb.ManagerStatus | None = None,
+        replica_id: str = "",
+        lease_seconds: float = 0.0,
+        lease_from_step: int | None = None,
+    ) -> pb.LighthouseConfigRequest:
+        """The request ``fetch`` sends (and a push stream carries), for this client's job."""
         request = pb.LighthouseConfigRequest(
             replica_id=replica_id or (status.replica_id if status is not None else ""),
             known_version=known_version,
             known_state_id=known_state_id,
             status=status,
             job=self._wire_job,
+            lease_seconds=lease_seconds,
         )
-        deadline = seconds(timeout, 5.0)
-        reply: pb.LighthouseConfigResponse = self._call(
-            lambda e, t: e.get_config(request, timeout=t), deadline
+        if lease_from_step is not None:
+            request.lease_from_step = lease_from_step
+        return request
+
+    def watch(
+        self, requests: Iterator[pb.LighthouseConfigRequest]
+    ) -> grpc.CallIterator[pb.LighthouseConfigResponse]:
+        """A ``WatchConfig`` stream to the lighthouse in use (no deadline: it lasts until cancelled).
+
+        The result is a ``grpc.Call`` as well: ``cancel()`` ends it. It raises ``grpc.RpcError``
+        with UNIMPLEMENTED from a lighthouse release without push streams.
+        """
+        stream: grpc.CallIterator[pb.LighthouseConfigResponse] = self._endpoints[self._current].watch(
+            requests
         )
-        return reply
+        return stream
 
     def heartbeat(
         self, status: pb.ManagerStatus, timeout: timedelta | float = 1.0
     ) -> pb.LighthouseHeartbeatResponse:
         request = pb.LighthouseHeartbeatRequest(status=status)
         reply: pb.LighthouseHeartbeatResponse = self._call(
-            lambda e, t: e.heartbeat(request, timeout=t), seconds(timeout, 1.0)
+            lambda e: e.heartbeat, request, seconds(timeout, 1.0)
         )
         return reply
 
-    def _call(self, attempt: Callable[[_Endpoint, float], T], timeout: float) -> T:
-        """Try the current lighthouse, then each other once, every attempt within ``timeout`` overall.
+    def _call(self, method: Method[T], request: Any, timeout: float) -> T:
+        """Ask the current lighthouse; past ``HEDGE_FRACTION`` of ``timeout`` without an answer, or
+        at once when it fails, hedge over the others (``_hedged``); all within ``timeout``.
 
-        A lighthouse that is down refuses at once, so the next one still gets most of the time;
-        one that hangs uses up the deadline (the caller's bound holds either way).
+        The first attempt is a plain blocking call bounded by the hedge delay: the cost of a call
+        to a healthy lighthouse stays that of one gRPC call (a gRPC future costs a thread start).
         """
         deadline = time.monotonic() + timeout
-        first = self._current
         count = len(self._endpoints)
-        for k in range(count):
-            index = (first + k) % count
-            remaining = deadline - time.monotonic()
-            endpoint = self._endpoints[index]
-            try:
-                result = attempt(endpoint, max(remaining, 0.001))
-            except grpc.RpcError as exc:
-                code = exc.code() if isinstance(exc, grpc.Call) else None
-                last = k == count - 1 or deadline - time.monotonic() <= 0.001
-                if count == 1 or code not in FAILOVER_CODES or last:
-                    raise
-                logger.warning(
-                    "lighthouse %s failed (%s): trying %s",
-                    endpoint.addr,
-                    code.name if code else exc,
-                    self._endpoints[(index + 1) % count].addr,
-                )
-                continue
-            if index != self._current:
-                with self._lock:
-                    self._current = index
-                logger.info("now using lighthouse %s", endpoint.addr)
-            return result
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        if count == 1:
+            return method(self._endpoints[0])(request, timeout=timeout)
+        first = self._current
+        delay = HEDGE_FRACTION * timeout
+        try:
+            return method(self._endpoints[first])(request, timeout=delay)
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            if code not in FAILOVER_CODES:
+                raise
+            hung = code == grpc.StatusCode.DEADLINE_EXCEEDED
+            logger.warning(
+                "lighthouse %s %s: asking %s",
+                self._endpoints[first].addr,
+                f"has not answered within {delay:.2f}s" if hung else f"failed ({code.name if code else exc})",
+                self._endpoints[(first + 1) % count].addr,
+            )
+            others = [(first + k) % count for k in range(1, count)]
+            # One that is slow, not dead, may still answer: it is asked again beside the next one.
+            order = [first, *others] if hung else others
+            return self._hedged(method, request, order, 2 if hung else 1, deadline, delay, exc)
+
+    def _hedged(
+        self,
+        method: Method[T],
+        request: Any,
+        order: list[int],
+        at_once: int,
+        deadline: float,
+        delay: float,
+        error: grpc.RpcError,
+    ) -> T:
+        """Ask ``order[:at_once]`` now and one more each time one fails or ``delay`` passes without
+        an answer; the first answer wins (the others are cancelled) and its lighthouse is used
+        first from then on. Raises the last failure when none answers before ``deadline``."""
+        done: queue.SimpleQueue[tuple[int, grpc.Future[T]]] = queue.SimpleQueue()
+        pending: dict[int, grpc.Future[T]] = {}
+        queued = list(order)
+        next_hedge = deadline
+
+        def ask_next() -> None:
+            nonlocal next_hedge
+            index = queued.pop(0)
+            future = method(self._endpoints[index]).future(
+                request, timeout=max(deadline - time.monotonic(), 0.001)
+            )
+            pending[index] = future
+            future.add_done_callback(lambda f: done.put((index, f)))
+            next_hedge = time.monotonic() + delay
+
+        for _ in range(at_once):
+            ask_next()
+        try:
+            while pending:
+                hedge = bool(queued) and next_hedge < deadline
+                try:
+                    # Each attempt carries the deadline, so gRPC ends it by then: no timeout needed.
+                    index, future = done.get(timeout=max(next_hedge - time.monotonic(), 0) if hedge else None)
+                except queue.Empty:
+                    logger.warning(
+                        "no lighthouse answered within %.2fs: asking %s too",
+                        delay,
+                        self._endpoints[queued[0]].addr,
+                    )
+                    ask_next()
+                    continue
+                del pending[index]
+                failure = future.exception()
+                if failure is None:
+                    self._use(index)
+                    return future.result()
+                assert isinstance(failure, grpc.RpcError)
+                code = failure.code() if isinstance(failure, grpc.Call) else None
+                if code not in FAILOVER_CODES:
+                    raise failure
+                error = failure
+                if queued and deadline - time.monotonic() > 0.001:
+                    logger.warning(
+                        "lighthouse %s failed (%s): trying %s",
+                        self._endpoints[index].addr,
+                        code.name if code else failure,
+                        self._endpoints[queued[0]].addr,
+                    )
+                    ask_next()
+        finally:
+            for future in pending.values():
+                future.cancel()
+        raise error
+
+    def _use(self, index: int) -> None:
+        """Call the lighthouse that answered first from now on."""
+        if index != self._current:
+            with self._lock:
+                self._current = index
+            logger.info("now using lighthouse %s", self._endpoints[index].addr)
 
     def close(self) -> None:
         for endpoint in self._endpoints:

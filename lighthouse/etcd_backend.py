@@ -7,6 +7,7 @@ digits so keys sort by number)::
     {p}/jobs/{job}/head                               latest version, decimal
     {p}/jobs/{job}/v/{version}                        one Change as JSON
     {p}/jobs/{job}/meta/{key}                         meta value (current_step, state_id, base, file:...)
+    {p}/jobs/{job}/meta/lease_ceiling/{owner}         a lighthouse life's step-lease ceiling
     {p}/jobs/{job}/sw/{replica}/{step}/{version}      previous_step of a step switch
     {p}/jobs/{job}/schema/{time_ns}                   one schema change as JSON (id: create revision)
     {p}/jobs/{job}/guards/{version}                   a guarded change's guard as JSON
@@ -24,6 +25,12 @@ manager's call never waits for etcd (nor fails when etcd has no quorum).
 
 Each lighthouse watches the prefix (``subscribe``) and reloads a job when its head
 moved, so an edit made through one lighthouse is served by all.
+
+Step leases (see ``leases``) need two compares, so that no lighthouse commits a
+change below a step another one promised: a lighthouse raises its lease ceiling
+only while the job's head is the version it serves (else it has a change to
+take first), and an append fails (HeadMoved: reload, plan again) when another
+lighthouse raised its ceiling after the revision the commit's plan read.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from lighthouse import etcd_client
-from lighthouse.backend import Change, HeadMoved, JobRecords, StoreUnavailable, Switch
+from lighthouse.backend import Change, HeadMoved, JobRecords, LeaseView, StoreUnavailable, Switch
 from lighthouse.etcd_client import Compare, Delete, EtcdClient, EtcdError, Event, Get, Put
 from lighthouse.values import ConfigTooLarge
 from protos.tls import TLSConfig
@@ -62,6 +69,8 @@ FLUSH_TIMEOUT = 2.0  # per call of the background writer, so closing never waits
 
 JobChanged = Callable[[str, int], None]  # (job, head now; 0 when deleted, -1 when unknown)
 StepChanged = Callable[[str, int], None]  # (job, step stored)
+CeilingChanged = Callable[[str, str, int, int], None]  # (job, meta key, ceiling, revision)
+LEASE_CEILING = "lease_ceiling/"  # meta key prefix: one key per lighthouse life
 
 
 def _num(n: int) -> str:
@@ -134,6 +143,8 @@ def _row_json(row: Change, with_config: bool) -> bytes:
         "author": row.author,
         "comment": row.comment,
     }
+    if row.made_now:
+        data["made_now"] = True
     if with_config:
         data["config"] = row.config
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
@@ -144,7 +155,7 @@ def _row(value: bytes) -> tuple[Change, bool]:
     d = json.loads(value)
     row = Change(
         d["version"], d["op"], d["change"], d.get("config", {}), d["effective_step"], d["order_step"],
-        d["created_at"], d["source"], d["author"], d["comment"],
+        d["created_at"], d["source"], d["author"], d["comment"], d.get("made_now", False),
     )  # fmt: skip
     return row, "config" in d
 
@@ -217,7 +228,7 @@ class EtcdBackend:
             result = self.client.txn([], [Get(base + "v/", prefix=True), Get(base + "meta/", prefix=True)])
         with self._lock:
             self._known_jobs.add(job)
-        records = JobRecords()
+        records = JobRecords(revision=result.revision)
         for kv in result.gets[0]:
             row, has_config = _row(kv.value)
             records.rows.append(row)
@@ -254,7 +265,14 @@ class EtcdBackend:
         return sorted(set(stored) | set(pending), key=lambda sw: (sw[0], sw[2], sw[1]))
 
     # ----------------------------------------------------------------- writes
-    def append(self, job: str, rows: list[Change], meta: dict[str, str], expected_head: int) -> None:
+    def append(
+        self,
+        job: str,
+        rows: list[Change],
+        meta: dict[str, str],
+        expected_head: int,
+        leases: LeaseView | None = None,
+    ) -> None:
         base = self._job(job)
         head = base + "head"
         values = [_row_json(row, with_config=True) for row in rows]
@@ -277,17 +295,52 @@ class EtcdBackend:
             Put(self._index(job), ""),
             *(Put(base + "meta/" + k, v) for k, v in meta.items()),
         ]
+        compares = [compare, *self._ceilings_unchanged(job, leases)]
         with _mapped():
-            result = self.client.txn([compare], ops, [Get(row_keys[-1]), Get(head)])
+            result = self.client.txn(compares, ops, [Get(row_keys[-1]), Get(head)])
         if not result.succeeded:
             mine, current = result.gets
             if mine and mine[0].value == values[-1]:
                 log.debug("job %s: version %d was committed by an earlier attempt", job, rows[-1].version)
             else:
                 now = current[0].value.decode() if current else "0"
-                raise HeadMoved(f"job {job}: head is {now}, expected {expected_head}")
+                raise HeadMoved(
+                    f"job {job}: head is {now}, expected {expected_head}, or another lighthouse "
+                    "raised its lease ceiling"
+                )
         if step is not None:
             self._queue_step(job, int(step))
+
+    def _ceilings_unchanged(self, job: str, leases: LeaseView | None) -> list[Compare]:
+        """No other lighthouse's lease ceiling of ``job`` changed after ``leases.revision``: every
+        key of the range but our own (two ranges around it) has an older mod revision."""
+        if leases is None:
+            return []
+        first = self._job(job) + "meta/" + LEASE_CEILING
+        own = (self._job(job) + "meta/" + leases.own_key).encode()
+        after_own = own + b"\0"
+        end = etcd_client.prefix_end(first.encode())
+        newer = leases.revision + 1
+        return [
+            Compare(first, "mod", "<", newer, range_end=own),
+            Compare(after_own, "mod", "<", newer, range_end=end),
+        ]
+
+    def lease_ceiling_key(self, owner: str) -> str:
+        return LEASE_CEILING + owner
+
+    def save_lease_ceiling(self, job: str, owner: str, ceiling: int, served_head: int) -> None:
+        base = self._job(job)
+        head = base + "head"
+        compare = (
+            Compare(head, "create", "==", 0)
+            if served_head == 0
+            else Compare(head, "value", "==", str(served_head))
+        )
+        with _mapped():
+            result = self.client.txn([compare], [Put(base + "meta/" + LEASE_CEILING + owner, str(ceiling))])
+        if not result.succeeded:
+            raise HeadMoved(f"job {job}: its head moved past version {served_head}")
 
     def add_schema(self, job: str, record: dict[str, Any]) -> None:
         """Schema changes sort by key (time of the change); their ``id`` is etcd's create revision."""
@@ -449,9 +502,12 @@ class EtcdBackend:
             self._stored_steps[job] = (stored, revision)
 
     # ------------------------------------------------------------------ watch
-    def subscribe(self, on_job_changed: JobChanged, on_step: StepChanged) -> None:
-        """Call ``on_job_changed(job, head)`` when a job's head moves (or it is deleted: head 0) and
-        ``on_step(job, step)`` when a job step is stored, from the revision this backend first read.
+    def subscribe(
+        self, on_job_changed: JobChanged, on_step: StepChanged, on_lease_ceiling: CeilingChanged
+    ) -> None:
+        """Call ``on_job_changed(job, head)`` when a job's head moves (or it is deleted: head 0),
+        ``on_step(job, step)`` when a job step is stored and ``on_lease_ceiling(job, key, ceiling,
+        revision)`` when a lighthouse stored a lease ceiling, from the revision this backend first read.
 
         When etcd compacted the revisions the watch needed, every job is reported with head -1.
         """
@@ -459,6 +515,7 @@ class EtcdBackend:
         def events(batch: list[Event]) -> None:
             heads: dict[str, int] = {}
             steps: dict[str, int] = {}
+            ceilings: list[tuple[str, str, int, int]] = []
             pruned: set[str] = set()
             for event in batch:
                 key = event.kv.key.decode()
@@ -469,6 +526,8 @@ class EtcdBackend:
                     heads[job] = int(event.kv.value) if event.type == "put" else 0
                 elif sub == "meta/current_step" and event.type == "put":
                     steps[job] = max(steps.get(job, -1), int(event.kv.value))
+                elif sub.startswith("meta/" + LEASE_CEILING) and event.type == "put":
+                    ceilings.append((job, sub[len("meta/") :], int(event.kv.value), event.revision))
                 elif sub == "meta/base" and event.revision != self._base_revision.get(job):
                     pruned.add(job)  # another lighthouse pruned: reload the folded base
                 elif sub.startswith(("schema/", "guards/")):
@@ -477,6 +536,8 @@ class EtcdBackend:
                 heads[job] = -1
             for job, step in steps.items():
                 on_step(job, step)
+            for job, key, ceiling, revision in ceilings:
+                on_lease_ceiling(job, key, ceiling, revision)
             for job, head in heads.items():
                 on_job_changed(job, head)
 

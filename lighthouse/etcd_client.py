@@ -27,8 +27,14 @@ from typing import Any, Literal, TypeVar
 import grpc
 
 from protos.etcd import kv_pb2, rpc_pb2, rpc_pb2_grpc
-from protos.rpc import grpc_target, seconds, split_addresses
-from protos.tls import TLSConfig
+from protos.rpc import (
+    KEEPALIVE_OPTIONS,
+    RECONNECT_OPTIONS,
+    grpc_target,
+    seconds,
+    split_addresses,
+)
+from protos.tls import TLSConfig, tls_failure
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +46,19 @@ DEFAULT_TIMEOUT = 5.0
 # endpoint after this long and retry, so an election costs about this much, not 7 s.
 DEFAULT_ATTEMPT_TIMEOUT = 2.0
 
-# etcd refuses requests above --max-request-bytes (1.5 MiB by default); a range
-# over a job's history can be much larger than one request.
 _CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
+    # etcd refuses requests above --max-request-bytes (1.5 MiB by default); a range
+    # over a job's history can be much larger than one request.
     ("grpc.max_send_message_length", 4 * 1024 * 1024),
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    *RECONNECT_OPTIONS,
+    # A member that died or was cut off is noticed within seconds (the watch and lease streams
+    # fail and move to another member) instead of after TCP's minutes.
+    *KEEPALIVE_OPTIONS,
+    # Only while a call is open (the watch always is, on the member in use): etcd permits a ping
+    # every 5 s (--grpc-keepalive-min-time; our KEEPALIVE_TIME_MS is above it) but none on a
+    # connection without streams, and answers one with a GOAWAY (too_many_pings).
+    ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.enable_http_proxy", 0),
 ]
 # etcd cancels a watch whose member lost its leader only when asked to (so a
@@ -59,6 +70,12 @@ _FAILOVER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDE
 _FAILOVER_DETAILS = ("context deadline exceeded", "context canceled")
 _RETRY_PAUSE = 0.05
 _WATCH_BACKOFF_MAX = 1.0
+# A watch that hears nothing cannot tell a quiet prefix from a member that stopped sending (cut
+# off, stuck, or answering pings but not the watch). So it asks for a progress notification every
+# WATCH_PROGRESS_INTERVAL (etcd answers at once with its revision), and a stream that has sent
+# nothing for WATCH_SILENCE_TIMEOUT is dropped and resumed on the next member.
+WATCH_PROGRESS_INTERVAL = 2.0
+WATCH_SILENCE_TIMEOUT = 3 * WATCH_PROGRESS_INTERVAL
 
 
 class StoreUnavailable(Exception):
@@ -110,13 +127,15 @@ class GetResult:
 class Compare:
     """``target(key) op value``: e.g. ``Compare(b"head", "mod", "==", 7)``.
 
-    A key that does not exist has mod/create revision and version 0.
+    A key that does not exist has mod/create revision and version 0. With ``range_end``
+    the compare holds for every key in [key, range_end) (true when there is none).
     """
 
     key: str | bytes
     target: Literal["mod", "create", "version", "value"]
     op: Literal["==", "!=", "<", ">"]
     value: int | bytes | str
+    range_end: str | bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +205,8 @@ _RESULTS = {
 
 def _compare_pb(c: Compare) -> rpc_pb2.Compare:
     msg = rpc_pb2.Compare(key=_bytes(c.key), target=_TARGETS[c.target], result=_RESULTS[c.op])
+    if c.range_end is not None:
+        msg.range_end = _bytes(c.range_end)
     if c.target == "value":
         if isinstance(c.value, int):
             raise TypeError("a value compare takes str or bytes")
@@ -304,7 +325,8 @@ class EtcdClient:
                 details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
                 if code not in _FAILOVER_CODES and details not in _FAILOVER_DETAILS:
                     raise EtcdError(code, details) from None
-                last = f"{self.endpoints[index]}: {details}"
+                reason = tls_failure(details, self._tls is not None)  # a refusal is not an outage
+                last = f"{self.endpoints[index]}: {f'{reason} ({details})' if reason else details}"
                 log.debug("etcd call failed on %s", last)
             tried += 1
             index = self._move_on(index)
@@ -501,7 +523,12 @@ class KeepAlive:
 
 
 class Watch:
-    """A prefix watch that reconnects to the next endpoint on failure and resumes where it left off."""
+    """A prefix watch that reconnects to the next endpoint on failure and resumes where it left off.
+
+    A failure includes silence: the stream asks for progress notifications, so a member that
+    sends nothing past ``WATCH_SILENCE_TIMEOUT`` is taken for cut off (keepalive catches a dead
+    connection; this catches a live one whose watch went quiet).
+    """
 
     def __init__(
         self,
@@ -520,6 +547,7 @@ class Watch:
         self._lock = threading.Lock()
         self._next_revision = start_revision
         self._call: Any = None
+        self._heard_at = time.monotonic()  # when the stream last sent anything
         self._stopped = threading.Event()
         self.created = threading.Event()  # set while a stream is established (startup, tests)
         self._thread = threading.Thread(target=self._run, name="etcd-watch", daemon=True)
@@ -531,13 +559,24 @@ class Watch:
         with self._lock:
             return self._next_revision
 
-    def _requests(self, start: int, done: threading.Event) -> Iterator[rpc_pb2.WatchRequest]:
+    def _requests(
+        self, start: int, done: threading.Event, silent: threading.Event
+    ) -> Iterator[rpc_pb2.WatchRequest]:
+        """Create the watch, then ask for progress until the stream is dropped; drop it (setting
+        ``silent``) when the member has sent nothing for ``WATCH_SILENCE_TIMEOUT``."""
         yield rpc_pb2.WatchRequest(
             create_request=rpc_pb2.WatchCreateRequest(
-                key=self._key, range_end=self._range_end, start_revision=start
+                key=self._key, range_end=self._range_end, start_revision=start, progress_notify=True
             )
         )
-        done.wait()  # keep the request side open until the stream is dropped
+        while not done.wait(WATCH_PROGRESS_INTERVAL):
+            if time.monotonic() - self._heard_at > WATCH_SILENCE_TIMEOUT:
+                silent.set()
+                with self._lock:
+                    call = self._call
+                call.cancel()
+                return
+            yield rpc_pb2.WatchRequest(progress_request=rpc_pb2.WatchProgressRequest())
 
     def _run(self) -> None:
         backoff = _RETRY_PAUSE
@@ -547,8 +586,11 @@ class Watch:
                 stubs = self._client._stubs_for(index)
             except StoreUnavailable:
                 return  # client closed
-            done = threading.Event()
-            call = stubs.watch.Watch(self._requests(self.next_revision, done), metadata=_REQUIRE_LEADER)
+            done, silent = threading.Event(), threading.Event()
+            self._heard_at = time.monotonic()
+            call = stubs.watch.Watch(
+                self._requests(self.next_revision, done, silent), metadata=_REQUIRE_LEADER
+            )
             with self._lock:
                 self._call = call
             if self._stopped.is_set():  # stop() ran before the call was visible to it
@@ -568,6 +610,8 @@ class Watch:
                 self.created.clear()
             if self._stopped.is_set():
                 return
+            if silent.is_set():
+                reason = f"nothing heard for {WATCH_SILENCE_TIMEOUT:g}s"
             if reason == "compacted":
                 continue  # same endpoint, from the revision the reload returned
             log.info("etcd watch on %s lost (%s); reconnecting", self._client.endpoints[index], reason)
@@ -579,6 +623,7 @@ class Watch:
     def _consume(self, call: Iterator[rpc_pb2.WatchResponse]) -> str | None:
         """Read one stream until it ends; returns why etcd cancelled it (None when it just ended)."""
         for reply in call:
+            self._heard_at = time.monotonic()
             if reply.created:
                 self.created.set()
             if reply.compact_revision:
@@ -595,6 +640,7 @@ class Watch:
                 self._on_events(events)
                 with self._lock:
                     self._next_revision = events[-1].revision + 1
+                self._heard_at = time.monotonic()  # a slow callback is no silence of etcd's
             if reply.canceled:
                 return reply.cancel_reason or "cancelled by etcd"
         return None

@@ -7,23 +7,30 @@ from typing import Any
 
 import click
 
-from lighthouse.admin_cli import connection_options, print_json
+from lighthouse.admin_cli import connection_options, emit
 from lighthouse.admin_client import AdminClient
-from lighthouse.metrics_cli import aligned, output_option
+from protos.cli_output import steps, table
 
 
-def _row(guard: dict[str, Any]) -> tuple[str, ...]:
-    baseline = guard.get("baseline")
-    rollback = guard.get("rollback_version")
-    return (
-        f"v{guard['version']}",
-        guard["status"],
-        f"{guard['metric']}:{guard['factor']:g}",
-        f"{guard['effective_step']}-{guard['effective_step'] + guard['steps']}",
-        "-" if baseline is None else f"{baseline:.6g}",
-        "-" if rollback is None else f"v{rollback}",
-        guard.get("reason") or "",
-    )
+def lines(answer: dict[str, Any]) -> list[str]:
+    """The ``lighthouse config guards`` table of one API answer."""
+    if not answer["guards"]:
+        return ["no guarded change (config set KEY=VALUE --guard METRIC:FACTOR makes one)"]
+    rows = []
+    for guard in answer["guards"]:
+        baseline, rollback = guard.get("baseline"), guard.get("rollback_version")
+        rows.append(
+            [
+                f"v{guard['version']}",
+                guard["status"],
+                f"{guard['metric']}:{guard['factor']:g}",
+                f"{steps(guard['effective_step'])}-{steps(guard['effective_step'] + guard['steps'])}",
+                "-" if baseline is None else f"{baseline:.6g}",
+                "-" if rollback is None else f"v{rollback}",
+                guard.get("reason") or "",
+            ]
+        )
+    return table(["VERSION", "STATUS", "GUARD", "STEPS", "BASELINE", "ROLLBACK", "REASON"], rows)
 
 
 @click.command()
@@ -34,24 +41,12 @@ def _row(guard: dict[str, Any]) -> tuple[str, ...]:
     metavar="VERSION",
     help="Stop guarding VERSION (its change stays).",
 )
-@output_option
 @connection_options
 def guards(client: AdminClient, cancel: int | None, output: str) -> None:
     """List the guarded changes: active, passed, triggered (with their rollback) or cancelled."""
     if cancel is not None:
-        guard = client.cancel_guard(cancel)["guard"]
-        if output == "json":
-            print_json(guard)
-        else:
-            click.echo(f"the guard of v{cancel} is cancelled")
+        answer = client.cancel_guard(cancel)
+        emit(output, answer, lambda: [f"the guard of v{cancel} is cancelled"])
         return
-    answer = client.guards()
-    if output == "json":
-        print_json(answer)
-        return
-    if not answer["guards"]:
-        click.echo("no guarded change (config set KEY=VALUE --guard METRIC:FACTOR makes one)")
-        return
-    header = ("VERSION", "STATUS", "GUARD", "STEPS", "BASELINE", "ROLLBACK", "REASON")
-    for line in aligned([header, *map(_row, answer["guards"])]):
-        click.echo(line)
+    listed = client.guards()
+    emit(output, listed, lambda: lines(listed))

@@ -35,7 +35,7 @@ from lighthouse.http_messages import (
 )
 from lighthouse.jobs import JobRegistry, TooManyJobs
 from lighthouse.schema import SchemaViolation
-from lighthouse.store import NotFound, VersionConflict
+from lighthouse.store import NotFound, StepPromised, VersionConflict
 from lighthouse.values import ConfigError, ConfigTooLarge
 from protos.jobs import InvalidJobId
 from protos.rpc import dialable_address, parse_address
@@ -106,6 +106,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
             resp = error_response(HttpError(413, str(exc)))
         except SchemaViolation as exc:
             resp = error_response(HttpError(422, str(exc), violations=exc.violations))
+        except StepPromised as exc:
+            resp = error_response(HttpError(409, str(exc), earliest_step=exc.earliest))
         except ConfigError as exc:
             resp = error_response(HttpError(400, str(exc)))
         except StoreUnavailable as exc:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from lighthouse.backend import StoreBackend, StoreUnavailable
+from lighthouse.backend import HeadMoved, StoreBackend, StoreUnavailable
 from lighthouse.config_file import FileContent
+from lighthouse.leases import CeilingWriter, LeaseBook, LeasePolicy
 from lighthouse.state import LighthouseState
 from lighthouse.store import ConfigStore, NotFound
 from protos.jobs import DEFAULT_JOB, check_job_id
@@ -45,12 +47,19 @@ class JobRegistry:
         default_config_path: Path | None = None,
         default_schema_path: Path | None = None,
         strict: bool = False,
+        lease_policy: LeasePolicy | None = None,
     ) -> None:
         self.backend = backend
         self._history_limit = history_limit
+        self._lease_policy = lease_policy or LeasePolicy()
+        self.owner = uuid.uuid4().hex  # this lighthouse life, owner of its step-lease ceilings
+        self._ceilings = CeilingWriter(
+            self._save_ceiling, retry=(HeadMoved,), unavailable=(StoreUnavailable,)
+        )
         self._lock = threading.Lock()
         self._states: dict[str, LighthouseState] = {}
         self._peers: Callable[[str], list[dict[str, Any]]] | None = None
+        self._served_listener: Callable[[str], None] | None = None
         self._lighthouse = ""
         for job in backend.jobs():
             if job != DEFAULT_JOB:
@@ -60,7 +69,7 @@ class JobRegistry:
         )
         subscribe = getattr(backend, "subscribe", None)
         if subscribe is not None:  # a store shared with other lighthouses (etcd)
-            subscribe(self._job_changed, self._step_stored)
+            subscribe(self._job_changed, self._step_stored, self._ceiling_stored)
 
     def _job_changed(self, job: str, head: int) -> None:
         """Another lighthouse changed ``job`` (its head is now ``head``): serve what the store holds.
@@ -87,6 +96,20 @@ class JobRegistry:
         if state is not None:
             state.adopt_step(step)
 
+    def _ceiling_stored(self, job: str, key: str, ceiling: int, revision: int) -> None:
+        """A lighthouse stored a step-lease ceiling of ``job``: another one's bounds our changes."""
+        state = self._states.get(job)
+        if state is not None and key != self.backend.lease_ceiling_key(self.owner):
+            state.store.leases.raise_floor(ceiling, revision)
+
+    def _save_ceiling(self, job: str, ceiling: int, served_version: int) -> None:
+        state = self._states.get(job)
+        if state is not None:
+            state.store.save_lease_ceiling(ceiling, served_version)
+
+    def _request_ceiling(self, job: str, book: LeaseBook[object]) -> None:
+        self._ceilings.request(job, book)
+
     def _new_state(
         self,
         job: str,
@@ -94,9 +117,16 @@ class JobRegistry:
         schema_path: Path | None = None,
         strict: bool = False,
     ) -> LighthouseState:
-        store = ConfigStore(job=job, backend=self.backend, history_limit=self._history_limit)
+        store = ConfigStore(
+            job=job,
+            backend=self.backend,
+            history_limit=self._history_limit,
+            owner=self.owner,
+            lease_policy=self._lease_policy,
+            request_ceiling=partial(self._request_ceiling, job),
+        )
         state = LighthouseState(store, config_path, strict=strict, schema_path=schema_path)
-        self._attach_peers(state)
+        self._attach(state)
         return state
 
     def set_peers(self, peers: Callable[[str], list[dict[str, Any]]], lighthouse: str) -> None:
@@ -105,12 +135,21 @@ class JobRegistry:
         with self._lock:
             self._peers, self._lighthouse = peers, lighthouse
             for state in self._states.values():
-                self._attach_peers(state)
+                self._attach(state)
 
-    def _attach_peers(self, state: LighthouseState) -> None:
+    def on_served(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(job)`` whenever a job serves a new snapshot (every job, also later ones)."""
+        with self._lock:
+            self._served_listener = listener
+            for state in self._states.values():
+                self._attach(state)
+
+    def _attach(self, state: LighthouseState) -> None:
         if self._peers is not None:
             state.peers = partial(self._peers, state.job)
             state.lighthouse = self._lighthouse
+        if self._served_listener is not None:
+            state.on_served = partial(self._served_listener, state.job)
 
     # ------------------------------------------------------------- lookup
     @property
@@ -221,6 +260,7 @@ class JobRegistry:
         }
 
     def close(self) -> None:
+        self._ceilings.stop()
         for state in list(self._states.values()):
             state.store.close()
         self.backend.close()

@@ -9,30 +9,16 @@ prints the API's answer for scripts.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from lighthouse.admin_cli import connection_options, print_json
+from lighthouse.admin_cli import connection_options, emit
 from lighthouse.admin_client import AdminClient
-
-F = TypeVar("F", bound=Callable[..., Any])
+from protos.cli_output import steps, table
 
 SPARKS = "▁▂▃▄▅▆▇█"
 NOT_FINITE = "!"
-
-
-def output_option(func: F) -> F:
-    """``-o table|json``: a table for people (default), the API's JSON for scripts."""
-    return click.option(
-        "-o",
-        "--output",
-        type=click.Choice(["table", "json"]),
-        default="table",
-        show_default=True,
-        help="A table for people, or the API's JSON for scripts.",
-    )(func)
 
 
 def sparkline(points: list[dict[str, Any]]) -> str:
@@ -57,20 +43,20 @@ def _number(value: float | None) -> str:
     return f"{value:.6g}" if math.isfinite(value) else str(value)
 
 
-def table(answer: dict[str, Any]) -> list[str]:
-    """The ``lighthouse metrics`` lines for one API answer."""
-    rows: list[tuple[str, ...]] = [
-        ("METRIC", "STEP", "MEAN", "MIN", "MAX", "VALUES", "NOT FINITE", "STEPS", "")
-    ]
+def lines(answer: dict[str, Any]) -> list[str]:
+    """The ``lighthouse metrics`` table of one API answer."""
+    if not answer["metrics"]:
+        return ["no metric reported yet (workers call ManagerClient.report(step, loss=...))"]
+    rows = []
     for name, points in answer["metrics"].items():
         last = answer.get("last", {}).get(name) or (points[-1] if points else None)
         if last is None:
             continue
-        span = f"{points[0]['step']}-{points[-1].get('to_step', points[-1]['step'])}" if points else "-"
+        span = f"{steps(points[0]['step'])}-{steps(points[-1].get('to_step', points[-1]['step']))}"
         rows.append(
-            (
+            [
                 name,
-                str(last["step"]),
+                steps(last["step"]),
                 _number(last["mean"]),
                 _number(last["min"]),
                 _number(last["max"]),
@@ -78,17 +64,15 @@ def table(answer: dict[str, Any]) -> list[str]:
                 str(sum(p["nonfinite"] for p in points)),
                 span,
                 sparkline(points),
-            )
+            ]
         )
-    return aligned(rows)
-
-
-def aligned(rows: list[tuple[str, ...]]) -> list[str]:
-    """``rows`` (the first one the header) as lines of left-aligned columns."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
-    ]
+    headers = ["METRIC", "STEP", "MEAN", "MIN", "MAX", "VALUES", "NOT FINITE", "STEPS", ""]
+    out = table(headers, rows)
+    if answer.get("dropped"):
+        out.append(
+            f"{answer['dropped']} reported values were dropped on the way (full buffers, failed calls)"
+        )
+    return out
 
 
 @click.command()
@@ -98,7 +82,6 @@ def aligned(rows: list[tuple[str, ...]]) -> list[str]:
 @click.option(
     "--width", type=click.IntRange(min=1, max=1000), default=40, show_default=True, help="Sparkline points."
 )
-@output_option
 @connection_options
 def metrics(
     client: AdminClient,
@@ -110,15 +93,4 @@ def metrics(
 ) -> None:
     """Print each reported metric's newest value and a sparkline of its steps."""
     answer = client.metrics(*names, from_step=from_step, to_step=to_step, max_points=width)
-    if output == "json":
-        print_json(answer)
-        return
-    if not answer["metrics"]:
-        click.echo("no metric reported yet (workers call ManagerClient.report(step, loss=...))")
-        return
-    for line in table(answer):
-        click.echo(line)
-    if answer.get("dropped"):
-        click.echo(
-            f"{answer['dropped']} reported values were dropped on the way (buffers full, failed calls)"
-        )
+    emit(output, answer, lambda: lines(answer))

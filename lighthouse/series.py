@@ -33,13 +33,14 @@ groups x 4 metrics hold at most 400 x 18 KiB + 4 x 176 KiB = 7.7 MiB
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import threading
 from array import array
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -52,6 +53,7 @@ COARSE_BUCKETS = 1024
 MAX_TRAILS = 1024
 OVERFLOW = "*"  # the trail of the groups beyond MAX_TRAILS
 MAX_OUTBOX = 4096  # batches waiting to be shared with other lighthouses (oldest dropped beyond)
+MAX_INBOX = 4096  # batches waiting for the lock (taken in at once, unless a read holds it)
 
 INF = math.inf
 
@@ -421,57 +423,86 @@ class LastValue:
 
 
 class JobSeries:
-    """Every metric of one job; thread-safe (managers' calls write, pages and guards read)."""
+    """Every metric of one job; thread-safe (managers' calls write, pages and guards read).
+
+    A manager's batch goes to an inbox (a deque append) and is taken in under the lock at once
+    when the lock is free, else by whoever holds it next: the lighthouse's event loop, which
+    delivers every manager's status, never waits for a page or a guard reading the series.
+    """
 
     def __init__(self, job: str) -> None:
         self.job = job
         self._lock = threading.Lock()
         self._metrics: dict[str, MetricSeries] = {}
+        self._inbox: deque[tuple[str, list[pb.MetricSummaries]]] = deque()
         self._batches: dict[str, int] = {}  # replica -> id of the last batch taken from its manager
         self._dropped: dict[str, int] = {}  # replica -> values its manager says the group dropped
-        self.refused = 0  # values refused here: malformed summaries, names past MAX_METRICS
+        self.refused = 0  # values refused here: malformed summaries, names past MAX_METRICS, a full inbox
         self._outbox: deque[tuple[str, list[pb.MetricSummaries]]] | None = None
 
     def take_status(self, replica: str, status: pb.ManagerStatus) -> None:
-        """The metrics riding on a manager's status; a batch id taken before is skipped."""
+        """The metrics riding on a manager's status (from the event loop: never waits for the lock);
+        a batch id taken before is skipped."""
         if status.metrics_dropped:
             self._dropped[replica] = status.metrics_dropped
         if not status.metrics or status.metrics_batch <= self._batches.get(replica, 0):
             return  # nothing, or sent again: the call that carried it succeeded after all
-        batches = [(s.name, batch_of(s), len(s.steps) // 8) for s in status.metrics]
-        with self._lock:
-            if status.metrics_batch <= self._batches.get(replica, 0):
-                return  # another call carried the same batch meanwhile
-            self._batches[replica] = status.metrics_batch
-            self._take(replica, batches)
+        self._batches[replica] = status.metrics_batch
+        summaries = list(status.metrics)
+        self._post(replica, summaries)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._take_inbox()
+            finally:
+                self._lock.release()
         outbox = self._outbox
         if outbox is not None:
-            outbox.append((replica, list(status.metrics)))
+            outbox.append((replica, summaries))
 
     def take(self, replica: str, summaries: Iterable[pb.MetricSummaries]) -> None:
         """Add one group's summaries (shared by the lighthouse its manager talks to)."""
-        batches = [(s.name, batch_of(s), len(s.steps) // 8) for s in summaries]
-        with self._lock:
-            self._take(replica, batches)
+        self._post(replica, list(summaries))
+        with self._locked():
+            pass
 
-    def _take(self, replica: str, batches: list[tuple[str, Columns | None, int]]) -> None:
-        for name, batch, size in batches:
-            series = self._metrics.get(name)
-            if series is None and batch is not None:
-                if len(self._metrics) >= MAX_METRICS or not is_metric_name(name):
-                    batch = None
-                else:
-                    series = self._metrics[name] = MetricSeries()
-            if series is None or batch is None:
-                self.refused += size
-                continue
-            key = replica
-            if (
-                replica not in series.trails
-                and sum(len(m.trails) for m in self._metrics.values()) >= MAX_TRAILS
-            ):
-                key = OVERFLOW
-            series.take(key, batch)
+    def _post(self, replica: str, summaries: list[pb.MetricSummaries]) -> None:
+        inbox = self._inbox
+        if len(inbox) >= MAX_INBOX:  # nobody has taken the lock for that long: the oldest go
+            _, gone = inbox.popleft()
+            self.refused += sum(len(s.steps) // 8 for s in gone)
+        inbox.append((replica, summaries))
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the lock, with everything sent so far taken in."""
+        with self._lock:
+            self._take_inbox()
+            yield
+
+    def _take_inbox(self) -> None:
+        inbox = self._inbox
+        while inbox:
+            replica, summaries = inbox.popleft()
+            for summary in summaries:
+                self._take(replica, summary.name, batch_of(summary), len(summary.steps) // 8)
+
+    def _take(self, replica: str, name: str, batch: Columns | None, size: int) -> None:
+        series = self._metrics.get(name)
+        if series is None and batch is not None:
+            if len(self._metrics) >= MAX_METRICS or not is_metric_name(name):
+                batch = None
+            else:
+                series = self._metrics[name] = MetricSeries()
+        if series is None or batch is None:
+            self.refused += size
+            return
+        key = replica
+        if replica not in series.trails and self._trails() >= MAX_TRAILS:
+            key = OVERFLOW  # a job's (group, metric) trails are capped: the rest share one
+        series.take(key, batch)
+
+    def _trails(self) -> int:
+        return sum(len(m.trails) for m in self._metrics.values())
 
     # ------------------------------------------------------------ sharing
     def share(self) -> None:
@@ -489,7 +520,7 @@ class JobSeries:
 
     # ------------------------------------------------------------ reads
     def names(self) -> list[str]:
-        with self._lock:
+        with self._locked():
             return sorted(self._metrics)
 
     def query(
@@ -505,7 +536,7 @@ class JobSeries:
         per_group: dict[str, dict[str, list[dict[str, Any]]]] = {}
         resolution: dict[str, dict[str, int]] = {}
         newest: dict[str, dict[str, Any]] = {}
-        with self._lock:
+        with self._locked():
             for name in sorted(self._metrics):
                 if names is not None and name not in names:
                     continue
@@ -533,19 +564,19 @@ class JobSeries:
 
     def window(self, name: str, first: int, last: int) -> list[Point]:
         """The points of ``name`` from ``first`` to ``last`` (empty when never reported)."""
-        with self._lock:
+        with self._locked():
             series = self._metrics.get(name)
             return series.points(first, last) if series is not None else []
 
     def settled(self, name: str) -> int:
         """The newest step of ``name`` every recently reporting group has reported (-1: none)."""
-        with self._lock:
+        with self._locked():
             series = self._metrics.get(name)
             return series.settled() if series is not None else -1
 
     def nonfinite_groups(self, name: str, first: int, last: int) -> list[tuple[str, int]]:
         """(group, step) of every non-finite value of ``name`` in the recent steps ``first``..``last``."""
-        with self._lock:
+        with self._locked():
             series = self._metrics.get(name)
             rows = series.group_points(first, last) if series is not None else {}
         return [(replica, p[0]) for replica, points in rows.items() for p in points if p[3]]
@@ -553,7 +584,7 @@ class JobSeries:
     def last_values(self) -> dict[str, LastValue]:
         """Per metric, the summary across groups of its newest settled step (see ``settled``)."""
         out = {}
-        with self._lock:
+        with self._locked():
             for name, series in self._metrics.items():
                 point = series.last_point()
                 if point is not None:
@@ -563,5 +594,5 @@ class JobSeries:
 
     def entries(self) -> dict[str, dict[str, int]]:
         """What the job holds per metric (tests and benchmarks check the bound with it)."""
-        with self._lock:
+        with self._locked():
             return {name: series.entries() for name, series in sorted(self._metrics.items())}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -13,14 +15,18 @@ from lighthouse.backend import StoreBackend
 from lighthouse.config_file import ConfigDirWatcher, FileContent, FileWatcher, read_schema_file
 from lighthouse.guards import GuardWatch
 from lighthouse.jobs import JobRegistry, TooManyJobs
+from lighthouse.leases import LeasePolicy
 from lighthouse.peer_managers import PeerManagers
 from lighthouse.peer_series import PeerSeries
 from lighthouse.sqlite_backend import SqliteBackend
-from lighthouse.state import LighthouseState
+from lighthouse.state import LighthouseState, lease_wait
 from lighthouse.store import ConfigStore
+from lighthouse.watch import WatchService
 from protos import lighthouse_config_pb2 as pb
+from protos.aio_server import AioServer
 from protos.jobs import DEFAULT_JOB, InvalidJobId
-from protos.rpc import DEFAULT_LIGHTHOUSE_PORT, dialable_address, start_server
+from protos.probes import Probes
+from protos.rpc import DEFAULT_LIGHTHOUSE_PORT, LIGHTHOUSE_SERVICE, dialable_address
 from protos.tls import ServerCertificates, ServerTLS
 
 logger = logging.getLogger(__name__)
@@ -36,7 +42,8 @@ class LighthouseServer:
     ``config_path`` (and ``schema_path``) are the files of the job ``default``;
     ``config_dir`` holds one ``<job>.json`` (and ``<job>.schema.json``) per job.
     ``tls`` serves gRPC over TLS (mutual with ``client_ca``) and the dashboard
-    over HTTPS with the same pair, unless ``http_tls=False``.
+    over HTTPS with the same pair, unless ``http_tls=False``. ``lease_policy``
+    sizes the step leases granted to managers (see ``lighthouse.leases``).
     """
 
     def __init__(
@@ -58,23 +65,28 @@ class LighthouseServer:
         schema_path: str | Path | None = None,
         tls: ServerTLS | None = None,
         http_tls: bool = True,
+        lease_policy: LeasePolicy | None = None,
     ) -> None:
         path = Path(config_path) if config_path is not None else None
         schema_file = Path(schema_path) if schema_path is not None else None
         store_path = Path(state_dir) / STORE_FILE if state_dir is not None else None
         self._watchers: list[FileWatcher | ConfigDirWatcher] = []
         self._http = None
-        self._server: grpc.Server | None = None
+        self._server: AioServer | None = None
         self._peers: PeerManagers | None = None
         self._peer_series: PeerSeries | None = None
         self._guards: GuardWatch | None = None
+        # SERVING from the end of start-up (every job loaded, the dashboard up) until shutdown starts.
+        self._probes = Probes(LIGHTHOUSE_SERVICE)
         self.jobs = JobRegistry(
             backend if backend is not None else SqliteBackend(store_path),
             history_limit=history_limit,
             default_config_path=path,
             default_schema_path=schema_file,
             strict=strict,
+            lease_policy=lease_policy,
         )
+        self.watch = WatchService(self.jobs)  # the push streams
         try:
             certificates = ServerCertificates(tls) if tls is not None else None
             if config_dir is not None:
@@ -87,7 +99,7 @@ class LighthouseServer:
                 folder.scan(startup=True)
                 self._watchers.append(folder)
             handler = grpc.method_handlers_generic_handler(
-                "lighthouse_config.LighthouseService",
+                LIGHTHOUSE_SERVICE,
                 {
                     "GetConfig": grpc.unary_unary_rpc_method_handler(
                         self._get_config, request_deserializer=pb.LighthouseConfigRequest.FromString
@@ -97,11 +109,17 @@ class LighthouseServer:
                         request_deserializer=pb.LighthouseHeartbeatRequest.FromString,
                         response_serializer=pb.LighthouseHeartbeatResponse.SerializeToString,
                     ),
+                    "WatchConfig": grpc.stream_stream_rpc_method_handler(
+                        self.watch.watch, request_deserializer=pb.LighthouseConfigRequest.FromString
+                    ),
                 },
             )
             credentials = certificates.grpc_credentials() if certificates is not None else None
-            self._server, port = start_server(bind, [handler], max_workers, credentials)
-            self._address = dialable_address(bind, port)
+            # An event loop, not a thread per stream: one push stream per replica group.
+            self._server = AioServer(
+                bind, [handler], max_workers=max_workers, credentials=credentials, probes=self._probes
+            )
+            self._address = dialable_address(bind, self._server.port)
             self._start_peers()
             if http_bind is not None:
                 from lighthouse.http_api import DashboardServer
@@ -132,6 +150,7 @@ class LighthouseServer:
         except BaseException:
             self.shutdown()
             raise
+        self._probes.set_serving(True)
         logger.info(
             "lighthouse serving %d job(s) on %s%s",
             len(self.jobs.names()),
@@ -174,39 +193,54 @@ class LighthouseServer:
     def dashboard_url(self) -> str | None:
         return self._http.url if self._http is not None else None
 
-    def _get_config(self, request: pb.LighthouseConfigRequest, context: grpc.ServicerContext) -> bytes:
+    # The handlers run on the event loop: what they do there takes microseconds (no disk, no etcd:
+    # steps and switches are queued for the store's writer). The rare slow part goes to a thread.
+    async def _get_config(
+        self, request: pb.LighthouseConfigRequest, context: grpc.aio.ServicerContext
+    ) -> bytes:
         # Returns the reply already serialized: no per-call protobuf work on the hot path.
-        state = self.jobs.get(request.job or DEFAULT_JOB) or self._job_state(request.job, context)
-        return state.get_config_reply(request, context.peer())
+        state = self.jobs.get(request.job or DEFAULT_JOB) or await self._job_state(request.job, context)
+        peer = context.peer()
+        step = state.receive(request, peer)
+        answer = partial(state.answer, request.known_version, request.known_state_id, step, request, peer)
+        reply = answer()
+        if reply is None:  # the lease needs a wait (the job's first ceiling write, a commit under way)
+            wait = lease_wait(context.time_remaining())
+            reply = await asyncio.get_running_loop().run_in_executor(None, partial(answer, wait=wait))
+        assert reply is not None
+        return reply[0]
 
-    def _heartbeat(
-        self, request: pb.LighthouseHeartbeatRequest, context: grpc.ServicerContext
+    async def _heartbeat(
+        self, request: pb.LighthouseHeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.LighthouseHeartbeatResponse:
         job = request.status.job
-        state = self.jobs.get(job or DEFAULT_JOB) or self._job_state(job, context)
+        state = self.jobs.get(job or DEFAULT_JOB) or await self._job_state(job, context)
         state.count_heartbeat()
         state.observe(request.status, context.peer())
         return pb.LighthouseHeartbeatResponse(version=state.store.head, instance_id=state.instance_id)
 
-    def _job_state(self, job: str, context: grpc.ServicerContext) -> LighthouseState:
-        """A job this lighthouse does not hold yet: served (empty) from now on, or the call is refused."""
+    async def _job_state(self, job: str, context: grpc.aio.ServicerContext) -> LighthouseState:
+        """A job this lighthouse does not hold yet: served (empty) from now on, or the call is refused.
+
+        Opening it reads the store: off the event loop."""
         try:
-            return self.jobs.serve(job)
+            return await asyncio.get_running_loop().run_in_executor(None, self.jobs.serve, job)
         except InvalidJobId as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except TooManyJobs as exc:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         raise AssertionError("context.abort raises")
 
     def shutdown(self, grace: float | None = 1.0) -> None:
         """Stop serving and close the store; safe to call twice."""
+        self._probes.shutdown()  # health watchers hear NOT_SERVING before the port closes
         while self._watchers:
             self._watchers.pop().stop()
         if self._http is not None:
             self._http.shutdown()
             self._http = None
         if self._server is not None:
-            self._server.stop(grace).wait()
+            self._server.stop(grace)
             self._server = None
         if self._guards is not None:
             self._guards.stop()

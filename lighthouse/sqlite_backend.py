@@ -2,13 +2,20 @@
 
 A state directory written before jobs existed (tables without a job column)
 is migrated in one transaction on open: its versions become the job
-``default``.
+``default``; one written before step leases gains the ``made_now`` column.
+
+Job steps and step switches arrive with managers' calls; they are queued and
+written by a background thread (all jobs in one transaction, at most once a
+second), so a manager's call never waits for a disk write. Reads include what
+is queued; a crash loses at most the last second of them (they are reports,
+not acknowledged edits).
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import sqlite3
@@ -17,9 +24,18 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from lighthouse.backend import Change, HeadMoved, JobRecords, Switch
+from lighthouse.backend import Change, HeadMoved, JobRecords, LeaseView, Switch
 
-FORMAT_VERSION = 2  # PRAGMA user_version: 0 = the single-job layout, 2 = per-job tables
+logger = logging.getLogger(__name__)
+
+# PRAGMA user_version: 0 = the single-job layout, 2 = per-job tables, 3 = changes made now carry
+# the effective step the lighthouse chose (made_now)
+FORMAT_VERSION = 3
+STEP_SAVE_PAUSE = 1.0  # seconds between two writes of queued job steps (one transaction for all jobs)
+LEASE_CEILING_KEY = "lease_ceiling"
+VERSION_COLUMNS = (
+    "job, version, op, change, config, effective_step, order_step, created_at, source, author, comment"
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS job_meta (
@@ -37,6 +53,7 @@ CREATE TABLE IF NOT EXISTS job_versions (
     source TEXT NOT NULL,
     author TEXT NOT NULL,
     comment TEXT NOT NULL,
+    made_now INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job, version)
 );
 CREATE TABLE IF NOT EXISTS job_schemas (
@@ -91,12 +108,17 @@ class SqliteBackend:
     """One SQLite database for every job; ``path=None`` keeps it in memory (lost on exit)."""
 
     shared = False  # one lighthouse per state directory (a lock file guarantees it)
-    step_save_interval = 1.0  # a synchronous write: at most once a second per job
+    step_save_interval = 0.0  # every step is queued; the writer thread coalesces them
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self._lock = threading.Lock()  # one connection, used by every job's store
         self._closed = False
+        self._queue_lock = threading.Lock()  # the queued steps only: never held across a disk write
+        self._pending_steps: dict[str, int] = {}
+        self._pending_switches: list[tuple[str, str, int, int, int, float]] = []
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
         self._lock_file: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,6 +136,8 @@ class SqliteBackend:
             if self._lock_file is not None:
                 self._lock_file.close()
             raise
+        self._writer = threading.Thread(target=self._write_steps, name="sqlite-steps", daemon=True)
+        self._writer.start()
 
     def _open_schema(self) -> None:
         tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -128,9 +152,13 @@ class SqliteBackend:
             for statement in SCHEMA.split(";"):
                 if statement.strip():
                     self._db.execute(statement)
+            if "job_versions" in tables and user_version < 3:  # written before step leases
+                self._db.execute("ALTER TABLE job_versions ADD COLUMN made_now INTEGER NOT NULL DEFAULT 0")
             if "versions" in tables:  # the single-job layout: its state is the job "default"
                 job = LEGACY_DEFAULT_JOB
-                self._db.execute("INSERT INTO job_versions SELECT ?, * FROM versions", (job,))
+                self._db.execute(
+                    f"INSERT INTO job_versions ({VERSION_COLUMNS}) SELECT ?, * FROM versions", (job,)
+                )
                 self._db.execute("INSERT INTO job_meta SELECT ?, key, value FROM meta", (job,))
                 self._db.execute("INSERT INTO job_switches SELECT ?, * FROM switches", (job,))
                 for table in ("versions", "meta", "switches"):
@@ -148,15 +176,20 @@ class SqliteBackend:
                 _row(r)
                 for r in self._db.execute(
                     "SELECT version, op, change, config, effective_step, order_step, created_at, source,"
-                    " author, comment FROM job_versions WHERE job = ? ORDER BY version",
+                    " author, comment, made_now FROM job_versions WHERE job = ? ORDER BY version",
                     (job,),
                 )
             ]
             meta = dict(self._db.execute("SELECT key, value FROM job_meta WHERE job = ?", (job,)).fetchall())
+        with self._queue_lock:
+            step = self._pending_steps.get(job)
+        if step is not None and step > int(meta.get("current_step", "-1")):
+            meta["current_step"] = str(step)  # queued, not written yet: still the job's step
         return JobRecords(rows, meta)
 
     def is_empty(self) -> bool:
         """No job holds anything (a store ``lighthouse migrate`` may copy into)."""
+        self._flush_steps()  # a queued job step counts
         with self._lock:
             return not any(
                 self._db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone()
@@ -164,19 +197,29 @@ class SqliteBackend:
             )
 
     def switches(self, job: str) -> list[Switch]:
+        # The queue is read under the database lock: a flush takes switches out of the queue and
+        # stores them while holding it, so each switch is seen in one of the two.
         with self._lock:
-            return [
+            with self._queue_lock:
+                queued = {(r, v, st, pr) for j, r, v, st, pr, _ in self._pending_switches if j == job}
+            stored = {
                 (r[0], r[1], r[2], r[3])
                 for r in self._db.execute(
-                    "SELECT replica_id, version, step, previous_step FROM job_switches WHERE job = ?"
-                    " ORDER BY replica_id, step, version",
-                    (job,),
+                    "SELECT replica_id, version, step, previous_step FROM job_switches WHERE job = ?", (job,)
                 )
-            ]
+            }
+        return sorted(stored | queued, key=lambda sw: (sw[0], sw[2], sw[1]))
 
     # ----------------------------------------------------------------- writes
-    def append(self, job: str, rows: list[Change], meta: dict[str, str], expected_head: int) -> None:
-        dumps = json.dumps
+    def append(
+        self,
+        job: str,
+        rows: list[Change],
+        meta: dict[str, str],
+        expected_head: int,
+        leases: LeaseView | None = None,
+    ) -> None:
+        dumps = json.dumps  # ``leases`` is moot: no other lighthouse writes this database
         with self._lock, self._db:  # one transaction: the rows and their meta
             self._db.execute("BEGIN IMMEDIATE")
             (head,) = self._db.execute(
@@ -185,7 +228,7 @@ class SqliteBackend:
             if head != expected_head:
                 raise HeadMoved(f"job {job}: head is {head}, expected {expected_head}")
             self._db.executemany(
-                "INSERT INTO job_versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO job_versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         job,
@@ -199,6 +242,7 @@ class SqliteBackend:
                         row.source,
                         row.author,
                         row.comment,
+                        int(row.made_now),
                     )
                     for row in rows
                 ],
@@ -206,17 +250,79 @@ class SqliteBackend:
             self._set_meta(job, meta)
 
     def set_meta(self, job: str, items: dict[str, str]) -> None:
+        """``current_step`` is queued for the writer thread (a manager's call never waits for the
+        disk, not even for the lock a commit holds through its fsync); the rest is written now."""
+        items = dict(items)
+        step = items.pop("current_step", None)
+        if step is not None:
+            with self._queue_lock:
+                if int(step) > self._pending_steps.get(job, -1):
+                    self._pending_steps[job] = int(step)
+            self._wake.set()
+        if items:
+            with self._lock:
+                if not self._closed:
+                    self._set_meta(job, items)
+
+    def lease_ceiling_key(self, owner: str) -> str:
+        """One key whatever the owner: a single lighthouse writes this database, and each life
+        stores at least what the one before it had (see ``leases``)."""
+        return LEASE_CEILING_KEY
+
+    def save_lease_ceiling(self, job: str, owner: str, ceiling: int, served_head: int) -> None:
+        self.set_meta(job, {LEASE_CEILING_KEY: str(ceiling)})
+
+    def _write_steps(self) -> None:
+        """Write queued job steps, every job in one transaction, at most once per STEP_SAVE_PAUSE."""
+        while not self._stopping.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                self._flush_steps()
+            except sqlite3.Error as exc:  # a full disk, say: the steps stay queued, tried again
+                logger.warning("job steps not saved yet: %s", exc)
+                self._wake.set()
+            self._stopping.wait(STEP_SAVE_PAUSE)
+
+    def _flush_steps(self) -> None:
+        """Write the queued job steps and step switches in one transaction (taken from the queue
+        under the database lock: a reader holding it sees each switch queued or stored)."""
         with self._lock:
-            if not self._closed:
-                self._set_meta(job, items)
+            with self._queue_lock:
+                steps, switches = self._pending_steps, self._pending_switches
+                self._pending_steps, self._pending_switches = {}, []
+            if (not steps and not switches) or self._closed:
+                return
+            self._write_queued(steps, switches)
+
+    def _write_queued(
+        self, steps: dict[str, int], switches: list[tuple[str, str, int, int, int, float]]
+    ) -> None:
+        items = [(job, "current_step", str(step)) for job, step in steps.items()]
+        try:
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                # Max semantics: a queued step never lowers one stored meanwhile (a commit stores one).
+                self._db.executemany(
+                    "INSERT INTO job_meta VALUES (?1, ?2, ?3) ON CONFLICT (job, key) DO UPDATE"
+                    " SET value = ?3 WHERE CAST(value AS INTEGER) < CAST(?3 AS INTEGER)",
+                    items,
+                )
+                self._db.executemany("INSERT OR IGNORE INTO job_switches VALUES (?, ?, ?, ?, ?, ?)", switches)
+        except BaseException:
+            with self._queue_lock:  # put back what was not written (newer steps win)
+                for job, step in steps.items():
+                    if step > self._pending_steps.get(job, -1):
+                        self._pending_steps[job] = step
+                self._pending_switches[:0] = switches
+            raise
 
     def add_switches(self, job: str, switches: list[Switch]) -> None:
+        """Queued for the writer thread (a manager's call never waits for the disk)."""
         now = time.time()
-        with self._lock:
-            self._db.executemany(
-                "INSERT OR IGNORE INTO job_switches VALUES (?, ?, ?, ?, ?, ?)",
-                [(job, r, v, s, p, now) for r, v, s, p in switches],
-            )
+        with self._queue_lock:
+            self._pending_switches.extend((job, r, v, s, p, now) for r, v, s, p in switches)
+        self._wake.set()
 
     def add_schema(self, job: str, record: dict[str, Any]) -> None:
         with self._lock, self._db:
@@ -259,6 +365,7 @@ class SqliteBackend:
         return [json.loads(r[0]) for r in rows]
 
     def prune(self, job: str, gone: set[int], meta: dict[str, str], oldest_kept: int) -> None:
+        self._flush_steps()  # queued switches first: the pruning below decides which to keep
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(
@@ -273,15 +380,27 @@ class SqliteBackend:
             )
 
     def delete_job(self, job: str) -> None:
+        with self._queue_lock:
+            self._pending_steps.pop(job, None)
+            self._pending_switches = [sw for sw in self._pending_switches if sw[0] != job]
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
             for table in ("job_versions", "job_meta", "job_switches", "job_schemas", "job_guards"):
                 self._db.execute(f"DELETE FROM {table} WHERE job = ?", (job,))
 
     def close(self) -> None:
+        """Write the queued job steps, then close the database."""
+        self._stopping.set()
+        self._wake.set()
+        self._writer.join(timeout=5)
         with self._lock:
             if self._closed:
                 return
+        try:
+            self._flush_steps()
+        except sqlite3.Error as exc:
+            logger.warning("closing with job steps unsaved: %s", exc)
+        with self._lock:
             self._closed = True
             self._db.close()
             if self._lock_file is not None:
@@ -294,4 +413,6 @@ class SqliteBackend:
 
 
 def _row(r: tuple[Any, ...]) -> Change:
-    return Change(r[0], r[1], json.loads(r[2]), json.loads(r[3]), r[4], r[5], r[6], r[7], r[8], r[9])
+    return Change(
+        r[0], r[1], json.loads(r[2]), json.loads(r[3]), r[4], r[5], r[6], r[7], r[8], r[9], bool(r[10])
+    )

@@ -19,27 +19,26 @@ from typing import Any
 from lighthouse.config_file import FileContent, load_initial, read_schema_file
 from lighthouse.guards import JobGuards
 from lighthouse.job_schema import JobSchema
+from lighthouse.leases import NO_LEASE
 from lighthouse.series import JobSeries
 from lighthouse.store import ConfigStore, Edit, Plan, Segment
 from lighthouse.values import ConfigError, encode_config, validate_object
 from protos import lighthouse_config_pb2 as pb
+from protos.rpc import varint_field
 
 logger = logging.getLogger(__name__)
 
 MAX_STEP_LEAP = 1_000_000  # steps between two reports of one manager that count at once
-_CURRENT_STEP_TAG = bytes([pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER << 3])  # varint field
+MAX_LEASE_WAIT = 1.0  # seconds a call may wait for a lease (a first ceiling write, a commit)
+MIN_RATE_INTERVAL = 0.01  # seconds between two reports of a manager for a step-rate sample
+PAST_LEASE_SHOWN = 30.0  # seconds a group that served steps past its lease stays marked so
+_CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
+_STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
 
 
-def _varint(value: int) -> bytes:
-    """Protobuf varint of an int64 (negative numbers as 10-byte two's complement)."""
-    if value < 0:
-        value += 1 << 64
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+def lease_wait(time_remaining: float | None) -> float:
+    """How long a call may wait for its step lease: at most half of its remaining deadline."""
+    return MAX_LEASE_WAIT if time_remaining is None else max(0.001, min(MAX_LEASE_WAIT, time_remaining / 2))
 
 
 @dataclass
@@ -54,17 +53,29 @@ class ManagerRecord:
     step: int = -1
     last_seen: float = field(default_factory=time.monotonic)
     fetches: int = 0
+    lease_through: int = -1  # the highest step lease it holds (reported, or granted here)
+    steps_past_lease: int = 0  # steps it served without a confirmed config (it reports them)
+    past_lease: bool = False  # at its last report: at a step past its lease
+    past_lease_at: float = float("-inf")  # when a report last showed more steps served past the lease
+    rate: float = 0.0  # its steps per second, between its last two reports
+    streams: int = 0  # its open push streams to this lighthouse (0: it polls)
 
-    def to_json(self, now: float) -> dict[str, Any]:
+    def to_json(self, now: float, head: int) -> dict[str, Any]:
         return {
             "replica_id": self.replica_id,
             "address": self.address,
             "version": self.version,
-            "last_seen_s": round(now - self.last_seen, 3),
+            # pushed to: the open stream is its liveness (it reports only when something changed)
+            "last_seen_s": 0.0 if self.streams else round(now - self.last_seen, 3),
+            "mode": "push" if self.streams else "poll",
+            "behind_versions": max(0, head - self.version),
             "requests": self.requests,
             "cache_hits": self.cache_hits,
             "step": self.step,
             "fetches": self.fetches,
+            "lease_through_step": self.lease_through,
+            "past_lease": self.past_lease or now - self.past_lease_at < PAST_LEASE_SHOWN,
+            "steps_past_lease": self.steps_past_lease,
         }
 
 
@@ -108,8 +119,14 @@ class LighthouseState:
         self.peers: Callable[[], list[dict[str, Any]]] | None = None
         self.lighthouse = ""
         self._refresh_lock = threading.Lock()
+        self._served_changed = threading.Condition()  # notified by refresh(): admin API blocking queries
+        # Called after refresh() served a new snapshot (the push streams; set by the job registry).
+        self.on_served: Callable[[], None] | None = None
+        self.watch_messages = 0  # requests received on push streams
+        self._watch_message_count = itertools.count(1)
         self._snapshot = self._build_snapshot()
-        self._step_field = _CURRENT_STEP_TAG + _varint(store.current_step)
+        store.leases.publish(self._snapshot, self._snapshot.version)
+        self._step_field = varint_field(_CURRENT_STEP, store.current_step)
         initial = load_initial(config_path, strict) if config_path is not None else None
         if schema_path is not None:
             schema_file = read_schema_file(schema_path)
@@ -143,26 +160,111 @@ class LighthouseState:
     def refresh(self) -> None:
         """Rebuild the served reply after a change (or when the job's step crossed a scheduled step).
 
-        Serialized: a build that read an older head must never replace a newer snapshot.
+        Serialized: a build that read an older head must never replace a newer snapshot. Step
+        leases are granted with the snapshot published here (see ``leases.LeaseBook``).
         """
         with self._refresh_lock:
-            self._snapshot = self._build_snapshot()
+            snapshot = self._build_snapshot()
+            self._snapshot = snapshot
+            self.store.leases.publish(snapshot, snapshot.version)
+        with self._served_changed:
+            self._served_changed.notify_all()
+        on_served = self.on_served
+        if on_served is not None:
+            on_served()  # the push streams: send the new version now
 
-    def get_config_reply(self, request: pb.LighthouseConfigRequest, peer: str) -> bytes:
-        self.get_config_calls = next(self._get_config_count)
-        if request.HasField("status"):
-            self.observe(request.status, peer, fetch=True)
-        snap = self._snapshot
-        if request.known_version == snap.version and request.known_state_id == self.store.state_id:
-            return snap.not_modified_reply + self._step_field
-        return snap.full_reply + self._step_field
+    def wait_for_version(self, after: int, timeout: float) -> bool:
+        """Block until the job has a version newer than ``after`` (True) or ``timeout`` passed (False).
+
+        Every change, also one arriving from another lighthouse on the store, lands in refresh(),
+        which wakes the waiters: a watching operator sees a version as soon as it is served.
+        """
+        with self._served_changed:
+            return self._served_changed.wait_for(lambda: self.store.head > after, timeout)
+
+    def get_config_reply(
+        self, request: pb.LighthouseConfigRequest, peer: str, time_remaining: float | None = None
+    ) -> bytes:
+        """The serialized answer to a manager's fetch; one that reports a step gets a step lease.
+
+        ``time_remaining`` (the call's deadline) bounds the rare wait for a lease: the job's first
+        ceiling write, or a commit under way while the group is past every promise.
+        """
+        step = self.receive(request, peer)
+        answer = self.answer(
+            request.known_version, request.known_state_id, step, request, peer, lease_wait(time_remaining)
+        )
+        assert answer is not None  # with a wait, always an answer
+        return answer[0]
+
+    def receive(self, request: pb.LighthouseConfigRequest, peer: str, stream: bool = False) -> int:
+        """Take in a fetch (a GetConfig call, or a request on a push stream): count it, record the
+        manager's status; the step a lease should cover (-1: none, no step reported)."""
+        if stream:
+            self.watch_messages = next(self._watch_message_count)
+        else:
+            self.get_config_calls = next(self._get_config_count)
+        if not request.HasField("status"):
+            return -1
+        step = self.observe(request.status, peer, fetch=True)
+        if request.HasField("lease_from_step"):
+            wanted = request.lease_from_step  # a step a worker waits for, beyond those served
+            if 0 <= wanted <= max(step, self.store.current_step, 0) + MAX_STEP_LEAP:
+                step = max(step, wanted)
+        return step
+
+    def answer(
+        self,
+        known_version: int,
+        known_state_id: str,
+        step: int,
+        request: pb.LighthouseConfigRequest,
+        peer: str,
+        wait: float = 0.0,
+    ) -> tuple[bytes, int] | None:
+        """The serialized reply for a manager holding ``known_version``, with a step lease covering
+        ``step`` (-1: none), and the version it carries. None when that lease needs a wait (the
+        job's first ceiling write, a commit under way) and ``wait`` is 0: an event loop asks again
+        from a thread."""
+        if step >= 0:
+            snap, horizon = self.store.leases.grant(step, request.lease_seconds, wait)
+            if horizon == NO_LEASE and wait == 0.0:
+                return None
+            self._note_lease(request.status.replica_id or peer, horizon)
+        else:
+            snap, horizon = self._snapshot, NO_LEASE
+        if known_version == snap.version and known_state_id == self.store.state_id:
+            body = snap.not_modified_reply
+        else:
+            body = snap.full_reply
+        return body + self._step_field + varint_field(_STABLE_THROUGH, horizon), snap.version
+
+    def watched(self, replica_id: str, opened: int, version: int | None = None) -> None:
+        """A push stream of ``replica_id`` opened (1) or closed (-1), or (0) delivered ``version``."""
+        with self._lock:
+            record = self._managers.get(replica_id)
+            if record is None:
+                return
+            record.streams = max(0, record.streams + opened)
+            record.last_seen = time.monotonic()
+            if version is not None:
+                record.version = version
+
+    def _note_lease(self, replica_id: str, horizon: int) -> None:
+        with self._lock:
+            record = self._managers.get(replica_id)
+            if record is not None and horizon > record.lease_through:
+                record.lease_through = horizon
 
     def count_heartbeat(self) -> None:
         self.heartbeat_calls = next(self._heartbeat_count)
 
-    def observe(self, status: pb.ManagerStatus, peer: str, fetch: bool = False) -> None:
-        """Record a manager's status (from a heartbeat or riding on a fetch)."""
+    def observe(self, status: pb.ManagerStatus, peer: str, fetch: bool = False) -> int:
+        """Record a manager's status (from a heartbeat or riding on a fetch); returns its step when
+        plausible (a step lease may cover it), else -1."""
         replica_id = status.replica_id or peer
+        now = time.monotonic()
+        rate = 0.0
         with self._lock:
             record = self._managers.get(replica_id)
             if record is None:
@@ -173,9 +275,20 @@ class LighthouseState:
             record.requests = status.requests
             record.cache_hits = status.cache_hits
             previous, record.step = record.step, status.step
-            record.last_seen = time.monotonic()
+            plausible = self._plausible_step(previous, status.step)
+            if status.HasField("lease_through_step"):  # a manager with leases says what it holds
+                record.lease_through = status.lease_through_step
+            record.past_lease = 0 <= record.lease_through < status.step
+            if status.steps_past_lease > record.steps_past_lease:
+                record.past_lease_at = now
+            record.steps_past_lease = status.steps_past_lease
+            elapsed = now - record.last_seen
+            if plausible and 0 <= previous < status.step and elapsed >= MIN_RATE_INTERVAL:
+                rate = record.rate = (status.step - previous) / elapsed
+            record.last_seen = now
             record.fetches += int(fetch)
-        plausible = self._plausible_step(previous, status.step)
+        if rate > 0:
+            self.store.leases.observe_rate(rate)
         if status.metrics or status.metrics_dropped:
             self.series.take_status(replica_id, status)
         if status.switches:
@@ -184,11 +297,12 @@ class LighthouseState:
             )
         if plausible and self.store.advance_step(status.step):
             self._step_moved()
+        return status.step if plausible else -1
 
     def _step_moved(self) -> None:
         # Appended to every reply: protobuf keeps the last value of a field, so the
         # serialized snapshots stay as they are.
-        self._step_field = _CURRENT_STEP_TAG + _varint(self.store.current_step)
+        self._step_field = varint_field(_CURRENT_STEP, self.store.current_step)
         if len(self._snapshot.segments) > 1:
             self._maybe_refresh_for_step()
 
@@ -202,7 +316,7 @@ class LighthouseState:
         self.store.reload()
         self.schema.reload()
         self.guards.reload()
-        self._step_field = _CURRENT_STEP_TAG + _varint(self.store.current_step)
+        self._step_field = varint_field(_CURRENT_STEP, self.store.current_step)
         self.refresh()
 
     def _plausible_step(self, previous: int, step: int) -> bool:
@@ -240,8 +354,9 @@ class LighthouseState:
 
     def _records(self, now: float) -> list[dict[str, Any]]:
         """The managers that talk to this lighthouse, by replica id, ages from ``now`` (monotonic)."""
+        head = self.store.head
         with self._lock:
-            return [m.to_json(now) for m in sorted(self._managers.values(), key=lambda m: m.replica_id)]
+            return [m.to_json(now, head) for m in sorted(self._managers.values(), key=lambda m: m.replica_id)]
 
     def local_managers(self) -> list[dict[str, Any]]:
         """The managers that talk to this lighthouse, with ``seen_at`` on the wall clock (other
@@ -279,6 +394,8 @@ class LighthouseState:
         store = self.store
         with store.lock:
             store.get(version)  # NotFound when it never existed or was pruned
+            # A pending change already promised to the groups stays (it cannot be withdrawn); the
+            # rollback, made now, takes effect above it and so overrides it from then on.
             edits = [
                 Edit(
                     "cancel",
@@ -286,6 +403,7 @@ class LighthouseState:
                     "api",
                     author,
                     f"cancelled by rollback to {version}",
+                    optional=True,
                 )
                 for item in store.scheduled()
                 if item["status"] == "pending" and item["version"] > version
@@ -304,11 +422,15 @@ class LighthouseState:
     def _apply(self, edits: list[Edit], *, if_match: int | None = None, dry_run: bool = False) -> Plan:
         if self.store.backend.shared:  # another lighthouse may have changed the schema a moment ago
             self.schema.reload()  # (read before the store's lock: an etcd outage never blocks readers)
-        plan = self.store.apply(edits, if_match=if_match, check=self.schema.check, dry_run=dry_run)
+        plan = self.store.apply(
+            edits, if_match=if_match, check=self.schema.check, dry_run=dry_run, committed=self.refresh
+        )
         if not dry_run:
-            self.refresh()
             row = plan.row
-            logger.info("config version %d (%s by %s, %s)", row.version, row.op, row.author, row.source)
+            when = "" if row.effective_step is None else f", takes effect at step {row.effective_step}"
+            logger.info(
+                "config version %d (%s by %s, %s%s)", row.version, row.op, row.author, row.source, when
+            )
         return plan
 
     def apply_file(self, content: FileContent, startup: bool = False) -> Plan | None:
@@ -335,11 +457,26 @@ class LighthouseState:
 
     # -------------------------------------------------------------- views
     def view(self) -> dict[str, Any]:
-        """GET /api/config: the live config with its original JSON types."""
+        """GET /api/config: the live config with its original JSON types.
+
+        ``upcoming``: the config once the changes made now that are still pending (they take
+        effect above the step leases) have taken effect, None when there are none. An editor
+        edits that one: editing the live config would undo them.
+        """
         store = self.store
+        pending = [s for s in store.scheduled() if s["status"] == "pending"]
         with store.lock:  # version and config from the same instant
             latest = store.latest()
             config = store.live()
+            made_now = [s["effective_step"] for s in pending if not s["scheduled"]]
+            upcoming = None
+            if latest is not None and made_now:
+                at = max(made_now)
+                upcoming = {
+                    "version": latest.version,
+                    "effective_step": at,
+                    "config": store.resolve(latest.version, at),
+                }
         return {
             "version": latest.version if latest else 0,
             "config": config,
@@ -348,7 +485,11 @@ class LighthouseState:
             "author": latest.author if latest else None,
             "comment": latest.comment if latest else None,
             "current_step": self.store.current_step,
-            "scheduled": [s for s in self.store.scheduled() if s["status"] == "pending"],
+            # The highest step groups may have been promised: a change made now takes effect after
+            # it, and nothing can be scheduled at or below it (-1: no group holds a lease).
+            "lease_horizon": self.store.leases.horizon,
+            "scheduled": pending,
+            "upcoming": upcoming,
             "file": {
                 "path": str(self.config_path) if self.config_path else None,
                 "error": "; ".join(e for e in (self.file_error, self.schema.error) if e) or None,

@@ -12,7 +12,11 @@ at version H is a pure function ``resolve(H, N)`` of the stored rows:
   step the job had reached when the change was made (the highest step any
   manager reported), or S for a scheduled change if S is later. So a scheduled
   change lands on top of whatever is live at S, an unrelated edit made before S
-  does not undo it, and an edit made after S overrides it.
+  does not undo it, and an edit made after S overrides it;
+* once any group holds a step lease (see ``leases``), a change made now is
+  stored like one scheduled at the step E the lighthouse chose above every
+  promised step (``made_now``), and nothing is scheduled or cancelled at or
+  below a promised step.
 
 Because ``resolve`` depends only on committed rows, every manager resolves the
 same step to the same content, and the history can replay any (version, step).
@@ -20,6 +24,7 @@ same step to the same content, and the history can replay any (version, step).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import threading
@@ -30,14 +35,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lighthouse.backend import Change, HeadMoved, JobRecords, StoreBackend, Switch
+from lighthouse.backend import Change, HeadMoved, JobRecords, LeaseView, StoreBackend, Switch
+from lighthouse.leases import CommitWindow, LeaseBook, LeasePolicy
 from lighthouse.sqlite_backend import SqliteBackend, StateInUse
-from lighthouse.values import MAX_CONFIG_BYTES, ConfigError, ConfigTooLarge
+from lighthouse.values import MAX_CONFIG_BYTES, ConfigError, ConfigTooLarge, apply_change, config_changes
 from protos.jobs import DEFAULT_JOB
 
 __all__ = ["FOREVER", "Change", "ConfigStore", "NotFound", "Segment", "StateInUse", "VersionConflict"]
 
 FOREVER = 2**62  # a step later than any real step
+LEASE_META = "lease_ceiling"  # meta keys of step-lease ceilings start with this
 MAX_COMMIT_RETRIES = 20  # another lighthouse appending first, again and again
 
 
@@ -53,6 +60,14 @@ class NotFound(LookupError):
     pass
 
 
+class StepPromised(ConfigError):
+    """The change would take effect at (or cancel one at) a step groups were already promised."""
+
+    def __init__(self, message: str, earliest: int) -> None:
+        super().__init__(message)
+        self.earliest = earliest
+
+
 @dataclass(frozen=True)
 class Edit:
     """One change asked for; a commit is a list of them, stored together or not at all."""
@@ -63,6 +78,9 @@ class Edit:
     author: str = "-"
     comment: str = ""
     effective_step: int | None = None
+    # A cancel a rollback adds for a pending change: left out, instead of refusing the whole
+    # commit, when that change's step was promised to the groups meanwhile.
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,13 +105,7 @@ class Plan:
 
     def changes(self) -> dict[str, dict[str, Any]]:
         """Per key ``{"before": .., "after": ..}``; a key added has no "before", one removed no "after"."""
-        out: dict[str, dict[str, Any]] = {}
-        for key in [*self.before, *(k for k in self.after if k not in self.before)]:
-            sides = (("before", self.before), ("after", self.after))
-            change = {side: config[key] for side, config in sides if key in config}
-            if change.get("before", out) != change.get("after", out):
-                out[key] = change
-        return out
+        return config_changes(self.before, self.after)
 
 
 @dataclass(frozen=True)
@@ -105,15 +117,7 @@ class Segment:
 
 
 def _apply(config: dict[str, Any], row: Change) -> dict[str, Any]:
-    if row.op == "put":
-        return dict(row.change)
-    merged = dict(config)
-    for key, value in row.change.items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = value
-    return merged
+    return apply_change(config, row.op, row.change)
 
 
 class ConfigStore:
@@ -130,6 +134,9 @@ class ConfigStore:
         *,
         job: str = DEFAULT_JOB,
         backend: StoreBackend | None = None,
+        owner: str = "",
+        lease_policy: LeasePolicy | None = None,
+        request_ceiling: Callable[[LeaseBook[Any]], None] | None = None,
     ) -> None:
         if history_limit is not None and history_limit < 1:
             raise ValueError("history_limit must be at least 1")
@@ -144,6 +151,14 @@ class ConfigStore:
         self._commit_lock = threading.Lock()
         self._closed = False
         self._current_step = -1  # the job's step never goes down, also across reloads
+        # This lighthouse life: its step-lease ceiling is its own meta key.
+        self.owner = owner or uuid.uuid4().hex
+        self._lease_key = self.backend.lease_ceiling_key(self.owner)
+        self.leases: LeaseBook[Any] = LeaseBook(
+            (lease_policy or LeasePolicy()).for_store(self.backend.shared),
+            floor_grantable=not self.backend.shared,
+            request_ceiling=request_ceiling or (lambda book: None),
+        )
         self._take(self.backend.load(self.job))
 
     def _take(self, records: JobRecords) -> None:
@@ -168,6 +183,14 @@ class ConfigStore:
         self._pruned_cancels: set[int] = set(json.loads(meta.get("pruned_cancels", "[]")))
         self._cancelled.update(self._pruned_cancels)
         self._step_saved_at = time.monotonic()
+        # Every other life's ceiling bounds promises this one does not know of (on a store with one
+        # writer, the single key holds what the earlier lives stored).
+        floors = [
+            int(value)
+            for key, value in meta.items()
+            if key.startswith(LEASE_META) and (key != self._lease_key or not self.backend.shared)
+        ]
+        self.leases.raise_floor(max(floors, default=-1), records.revision)
         for i, row in enumerate(self._rows):
             if row.version in records.unresolved:
                 self._rows[i] = dataclasses.replace(
@@ -227,6 +250,13 @@ class ConfigStore:
             rows = self._rows[::-1][:limit]
             return [r.to_json(cancelled=r.version in self._cancelled) for r in rows]
 
+    def history_after(self, version: int, limit: int = 100) -> list[dict[str, Any]]:
+        """The versions after ``version``, oldest first (a feed to follow), at most ``limit``."""
+        with self._lock:
+            start = bisect.bisect_right(self._rows, version, key=lambda r: r.version)
+            rows = self._rows[start : start + limit]
+            return [r.to_json(cancelled=r.version in self._cancelled) for r in rows]
+
     def held_changes(self) -> list[Change]:
         """The changes that apply (no cancels, none cancelled) in apply order: each holds from its
         ``order_step`` until the next one's (the job's timeline)."""
@@ -252,10 +282,11 @@ class ConfigStore:
             return self._segments(self._rows, self.head if version is None else version)
 
     def scheduled(self) -> list[dict[str, Any]]:
-        """Every scheduled change with its status: pending, in_effect or cancelled."""
+        """Every change that takes effect at a step (scheduled, or made now under step leases) with
+        its status: pending, in_effect or cancelled."""
         rows = self._rows
         # Read before taking the lock: the backend may be slow (etcd) and readers must not wait.
-        switches = self.backend.switches(self.job) if any(r.scheduled for r in rows) else []
+        switches = self.backend.switches(self.job) if any(r.effective_step is not None for r in rows) else []
         with self._lock:
             out = []
             for row in self._rows:
@@ -289,17 +320,29 @@ class ConfigStore:
         edit = Edit(op, change, source, author, comment, effective_step)
         return self.apply([edit], if_match=if_match).row
 
-    def plan(self, edits: list[Edit], *, if_match: int | None = None) -> Plan:
-        """What committing ``edits`` would store, without storing it; raises what the commit would."""
+    def plan(
+        self, edits: list[Edit], *, if_match: int | None = None, window: CommitWindow | None = None
+    ) -> Plan:
+        """What committing ``edits`` would store, without storing it; raises what the commit would.
+
+        ``window`` (default: the step leases as they are now) says where a change made now takes
+        effect and below which step nothing may change.
+        """
         if not edits:
             raise ValueError("nothing to plan")
         with self._lock:
             if if_match is not None and if_match != self.head:
                 raise VersionConflict(if_match, self.head)
+            if window is None:
+                window = self.leases.window(self._current_step)
             rows = list(self._rows)
-            for offset, edit in enumerate(edits):
-                rows.append(self._draft(rows, self._next_version + offset, edit))
+            for edit in edits:
+                row = self._draft(rows, self._next_version + len(rows) - len(self._rows), edit, window)
+                if row is not None:
+                    rows.append(row)
             new = rows[len(self._rows) :]
+            if not new:
+                raise ConfigError("nothing left to commit")
             last = new[-1]
             step = self._current_step
             focus = step if last.effective_step is None else max(step, last.effective_step)
@@ -320,15 +363,27 @@ class ConfigStore:
         if_match: int | None = None,
         check: Callable[[Plan], None] | None = None,
         dry_run: bool = False,
+        committed: Callable[[], None] | None = None,
     ) -> Plan:
         """Plan ``edits``, let ``check`` refuse the plan (by raising), then store it in one transaction.
 
         A dry run stops before writing, so it answers exactly what the commit would. Commits
         run one at a time (the commit lock) and wait for the backend outside the store's lock:
         readers and managers' calls never wait for the store (etcd without quorum).
+
+        From planning until ``committed()`` returned (the caller serves the new version there),
+        no step lease is granted past today's horizon: the change takes effect above it.
         """
         with self._commit_lock:
-            return self._apply(edits, if_match, check, dry_run)
+            if dry_run:
+                return self._apply(edits, if_match, check, dry_run=True)
+            try:
+                plan = self._apply(edits, if_match, check, dry_run=False)
+                if committed is not None:
+                    committed()
+                return plan
+            finally:
+                self.leases.thaw()
 
     def _apply(
         self, edits: list[Edit], if_match: int | None, check: Callable[[Plan], None] | None, dry_run: bool
@@ -336,7 +391,9 @@ class ConfigStore:
         expected = self.head
         for _ in range(MAX_COMMIT_RETRIES):
             with self._lock:
-                plan = self.plan(edits, if_match=if_match)
+                step = self._current_step
+                window = self.leases.window(step) if dry_run else self.leases.freeze(step)
+                plan = self.plan(edits, if_match=if_match, window=window)
                 if check is not None:
                     check(plan)
                 if dry_run:
@@ -347,8 +404,9 @@ class ConfigStore:
                     "state_id": self.state_id,
                 }
                 expected = self.head
+                view = LeaseView(self._lease_key, window.view)
             try:  # outside the lock: readers and managers' calls never wait for the store
-                self.backend.append(self.job, list(plan.rows), meta, expected_head=expected)
+                self.backend.append(self.job, list(plan.rows), meta, expected_head=expected, leases=view)
             except HeadMoved:
                 self.reload()  # another lighthouse committed first: plan again after it
                 continue
@@ -407,6 +465,18 @@ class ConfigStore:
             if at <= step and (replica not in latest or (at, version) >= latest[replica]):
                 latest[replica] = (at, version)
         return {replica: version for replica, (_, version) in sorted(latest.items())}
+
+    def save_lease_ceiling(self, ceiling: int, served_version: int) -> None:
+        """Store this lighthouse's step-lease ceiling durably (the ceiling writer's thread).
+
+        On a store with one writer the single key must keep what earlier lives promised too.
+        """
+        if not self.backend.shared:
+            ceiling = max(ceiling, self.leases.floor)
+        with self._lock:
+            if self._closed:
+                return
+        self.backend.save_lease_ceiling(self.job, self.owner, ceiling, served_version)
 
     def file_hash(self, path: str) -> str | None:
         return self._meta.get(f"file:{path}")
@@ -473,15 +543,32 @@ class ConfigStore:
                 segments.append(Segment(point, config))
         return segments
 
-    def _draft(self, rows: list[Change], version: int, edit: Edit) -> Change:
-        """The row ``edit`` makes on top of ``rows``, with its resolved config; raises when refused."""
+    def _draft(self, rows: list[Change], version: int, edit: Edit, window: CommitWindow) -> Change | None:
+        """The row ``edit`` makes on top of ``rows``, with its resolved config; raises when refused
+        (None: an optional edit left out)."""
         op, effective_step = edit.op, edit.effective_step
+        made_now = False
         if op not in ("put", "patch", "cancel"):
             raise ValueError(f"unknown op {op!r}")
         if effective_step is not None and effective_step < 0:
             raise ConfigError("effective_step must be a step >= 0")
         if op == "cancel":
-            self._check_cancellable(int(edit.change["version"]), rows)
+            try:
+                self._check_cancellable(int(edit.change["version"]), rows, window.horizon)
+            except StepPromised:
+                if edit.optional:
+                    return None
+                raise
+        elif effective_step is None:
+            effective_step = window.now_step  # above every promised step (None: none ever was)
+            made_now = effective_step is not None
+        elif effective_step <= window.horizon:
+            raise StepPromised(
+                f"step {effective_step} is already promised to the replica groups (step leases through "
+                f"step {window.horizon}); the earliest step a change can take effect at is "
+                f"{window.horizon + 1}",
+                window.horizon + 1,
+            )
         order_step = self._current_step
         if effective_step is not None:
             order_step = max(order_step, effective_step)
@@ -496,6 +583,7 @@ class ConfigStore:
             edit.source,
             edit.author,
             edit.comment,
+            made_now,
         )
         candidate = [*rows, draft]
         config = self._resolve(candidate, version, FOREVER)
@@ -543,12 +631,18 @@ class ConfigStore:
             config = segment
         return dict(config)
 
-    def _check_cancellable(self, target: int, rows: list[Change]) -> None:
+    def _check_cancellable(self, target: int, rows: list[Change], horizon: int) -> None:
         row = self.get(target)
         if row.effective_step is None:
             raise ConfigError(f"version {target} is not a scheduled change")
         if target in self._cancelled or any(r.op == "cancel" and r.change["version"] == target for r in rows):
             raise ConfigError(f"version {target} is already cancelled")
+        if row.effective_step <= horizon:
+            raise StepPromised(
+                f"version {target} takes effect at step {row.effective_step}, already promised to the "
+                f"replica groups (step leases through step {horizon}); make a new change instead",
+                horizon + 1,
+            )
         if row.effective_step <= self._current_step:
             raise ConfigError(
                 f"version {target} took effect at step {row.effective_step} "

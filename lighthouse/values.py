@@ -106,3 +106,27 @@ def decode_cli_value(text: str) -> Any:
         return json.loads(text, parse_constant=_reject_constant)
     except (ValueError, ConfigError):
         return text
+
+
+def apply_change(config: dict[str, Any], op: str, change: dict[str, Any]) -> dict[str, Any]:
+    """The config after one stored operation: ``put`` replaces it, ``patch`` merges (null deletes)."""
+    if op == "put":
+        return dict(change)
+    merged = dict(config)
+    for key, value in change.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
+
+
+def config_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per key ``{"before": .., "after": ..}``; a key added has no "before", one removed no "after"."""
+    out: dict[str, dict[str, Any]] = {}
+    sides = (("before", before), ("after", after))
+    for key in [*before, *(k for k in after if k not in before)]:
+        change = {side: config[key] for side, config in sides if key in config}
+        if change.get("before", out) != change.get("after", out):
+            out[key] = change
+    return out

@@ -1,3 +1,3 @@
 from manager.cli import main
 
-main()
+main(prog_name="manager")  # also under `python -m`: its usage lines and shell completion

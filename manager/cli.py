@@ -1,16 +1,31 @@
-"""``manager`` command: ``serve`` a replica group's relay, ``get`` what a worker would receive."""
+"""``manager`` command: ``serve`` a replica group's relay; ``get`` what a worker would receive and
+``status`` what the manager serves and why (tables; ``-o json`` for scripts)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
+from typing import Any
 
 import click
 
+from protos import lighthouse_config_pb2 as pb
 from protos.cli_options import client_tls_options, job_option, server_tls_options
+from protos.cli_output import (
+    JSON,
+    Cell,
+    Styled,
+    duration,
+    echo_lines,
+    fail,
+    output_option,
+    paint,
+    print_json,
+    steps,
+    table,
+)
 from protos.daemon import Termination, announce, configure_logging
-from protos.tls import ServerTLS, TLSConfig
+from protos.tls import LIGHTHOUSE_TLS_ENVS, ServerTLS, TLSConfig
 
 logger = logging.getLogger("manager")
 
@@ -33,7 +48,8 @@ def main() -> None:
     envvar="TORCHFT_LIGHTHOUSE",
     required=True,
     help="Lighthouse address HOST:PORT, or several as A,B,C (lighthouses on one etcd store: the "
-    "manager moves to the next when one fails). Env TORCHFT_LIGHTHOUSE; http://HOST:PORT accepted.",
+    "manager moves to the next when one fails or hangs). Env TORCHFT_LIGHTHOUSE; http://HOST:PORT "
+    "accepted; https://HOST:PORT speaks TLS, trusting the system's roots unless --lighthouse-ca.",
 )
 @click.option(
     "--bind", default="[::]:0", show_default=True, help="Address workers connect to (0: free port)."
@@ -64,6 +80,13 @@ def main() -> None:
     "--serve-stale", is_flag=True, help="During an outage serve the last good config, not an empty one."
 )
 @click.option(
+    "--push/--poll",
+    default=True,
+    show_default=True,
+    help="Hold a push stream to the lighthouse (a change arrives in milliseconds; the TTL then only "
+    "paces the polling that takes over while no stream is open), or only poll every TTL.",
+)
+@click.option(
     "--step-window",
     type=click.IntRange(min=1),
     default=1024,
@@ -72,7 +95,12 @@ def main() -> None:
 )
 @job_option("The training job this group belongs to")
 @client_tls_options(
-    "--lighthouse-ca", "--lighthouse-cert", "--lighthouse-key", dest="lighthouse_tls", peer="lighthouse"
+    "--lighthouse-ca",
+    "--lighthouse-cert",
+    "--lighthouse-key",
+    dest="lighthouse_tls",
+    peer="lighthouse",
+    envvars=LIGHTHOUSE_TLS_ENVS,
 )
 @server_tls_options
 @click.option(
@@ -90,6 +118,7 @@ def serve(
     lighthouse_timeout: float,
     backoff: float,
     serve_stale: bool,
+    push: bool,
     step_window: int,
     job: str,
     lighthouse_tls: TLSConfig | None,
@@ -115,6 +144,7 @@ def serve(
             lighthouse_timeout=lighthouse_timeout,
             backoff=backoff,
             serve_stale=serve_stale,
+            push=push,
             step_window=step_window,
             job=job,
             lighthouse_tls=lighthouse_tls,
@@ -129,26 +159,114 @@ def serve(
     server.shutdown()
 
 
+addr_option = click.option(
+    "--addr", required=True, help="Manager address HOST:PORT (what `manager serve` printed)."
+)
+timeout_option = click.option(
+    "--timeout", type=click.FloatRange(min=0.001), default=5.0, show_default=True, help="Seconds."
+)
+SOURCE_COLOURS = {"cache": "green", "lighthouse": "green", "stale": "yellow", "fallback": "red"}
+
+
 @main.command()
-@click.option("--addr", required=True, help="Manager address HOST:PORT.")
+@addr_option
 @click.option("--step", type=int, default=None, help="Ask for this step's pinned config.")
-@click.option("--timeout", type=click.FloatRange(min=0.001), default=5.0, show_default=True, help="Seconds.")
+@timeout_option
 @client_tls_options(peer="manager")
-def get(addr: str, step: int | None, timeout: float, tls: TLSConfig | None) -> None:
-    """Print the config a worker would get, as JSON (exit 1 when the manager is unreachable)."""
-    from worker_client import ConfigUnavailable, ManagerClient
+@output_option
+def get(addr: str, step: int | None, timeout: float, tls: TLSConfig | None, output: str) -> None:
+    """Print the config a worker would get (exit 1 when no manager answers at ADDR).
+
+    Looks only: pins nothing, moves no step. -o json prints {job, version, source, pinned, config}.
+    """
+    from manager.status_client import NotAManager, peek_config
 
     try:
-        with ManagerClient(addr, timeout=timeout, strict=True, tls=tls) as client:
-            cfg = client.get_config(step=step, peek=True)  # look only: pins nothing
-    except (ConfigUnavailable, ValueError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
-    out = {
-        "job": cfg.job,
-        "version": cfg.version,
-        "source": cfg.source,
-        "pinned": cfg.pinned,
-        "config": dict(cfg),
-    }
-    click.echo(json.dumps(out, indent=2, ensure_ascii=False))
+        reply = peek_config(addr, step, timeout, tls)
+    except NotAManager as exc:
+        fail(str(exc))
+    if output == JSON:
+        print_json(
+            {
+                "job": reply.job,
+                "version": reply.version,
+                "source": reply.source,
+                "pinned": reply.pinned,
+                "config": dict(reply.config_data),
+            }
+        )
+        return
+    config = dict(reply.config_data)
+    lines = table(["KEY", "VALUE"], sorted(config.items())) if config else ["(empty config)"]
+    source = paint(Styled(reply.source, fg=SOURCE_COLOURS.get(reply.source)))
+    pinned = "" if step is None else (f", pinned for step {steps(step)}" if reply.pinned else ", not pinned")
+    echo_lines([*lines, "", f"version {reply.version} of job {reply.job}, source {source}{pinned}"])
+
+
+@main.command()
+@addr_option
+@timeout_option
+@client_tls_options(peer="manager")
+@output_option
+def status(addr: str, timeout: float, tls: TLSConfig | None, output: str) -> None:
+    """What the manager serves and why: source, version, cache age, lighthouse in use, pinned steps."""
+    from manager.status_client import NotAManager, manager_info
+
+    try:
+        info = manager_info(addr, timeout, tls)
+    except NotAManager as exc:
+        fail(str(exc))
+    if output == JSON:
+        print_json(info_json(info))
+    else:
+        echo_lines(status_lines(info))
+
+
+def info_json(info: pb.ManagerInfo) -> dict[str, Any]:
+    """Every field by its proto name (int64 as numbers, unlike protobuf's JSON mapping)."""
+    out: dict[str, Any] = {}
+    for field in info.DESCRIPTOR.fields:
+        value = getattr(info, field.name)
+        out[field.name] = value if isinstance(value, str | int | float) else list(value)
+    return out
+
+
+def status_lines(info: pb.ManagerInfo) -> list[str]:
+    """``manager status`` as a two-column table."""
+    age = "none held yet" if info.cache_age_s < 0 else duration(info.cache_age_s)
+    listed = list(info.lighthouses)
+    position = f" ({listed.index(info.lighthouse) + 1} of {len(listed)})" if len(listed) > 1 else ""
+    answered = (
+        "never answered"
+        if info.last_answer_age_s < 0
+        else f"last answer {duration(info.last_answer_age_s)} ago"
+    )
+    pinned = "none"
+    if info.pinned_steps:
+        pinned = (
+            f"{info.pinned_steps:,} (steps {steps(info.first_pinned_step)} to {steps(info.last_pinned_step)})"
+        )
+    hits = f" ({info.cache_hits / info.requests:.0%} from the cache)" if info.requests else ""
+    rows: list[list[Cell]] = [
+        ["replica", f"{info.replica_id} (job {info.job})"],
+        ["address", info.address],
+        ["source", Styled(info.source, fg=SOURCE_COLOURS.get(info.source))],
+        ["version", str(info.version)],
+        ["cache age", f"{age} (TTL {duration(info.cache_ttl_s)})"],
+        ["lighthouse", f"{info.lighthouse}{position}, {answered}"],
+    ]
+    if len(listed) > 1:
+        rows.append(["listed", ", ".join(listed)])
+    if info.last_error:
+        rows.append(["last error", Styled(info.last_error, fg="red")])
+    rows += [
+        ["pinned steps", pinned],
+        ["job step", f"{steps(info.last_pinned_step)} here, {steps(info.lighthouse_step)} at the lighthouse"],
+        [
+            "lease",
+            "none" if info.lease_through_step < 0 else f"through step {steps(info.lease_through_step)}",
+        ],
+        ["requests", f"{info.requests:,}{hits}"],
+        ["fetches", f"{info.upstream_fetches:,} ({info.upstream_failures:,} failed)"],
+    ]
+    return table(None, rows)

@@ -71,6 +71,11 @@ class StepPins:
     def __len__(self) -> int:
         return len(self._pins)
 
+    def lowest(self) -> int:
+        """The oldest step still pinned; -1 when none is."""
+        with self._lock:
+            return min(self._pins, default=-1)
+
     def take_switches(self) -> list[tuple[int, int, int]]:
         """(version, first step, highest step before) not yet reported to the lighthouse."""
         with self._lock:

@@ -4,7 +4,18 @@ The lighthouse's load stays proportional to the number of groups: workers'
 calls are answered from the cache (see ``upstream``), pinned per step (see
 ``pinning``), and a background loop refreshes the cache just before it expires,
 carrying the manager's heartbeat on the same call. The ranks' reported metrics
-ride on that status too (see ``metrics``).
+ride on that status too (see ``metrics``), on the push stream as on a fetch.
+
+Step leases (see ``lighthouse.leases``): each answer of the lighthouse promises
+its config for every step up to a horizon H. A worker's call for a step up to H
+is answered from that snapshot whatever the TTL, also while the lighthouse is
+unreachable. The lease lasts about one cache TTL at the job's step rate; the
+background loop renews it once the group is half-way through it (so an outage
+of half a TTL changes nothing workers see) and the step's call never waits for
+it. A call for a step above H waits for a renewal
+(the deadline bounds it) and, without one, gets the fallback: a group that
+cannot confirm its config must not train a step on one that may differ from
+the other groups'.
 """
 
 from __future__ import annotations
@@ -19,17 +30,34 @@ import grpc
 from lighthouse.client import LighthouseClient
 from manager.metrics import GroupMetrics
 from manager.pinning import StepPins
-from manager.snapshot import Snapshot
+from manager.push import PushStream
+from manager.snapshot import CACHE, FALLBACK, STALE, Snapshot
 from manager.upstream import FetchFailed, UpstreamCache
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, check_job_id
-from protos.rpc import dialable_address, start_server
+from protos.probes import Probes
+from protos.rpc import MANAGER_SERVICE, dialable_address, split_addresses, start_server, varint_field
 from protos.tls import ServerCertificates, ServerTLS, TLSConfig, explain_rpc_error
 
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL = 1.0
 FINAL_REPORTS = 4  # heartbeats at shutdown, at most, to hand over the metrics still held
+
+
+_STABLE_THROUGH = pb.ManagerConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
+
+
+class _Lease:
+    """A snapshot and the highest step it is promised for (one object: read atomically), with that
+    step serialized once for the workers' replies."""
+
+    __slots__ = ("field", "snapshot", "through")
+
+    def __init__(self, snapshot: Snapshot, through: int) -> None:
+        self.snapshot = snapshot
+        self.through = through
+        self.field = varint_field(_STABLE_THROUGH, through)
 
 
 class ManagerServer:
@@ -55,6 +83,7 @@ class ManagerServer:
         job: str = DEFAULT_JOB,
         lighthouse_tls: TLSConfig | None = None,
         tls: ServerTLS | None = None,
+        push: bool = True,
     ) -> None:
         if cache_ttl <= 0 or lighthouse_timeout <= 0 or backoff <= 0:
             raise ValueError("cache_ttl, lighthouse_timeout and backoff must be positive")
@@ -73,9 +102,25 @@ class ManagerServer:
         )
         self._instance_id = ""
         self._lighthouse_step = -1  # the job's step as the lighthouse knows it
-        self._last_contact = float("-inf")
+        self._last_contact = float("-inf")  # last call to the lighthouse, answered or not
+        self._last_answer = float("-inf")  # last call the lighthouse answered
+        self._lease: _Lease | None = None
+        self._leases_supported: bool | None = None  # None until the lighthouse first answered
+        self._step_wanted = -1  # a step a worker waits for, beyond the lease (asked of the lighthouse)
+        self._renew_at = 0  # the step from which the background loop renews the lease
+        self._renew = threading.Event()  # wakes the background loop: a lease to renew, or stop
+        self.steps_past_lease = 0
+        self._past_lease_count = itertools.count(1)
+        self._probes = Probes(MANAGER_SERVICE)  # NOT_SERVING until a lighthouse gave a config
+        self._take_lock = threading.Lock()  # answers arrive from a fetch and from the push stream
+        self._push_base = -1  # the step the last request on the push stream asked a lease for
+        self._push_asked: float | None = None  # when a request on the stream went out unanswered
+        self._push_switches: list[tuple[int, int, int]] = []  # step switches sent on the stream
+        self._push_metrics = 0  # the metrics batch sent on the stream, not acknowledged yet
+        self._reported: tuple[int, ...] = ()  # what the last report on the stream said
+        self._reported_at = float("-inf")
         self._cache = UpstreamCache(
-            self._fetch,
+            self._fetch_and_report,
             ttl=cache_ttl,
             backoff=backoff,
             wait_timeout=lighthouse_timeout + 0.5,
@@ -83,22 +128,30 @@ class ManagerServer:
             fallback=Snapshot.fallback(self.job),
         )
         handler = grpc.method_handlers_generic_handler(
-            "lighthouse_config.ManagerService",
+            MANAGER_SERVICE,
             {
                 "GetConfig": grpc.unary_unary_rpc_method_handler(
                     self._get_config, request_deserializer=pb.ManagerConfigRequest.FromString
-                )
+                ),
+                "GetStatus": grpc.unary_unary_rpc_method_handler(
+                    self._get_status,
+                    request_deserializer=pb.ManagerInfoRequest.FromString,
+                    response_serializer=pb.ManagerInfo.SerializeToString,
+                ),
             },
         )
         self._server: grpc.Server | None
         try:
-            self._server, port = start_server(bind, [handler], max_workers, credentials)
+            self._server, port = start_server(bind, [handler], max_workers, credentials, self._probes)
         except BaseException:
             self._lighthouse.close()
             raise
         self._address = dialable_address(bind, port)
         self.replica_id = replica_id or self._address
         self._stopped = threading.Event()
+        self._push = (
+            PushStream(self._lighthouse, self._push_request, self._pushed, self._push_down) if push else None
+        )
         self._loop = threading.Thread(target=self._refresh_loop, name="manager-refresh", daemon=True)
         self._loop.start()
         logger.info(
@@ -131,22 +184,53 @@ class ManagerServer:
         if pinned is not None:
             self.cache_hits = next(self._hit_count)
             return pinned
-        answer = self._cache.get()
-        snapshot = answer.snapshot
+        lease = self._lease
+        if lease is not None and step <= lease.through:  # promised: no TTL, no outage matters
+            snapshot, fetched = lease.snapshot, False
+        elif request.peek or self._leases_supported is False:  # a lighthouse without leases: the TTL
+            answer = self._cache.get()
+            snapshot, fetched = answer.snapshot, answer.fetched
+        else:
+            snapshot, fetched = self._renew_for(step)
+            lease = self._lease
+        # The answer says how far the group's config is promised (nothing for a fallback).
+        promised = lease.field if lease is not None and snapshot is lease.snapshot else b""
         segment = snapshot.segment(step)
         if request.peek or self._pins.outside_window(step):  # peek: look, pin nothing, move no step
-            return snapshot.reply(segment, False)
-        if not answer.fetched:
+            return snapshot.reply(segment, False) + promised
+        if not fetched:
             self.cache_hits = next(self._hit_count)
-        pinned = self._pins.pin(step, snapshot, snapshot.reply(segment, True))
-        return pinned if pinned is not None else snapshot.reply(segment, False)
+        pinned = self._pins.pin(step, snapshot, snapshot.reply(segment, True) + promised)
+        if step >= self._renew_at:
+            self._renew.set()  # half-way through the lease: the background loop renews it
+        return pinned if pinned is not None else snapshot.reply(segment, False) + promised
+
+    def _renew_for(self, step: int) -> tuple[Snapshot, bool]:
+        """A step beyond the lease: wait for a renewal that covers it (bounded by the lighthouse
+        deadline); without one the fallback, counted as a step past the lease."""
+        if step > self._step_wanted:
+            self._step_wanted = step
+
+        def covered() -> bool:
+            lease = self._lease
+            return lease is not None and step <= lease.through
+
+        answer = self._cache.renew(covered)
+        lease = self._lease
+        if lease is not None and step <= lease.through:
+            return lease.snapshot, answer.fetched
+        if self._leases_supported is False:  # the lighthouse turned out to be a release without leases
+            return answer.snapshot, answer.fetched
+        self.steps_past_lease = next(self._past_lease_count)
+        return self._cache.fallback(), False
 
     # ------------------------------------------------------------ upstream
-    def _status(self, final: bool = False) -> pb.ManagerStatus:
+    def _status(self, final: bool = False, metrics: bool = True) -> pb.ManagerStatus:
         """What the lighthouse learns of this group with each call: also the ranks' metrics, so
-        whatever carries the status (a fetch, a heartbeat) carries them. ``final``: the last one."""
+        whatever carries the status (a fetch, a heartbeat, the push stream) carries them.
+        ``final``: the last one (every metric held goes); ``metrics=False``: none (a look)."""
         switches = self._pins.take_switches()
-        metrics, batch = self._metrics.take(everything=final)
+        batch, batch_id = self._metrics.take(everything=final) if metrics else ([], 0)
         return pb.ManagerStatus(
             replica_id=self.replica_id,
             address=self._address,
@@ -156,30 +240,143 @@ class ManagerServer:
             step=self._pins.max_step,
             switches=[pb.StepSwitch(version=v, step=s, previous_step=p) for v, s, p in switches],
             job=self.job,
-            metrics=metrics,
-            metrics_batch=batch,
+            lease_through_step=self.lease_through_step(),
+            steps_past_lease=self.steps_past_lease,
+            metrics=batch,
+            metrics_batch=batch_id,
             metrics_dropped=self._metrics.dropped,
         )
 
+    def lease_through_step(self) -> int:
+        """The highest step the lighthouse promised this group's config for (-1: none)."""
+        lease = self._lease
+        return lease.through if lease is not None else -1
+
+    def _promised(self) -> Snapshot | None:
+        """The snapshot the group's next step is promised with (None: beyond the lease, or none)."""
+        lease = self._lease
+        return lease.snapshot if lease is not None and self._pins.max_step < lease.through else None
+
     def serving_version(self) -> int:
         """The lighthouse version workers get now (0 while serving the fallback)."""
+        promised = self._promised()
+        if promised is not None:
+            return promised.version  # served whether the lighthouse answers or not
         good = self._cache.good
-        if good is None or (self._cache.failing and not self._cache.serve_stale):
-            return 0
-        return good.version
+        return good.version if good is not None and self._gives_config(good, self._cache.failing) else 0
+
+    def _gives_config(self, good: Snapshot | None, failing: bool) -> bool:
+        """Whether workers get a lighthouse's config (the live one, or with ``serve_stale`` the last
+        good one) rather than the empty fallback: what the health service reports as SERVING."""
+        return good is not None and (not failing or self._cache.serve_stale)
+
+    def _fetch_and_report(self, held: Snapshot | None) -> Snapshot:
+        """The cache's fetch; the health status follows its outcome (``held`` is the last good one)."""
+        try:
+            snapshot = self._fetch(held)
+        except FetchFailed:  # still serving while the step lease covers the group, or with serve_stale
+            promised = self._promised() is not None
+            self._probes.set_serving(promised or self._gives_config(held, failing=True))
+            raise
+        self._probes.set_serving(True)
+        return snapshot
+
+    def _request(self, held: Snapshot | None) -> tuple[pb.LighthouseConfigRequest, int]:
+        """A request for the lighthouse (a fetch, or a report on the push stream), and the step the
+        step lease it asks for should cover."""
+        status = self._status()
+        wanted = self._step_wanted
+        request = self._lighthouse.request(
+            known_version=held.version if held else 0,
+            known_state_id=held.state_id if held else "",
+            status=status,
+            lease_seconds=self._cache.ttl,
+            lease_from_step=wanted if wanted > status.step else None,
+        )
+        return request, max(status.step, wanted)
 
     def _fetch(self, held: Snapshot | None) -> Snapshot:
-        status = self._status()
+        request, base = self._request(held)
         try:
-            reply = self._lighthouse.fetch(
-                timeout=self.lighthouse_timeout,
-                known_version=held.version if held else 0,
-                known_state_id=held.state_id if held else "",
-                status=status,
-            )
+            reply = self._lighthouse.get(request, timeout=self.lighthouse_timeout)
         except grpc.RpcError as exc:
             raise FetchFailed(explain_rpc_error(exc, self._lighthouse.tls is not None)) from None
-        self._acked(status)
+        self._acked(request.status)
+        with self._take_lock:
+            snapshot = self._take_reply(reply, self._cache.good or held)
+            self._take_lease(reply, snapshot, base)
+        return snapshot
+
+    # ------------------------------------------------------------ push
+    def _push_request(self) -> pb.LighthouseConfigRequest:
+        """A request for the push stream: its first one (the version held), a report, a renewal."""
+        request, self._push_base = self._request(self._cache.good)
+        self._push_switches += [(w.version, w.step, w.previous_step) for w in request.status.switches]
+        self._push_metrics = request.status.metrics_batch or self._push_metrics
+        self._reported = self._report_key(request.status)
+        self._reported_at = time.monotonic()
+        return request
+
+    def _pushed(self, reply: pb.LighthouseConfigResponse) -> None:
+        """A message of the push stream: a new version, an answer to a report or renewal, a keep-alive."""
+        with self._take_lock:
+            snapshot = self._take_reply(reply, self._cache.good)
+            self._take_lease(reply, snapshot, self._push_base)
+        self._cache.offer(snapshot)
+        self._push_asked = None
+        sent, self._push_switches = self._push_switches, []
+        self._pins.ack_switches(sent)
+        self._metrics.ack(self._push_metrics)
+        self._probes.set_serving(True)
+
+    def _push_down(self, why: str) -> None:
+        """The push stream ended: poll from now on (the refresh loop fetches at once)."""
+        self._push_asked = None
+        self._cache.expire()
+        self._renew.set()
+
+    def _push_step(self) -> float:
+        """With a live push stream: renew or report on it when due; seconds until to look again."""
+        push = self._push
+        assert push is not None
+        now = time.monotonic()
+        asked = self._push_asked
+        if asked is not None and now - asked > self.lighthouse_timeout:
+            push.reset(f"no answer to a request within {self.lighthouse_timeout:g}s")
+            return 0.0
+        deadline = 2 * push.keepalive + self.lighthouse_timeout
+        if push.keepalive and push.silent_for() > deadline:
+            push.reset(f"silent for {push.silent_for():.1f}s (keep-alive every {push.keepalive:g}s)")
+            return 0.0
+        renew = self._lease is not None and self._pins.max_step >= self._renew_at
+        changed = self._report_key(self._status(metrics=False)) != self._reported
+        changed = changed or self._metrics.pending
+        due = renew or (changed and now - self._reported_at >= HEARTBEAT_INTERVAL)
+        if asked is None and due and push.send(self._push_request()):
+            self._push_asked = now
+        return min(HEARTBEAT_INTERVAL, self.lighthouse_timeout / 2)
+
+    @staticmethod
+    def _report_key(status: pb.ManagerStatus) -> tuple[int, ...]:
+        """What a report tells the lighthouse that changes (not its time)."""
+        return (status.version, status.requests, status.step, len(status.switches), status.steps_past_lease)
+
+    def _take_lease(self, reply: pb.LighthouseConfigResponse, snapshot: Snapshot, base: int) -> None:
+        """Hold the lease that came with ``snapshot`` (the newest snapshot is valid for every step
+        promised before, within one lighthouse state), and renew it half-way through."""
+        self._leases_supported = reply.HasField("stable_through_step")
+        held = self._lease
+        through = reply.stable_through_step if self._leases_supported else -1
+        if held is not None and held.snapshot.state_id == snapshot.state_id:
+            through = max(through, held.through)
+        self._lease = _Lease(snapshot, through) if through >= 0 else None
+        granted = reply.stable_through_step
+        if granted >= base >= 0:
+            self._renew_at = base + max(1, (granted - base + 1) // 2)
+
+    def _take_reply(self, reply: pb.LighthouseConfigResponse, held: Snapshot | None) -> Snapshot:
+        """The snapshot to serve after ``reply`` (the held one when not modified or older)."""
+        self._last_contact = self._last_answer = time.monotonic()
         self._lighthouse_step = reply.current_step
         if reply.instance_id != self._instance_id:
             if self._instance_id:
@@ -208,10 +405,18 @@ class ManagerServer:
         return fresh
 
     def _refresh_loop(self) -> None:
-        """Refresh just before the cache expires; send a bare heartbeat when the TTL is longer than that."""
+        """With a live push stream, report and renew on it; else refresh just before the cache
+        expires, and renew the step lease once the group is half-way through it; send a bare
+        heartbeat when the TTL is longer than that."""
         cache = self._cache
         while not self._stopped.is_set():
+            if self._push is not None and self._push.live:
+                self._renew.wait(self._push_step())
+                self._renew.clear()
+                continue
             refresh_in = cache.next_refresh_in()
+            if self._lease is not None and self._pins.max_step >= self._renew_at and not cache.failing:
+                refresh_in = 0.0  # half the lease is used up
             heartbeat_in = self._last_contact + HEARTBEAT_INTERVAL - time.monotonic()
             if refresh_in <= 0:
                 if cache.in_flight:  # a worker's call is fetching: let it finish
@@ -221,7 +426,8 @@ class ManagerServer:
             elif heartbeat_in <= 0 and not cache.failing:
                 self._heartbeat()
             else:
-                self._stopped.wait(refresh_in if cache.failing else min(refresh_in, heartbeat_in))
+                self._renew.wait(refresh_in if cache.failing else min(refresh_in, heartbeat_in))
+                self._renew.clear()
 
     def _heartbeat(self, timeout: float | None = None, final: bool = False) -> bool:
         status = self._status(final)
@@ -231,16 +437,19 @@ class ManagerServer:
             self._last_contact = time.monotonic()  # retried in a heartbeat interval; the fetch logs outages
             return False
         self._acked(status)
+        self._last_contact = self._last_answer = time.monotonic()
         return True
 
     def _acked(self, status: pb.ManagerStatus) -> None:
         """The lighthouse received ``status``: its switches and metrics need not be sent again."""
         self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
         self._metrics.ack(status.metrics_batch)
-        self._last_contact = time.monotonic()
 
     def stats(self) -> dict[str, int]:
         return {
+            "lease_through_step": self.lease_through_step(),
+            "steps_past_lease": self.steps_past_lease,
+            "metrics_dropped": self._metrics.dropped,
             "requests": self.requests,
             "cache_hits": self.cache_hits,
             "upstream_fetches": self._cache.fetches,
@@ -249,11 +458,56 @@ class ManagerServer:
             "version": self.serving_version(),
         }
 
+    def _get_status(self, request: pb.ManagerInfoRequest, context: grpc.ServicerContext) -> pb.ManagerInfo:
+        return self.info()
+
+    def info(self) -> pb.ManagerInfo:
+        """What this manager serves and why (``manager status``): never calls the lighthouse."""
+        cache = self._cache
+        good = cache.good
+        lease = self._lease
+        if (good is not None and not cache.failing) or (
+            lease is not None and self._pins.max_step <= lease.through
+        ):
+            source = CACHE  # also through an outage, while the step lease covers the group
+        else:
+            source = STALE if cache.serve_stale and good is not None else FALLBACK
+        age = cache.age()
+        now = time.monotonic()
+        return pb.ManagerInfo(
+            replica_id=self.replica_id,
+            job=self.job,
+            address=self._address,
+            source=source,
+            version=self.serving_version(),
+            cache_age_s=-1.0 if age is None else round(age, 3),
+            cache_ttl_s=cache.ttl,
+            lighthouse=self._lighthouse.current,
+            lighthouses=split_addresses(self._lighthouse.addr),
+            last_answer_age_s=round(now - self._last_answer, 3)
+            if self._last_answer > float("-inf")
+            else -1.0,
+            last_error=cache.last_error,
+            pinned_steps=len(self._pins),
+            first_pinned_step=self._pins.lowest(),
+            last_pinned_step=self._pins.max_step,
+            lighthouse_step=self._lighthouse_step,
+            requests=self.requests,
+            cache_hits=self.cache_hits,
+            upstream_fetches=cache.fetches,
+            upstream_failures=cache.failures,
+            lease_through_step=self.lease_through_step(),
+        )
+
     def shutdown(self, grace: float | None = 0.5) -> None:
         """Stop serving; safe to call twice. A last report tells the lighthouse the group's final
         step and step switches (the replay and late-group views need them)."""
         first = not self._stopped.is_set()
         self._stopped.set()
+        self._renew.set()
+        if self._push is not None:
+            self._push.stop()
+        self._probes.shutdown()  # health watchers hear NOT_SERVING before the port closes
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None

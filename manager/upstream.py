@@ -68,6 +68,7 @@ class UpstreamCache:
         self._cond = threading.Condition(threading.Lock())
         self.fetches = 0
         self.failures = 0
+        self.last_error = ""  # why the failing fetch failed (empty while fetches succeed)
 
     @property
     def good(self) -> Snapshot | None:
@@ -82,19 +83,65 @@ class UpstreamCache:
     def in_flight(self) -> bool:
         return self._in_flight
 
+    def age(self) -> float | None:
+        """Seconds since the fetch that produced the held snapshot started; None before the first."""
+        if self._good is None:
+            return None
+        return self._clock() - (self._fresh_until - self.ttl)
+
     def get(self) -> Answer:
         """The snapshot a worker call should be answered from (the hot path: one clock read when fresh)."""
         good = self._good
         if good is not None and self._clock() < self._fresh_until:
             return Answer(good, False)
         if self._failing:
-            return Answer(self._fallback(), False)
+            return Answer(self.fallback(), False)
         return self._fetch_once(wait=True)
+
+    def renew(self, satisfied: Callable[[], bool]) -> Answer:
+        """Fetch now, whatever the TTL, unless ``satisfied()`` (for a call the held snapshot cannot
+        answer: a step beyond the manager's step lease). Joins a fetch in flight first, then
+        fetches itself if that one did not satisfy; during a backoff window, the fallback at once.
+        """
+        answer = Answer(self._good or self.fallback(), False)
+        for _ in range(2):
+            if satisfied():
+                return answer
+            if self._failing:
+                return Answer(self.fallback(), False)
+            answer = self._fetch_once(wait=True, fresh=True)
+        return answer
+
+    def offer(self, snapshot: Snapshot) -> Snapshot:
+        """A snapshot pushed by the lighthouse: held, and fresh until ``expire`` (while the push stream
+        lives it is always the newest). Never replaces a newer one of the same state; returns the one held."""
+        with self._cond:
+            held = self._keep(snapshot)
+            if self._failing:
+                logger.info("lighthouse reachable again; serving version %d", held.version)
+            self._good = held
+            self._fresh_until = float("inf")
+            self._failing = False
+            self._cond.notify_all()
+            return held
+
+    def expire(self) -> None:
+        """The held snapshot is fresh no longer (the push stream ended): the next call fetches."""
+        with self._cond:
+            self._fresh_until = min(self._fresh_until, self._clock())
+
+    def _keep(self, snapshot: Snapshot) -> Snapshot:
+        """``snapshot``, unless the one held is newer in the same lighthouse state (answers of two
+        paths, a fetch and a push, may arrive out of order)."""
+        good = self._good
+        if good is not None and good.state_id == snapshot.state_id and good.version > snapshot.version:
+            return good
+        return snapshot
 
     def refresh(self) -> Answer:
         """Fetch now unless a fetch is in flight or the backoff window is open (background loop)."""
         if self._failing and self._clock() < self._retry_at:
-            return Answer(self._fallback(), False)
+            return Answer(self.fallback(), False)
         return self._fetch_once(wait=False)
 
     def next_refresh_in(self) -> float:
@@ -105,25 +152,30 @@ class UpstreamCache:
         lead = min(0.05 * self.ttl, 0.05)
         return max(0.0, self._fresh_until - lead - now)
 
-    def _fallback(self) -> Snapshot:
+    def fallback(self) -> Snapshot:
+        """What a call gets when the lighthouse cannot confirm a config: empty, or with
+        ``serve_stale`` the last good one marked stale."""
         if self.serve_stale and self._good is not None:
             return self._good.as_stale()
         return self._empty
 
-    def _fetch_once(self, wait: bool) -> Answer:
+    def _fetch_once(self, wait: bool, fresh: bool = False) -> Answer:
+        """Fetch unless one is in flight (``wait``: then wait for it, bounded). ``fresh``: a
+        finished fetch counts even if the snapshot is past its TTL (the caller checks it)."""
         with self._cond:
             if self._in_flight:
                 if not wait:
-                    return Answer(self._good or self._fallback(), False)
+                    return Answer(self._good or self.fallback(), False)
                 deadline = self._clock() + self.wait_timeout
                 while self._in_flight:
                     remaining = deadline - self._clock()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
-                if self._good is not None and self._clock() < self._fresh_until:
-                    return Answer(self._good, True)
-                return Answer(self._fallback(), False)
+                good = self._good
+                if good is not None and not self._failing and (fresh or self._clock() < self._fresh_until):
+                    return Answer(good, True)
+                return Answer(self.fallback(), False)
             self._in_flight = True
         started = self._clock()
         try:
@@ -139,10 +191,11 @@ class UpstreamCache:
                         self.backoff,
                     )
                 self._failing = True
+                self.last_error = str(exc)
                 self._retry_at = self._clock() + self.backoff
                 self._in_flight = False
                 self._cond.notify_all()
-            return Answer(self._fallback(), False)
+            return Answer(self.fallback(), False)
         except BaseException:
             with self._cond:
                 self._in_flight = False
@@ -153,8 +206,9 @@ class UpstreamCache:
             if self._failing:
                 logger.info("lighthouse reachable again; serving version %d", snapshot.version)
             self._failing = False
-            self._good = snapshot
-            self._fresh_until = started + self.ttl
+            self.last_error = ""
+            snapshot = self._good = self._keep(snapshot)
+            self._fresh_until = max(self._fresh_until, started + self.ttl)
             self._in_flight = False
             self._cond.notify_all()
         return Answer(snapshot, True)

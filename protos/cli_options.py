@@ -61,18 +61,42 @@ def server_tls_options(func: F) -> F:
 
 
 def client_tls_options(
-    ca: str = "--cacert", cert: str = "--cert", key: str = "--key", dest: str = "tls", peer: str = "server"
+    ca: str = "--cacert",
+    cert: str = "--cert",
+    key: str = "--key",
+    dest: str = "tls",
+    peer: str = "server",
+    envvars: tuple[str, str, str] | None = None,
 ) -> Callable[[F], F]:
-    """``CA [CERT KEY]`` options -> ``dest: TLSConfig | None`` (TLS as soon as one is given)."""
+    """``CA [CERT KEY]`` options -> ``dest: TLSConfig | None`` (TLS as soon as one is given);
+    ``envvars`` name the variables each option defaults to."""
 
     def decorate(func: F) -> F:
         names = [name.lstrip("-").replace("-", "_") for name in (ca, cert, key)]
+        env = envvars or (None, None, None)
+
+        def helped(text: str, index: int) -> str:
+            return f"{text} (env {env[index]})." if env[index] else f"{text}."
 
         @click.option(
-            ca, names[0], type=_FILE, default=None, help=f"PEM CA that signed the {peer}'s certificate."
+            ca,
+            names[0],
+            type=_FILE,
+            default=None,
+            envvar=env[0],
+            help=helped(f"PEM CA that signed the {peer}'s certificate, instead of the system's roots", 0),
         )
-        @click.option(cert, names[1], type=_FILE, default=None, help="PEM client certificate (mutual TLS).")
-        @click.option(key, names[2], type=_FILE, default=None, help=f"The PEM key of {cert}.")
+        @click.option(
+            cert,
+            names[1],
+            type=_FILE,
+            default=None,
+            envvar=env[1],
+            help=helped("PEM client certificate (mutual TLS)", 1),
+        )
+        @click.option(
+            key, names[2], type=_FILE, default=None, envvar=env[2], help=helped(f"The PEM key of {cert}", 2)
+        )
         @functools.wraps(func)
         def wrapper(**kwargs: Any) -> Any:
             ca_file, cert_file, key_file = (kwargs.pop(name) for name in names)

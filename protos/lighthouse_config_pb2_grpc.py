@@ -46,6 +46,11 @@ class LighthouseServiceStub:
                 request_serializer=protos_dot_lighthouse__config__pb2.LighthouseHeartbeatRequest.SerializeToString,
                 response_deserializer=protos_dot_lighthouse__config__pb2.LighthouseHeartbeatResponse.FromString,
                 _registered_method=True)
+        self.WatchConfig = channel.stream_stream(
+                '/lighthouse_config.LighthouseService/WatchConfig',
+                request_serializer=protos_dot_lighthouse__config__pb2.LighthouseConfigRequest.SerializeToString,
+                response_deserializer=protos_dot_lighthouse__config__pb2.LighthouseConfigResponse.FromString,
+                _registered_method=True)
 
 
 class LighthouseServiceServicer:
@@ -69,6 +74,19 @@ class LighthouseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchConfig(self, request_iterator, context):
+        """Push: one stream per manager. The manager sends a request as for GetConfig
+        first (the version it holds, its status), then a request whenever it reports
+        or renews its step lease; the lighthouse answers each, and sends the job's
+        newest version as soon as it is committed (also one committed through another
+        lighthouse on the same store; versions in between are coalesced), and a
+        keep-alive every keepalive_ms. A manager whose lighthouse lacks this method
+        (UNIMPLEMENTED: an older release) polls GetConfig instead.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LighthouseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -81,6 +99,11 @@ def add_LighthouseServiceServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=protos_dot_lighthouse__config__pb2.LighthouseHeartbeatRequest.FromString,
                     response_serializer=protos_dot_lighthouse__config__pb2.LighthouseHeartbeatResponse.SerializeToString,
+            ),
+            'WatchConfig': grpc.stream_stream_rpc_method_handler(
+                    servicer.WatchConfig,
+                    request_deserializer=protos_dot_lighthouse__config__pb2.LighthouseConfigRequest.FromString,
+                    response_serializer=protos_dot_lighthouse__config__pb2.LighthouseConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -149,6 +172,33 @@ class LighthouseService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def WatchConfig(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/lighthouse_config.LighthouseService/WatchConfig',
+            protos_dot_lighthouse__config__pb2.LighthouseConfigRequest.SerializeToString,
+            protos_dot_lighthouse__config__pb2.LighthouseConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class ManagerServiceStub:
     """------------------------------------------------------------------- manager
@@ -166,6 +216,11 @@ class ManagerServiceStub:
                 request_serializer=protos_dot_lighthouse__config__pb2.ManagerConfigRequest.SerializeToString,
                 response_deserializer=protos_dot_lighthouse__config__pb2.ManagerConfigResponse.FromString,
                 _registered_method=True)
+        self.GetStatus = channel.unary_unary(
+                '/lighthouse_config.ManagerService/GetStatus',
+                request_serializer=protos_dot_lighthouse__config__pb2.ManagerInfoRequest.SerializeToString,
+                response_deserializer=protos_dot_lighthouse__config__pb2.ManagerInfo.FromString,
+                _registered_method=True)
 
 
 class ManagerServiceServicer:
@@ -179,6 +234,13 @@ class ManagerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStatus(self, request, context):
+        """What the manager serves and why, for operators (`manager status`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ManagerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +248,11 @@ def add_ManagerServiceServicer_to_server(servicer, server):
                     servicer.GetConfig,
                     request_deserializer=protos_dot_lighthouse__config__pb2.ManagerConfigRequest.FromString,
                     response_serializer=protos_dot_lighthouse__config__pb2.ManagerConfigResponse.SerializeToString,
+            ),
+            'GetStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStatus,
+                    request_deserializer=protos_dot_lighthouse__config__pb2.ManagerInfoRequest.FromString,
+                    response_serializer=protos_dot_lighthouse__config__pb2.ManagerInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -217,6 +284,33 @@ class ManagerService:
             '/lighthouse_config.ManagerService/GetConfig',
             protos_dot_lighthouse__config__pb2.ManagerConfigRequest.SerializeToString,
             protos_dot_lighthouse__config__pb2.ManagerConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_config.ManagerService/GetStatus',
+            protos_dot_lighthouse__config__pb2.ManagerInfoRequest.SerializeToString,
+            protos_dot_lighthouse__config__pb2.ManagerInfo.FromString,
             options,
             channel_credentials,
             insecure,

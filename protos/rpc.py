@@ -10,14 +10,22 @@ from __future__ import annotations
 import socket
 from concurrent import futures
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import grpc
 
 from protos.tls import TLSConfig
 
-LIGHTHOUSE_GET_CONFIG = "/lighthouse_config.LighthouseService/GetConfig"
-LIGHTHOUSE_HEARTBEAT = "/lighthouse_config.LighthouseService/Heartbeat"
-MANAGER_GET_CONFIG = "/lighthouse_config.ManagerService/GetConfig"
+if TYPE_CHECKING:  # only servers load the probes' packages, never a worker
+    from protos.probes import Probes
+
+LIGHTHOUSE_SERVICE = "lighthouse_config.LighthouseService"
+MANAGER_SERVICE = "lighthouse_config.ManagerService"
+LIGHTHOUSE_GET_CONFIG = f"/{LIGHTHOUSE_SERVICE}/GetConfig"
+LIGHTHOUSE_HEARTBEAT = f"/{LIGHTHOUSE_SERVICE}/Heartbeat"
+LIGHTHOUSE_WATCH = f"/{LIGHTHOUSE_SERVICE}/WatchConfig"
+MANAGER_GET_CONFIG = f"/{MANAGER_SERVICE}/GetConfig"
+MANAGER_GET_STATUS = f"/{MANAGER_SERVICE}/GetStatus"
 
 # Requests carry ids, counters and reported metrics, which their senders keep well under this
 # (a worker's call about 64 KiB, a manager's status about 108 KB); anything bigger is junk and
@@ -29,14 +37,41 @@ MAX_REPLY_BYTES = 64 * 1024 * 1024
 DEFAULT_LIGHTHOUSE_PORT = 29510
 DEFAULT_DASHBOARD_PORT = 29511
 
-CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
-    ("grpc.max_receive_message_length", MAX_REPLY_BYTES),
-    ("grpc.max_send_message_length", MAX_REQUEST_BYTES),
-    # A restarted peer must be found again within about a second, not after
-    # gRPC's default exponential backoff of up to two minutes.
+# A peer that died or was cut off (a frozen host, a path that drops packets) leaves a connection
+# that looks open: without keepalive TCP notices only after minutes of retransmissions. Every
+# channel pings its peer after KEEPALIVE_TIME_MS without traffic and drops the connection when
+# the ack has not come within KEEPALIVE_TIMEOUT_MS: a dead peer is noticed within 15 s, open
+# streams fail (and are retried elsewhere) instead of waiting for ever.
+KEEPALIVE_TIME_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
+
+# A restarted peer must be found again within about a second, not after gRPC's default
+# exponential backoff of up to two minutes.
+RECONNECT_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+# Both ends of every connection (our channels and servers, and the lighthouse's etcd channels).
+KEEPALIVE_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    # grpcio (1.85) waits for a ping's ack as long as this says, one minute by default, whatever
+    # keepalive_timeout_ms says: without it a black-holed peer is noticed after 70 s, not 15.
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    # Keep pinging however long no data flows (gRPC's default stops after two pings without data).
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.max_receive_message_length", MAX_REPLY_BYTES),
+    ("grpc.max_send_message_length", MAX_REQUEST_BYTES),
+    *RECONNECT_OPTIONS,
+    *KEEPALIVE_OPTIONS,
+    # Ping idle channels too (a manager between two fetches, a worker between two steps), so the
+    # next call finds a dead peer already noticed. Our servers permit it (SERVER_OPTIONS).
+    ("grpc.keepalive_permit_without_calls", 1),
     # Cluster-internal traffic: an http_proxy meant for the internet must not capture it.
     ("grpc.enable_http_proxy", 0),
 ]
@@ -46,7 +81,28 @@ SERVER_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_send_message_length", MAX_REPLY_BYTES),
     # Without this a second server could silently share the port with a live one.
     ("grpc.so_reuseport", 0),
+    # Our clients ping every KEEPALIVE_TIME_MS, with or without calls. gRPC servers by default
+    # allow a ping only every 5 minutes and without calls not at all, and answer more with a
+    # GOAWAY (too_many_pings) that drops the connection: permit our rate, with room for timer skew.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+    # The server pings its clients as they ping it, so a dead client's connection (and its open
+    # streams, e.g. a health Watch) is released within seconds.
+    *KEEPALIVE_OPTIONS,
 ]
+
+
+def varint_field(number: int, value: int) -> bytes:
+    """A serialized int64 protobuf field, to append to an already serialized message (protobuf
+    keeps the last value of a scalar field): a per-call value without re-serializing the rest."""
+    if value < 0:
+        value += 1 << 64  # int64: ten bytes of two's complement
+    out = bytearray([number << 3])  # wire type 0 (varint)
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -119,8 +175,11 @@ def start_server(
     handlers: list[grpc.GenericRpcHandler],
     max_workers: int,
     credentials: grpc.ServerCredentials | None = None,
+    probes: Probes | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start a gRPC server on ``bind`` (TLS with ``credentials``) and return it with the port bound.
+
+    ``probes`` adds the standard health and reflection services beside ``handlers``.
 
     Raises OSError when the address cannot be bound (in use, bad host).
     """
@@ -132,8 +191,19 @@ def start_server(
         handlers=handlers,
         options=SERVER_OPTIONS,
     )
+    if probes is not None:
+        probes.register(server)
+    bound = add_port(server, bind, credentials)
+    server.start()
+    return server, bound
+
+
+def add_port(
+    server: grpc.Server | grpc.aio.Server, bind: str, credentials: grpc.ServerCredentials | None
+) -> int:
+    """Listen on ``bind`` (TLS with ``credentials``); the port bound. OSError when it cannot."""
+    target = format_address(*parse_address(bind))
     try:
-        target = format_address(host, port)
         if credentials is not None:
             bound = server.add_secure_port(target, credentials)
         else:
@@ -142,8 +212,14 @@ def start_server(
         raise OSError(f"cannot listen on {bind}: {exc}") from None
     if bound == 0:
         raise OSError(f"cannot listen on {bind}: address in use or not available")
-    server.start()
-    return server, bound
+    return bound
+
+
+def check_bindable(bind: str) -> None:
+    """Fail with a plain message ("address already in use") before gRPC logs its own cryptic one."""
+    host, port = parse_address(bind)
+    if port != 0:
+        _check_bindable(host, port)
 
 
 def _check_bindable(host: str, port: int) -> None:

@@ -16,6 +16,7 @@ import logging
 import os
 import ssl
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,11 @@ def _read(path: PathLike, what: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as exc:
         raise ValueError(f"cannot read the {what} {os.fspath(path)}: {exc.strerror or exc}") from None
+
+
+# Where a client finds the lighthouse's TLS files when no option names them (the manager's
+# --lighthouse-ca/--lighthouse-cert/--lighthouse-key, and connect() in a torchrun script).
+LIGHTHOUSE_TLS_ENVS = ("LIGHTHOUSE_CA", "LIGHTHOUSE_CERT", "LIGHTHOUSE_KEY")
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ class TLSConfig:
             raise ValueError("a client certificate needs its key, and a key its certificate")
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
-        ca = _read(self.ca, "CA certificate") if self.ca is not None else None
+        ca = _read(self.ca, "CA certificate") if self.ca is not None else _system_roots()
         key = _read(self.key, "client key") if self.key is not None else None
         cert = _read(self.cert, "client certificate") if self.cert is not None else None
         return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
@@ -70,6 +76,29 @@ class TLSConfig:
         except (OSError, ssl.SSLError) as exc:
             raise ValueError(f"cannot load the TLS files: {exc}") from None
         return context
+
+
+def _system_roots() -> bytes | None:
+    """The system's CA bundle (what Python's ssl and the admin CLI trust; ``SSL_CERT_FILE`` moves
+    it), so that gRPC trusts the same roots; None where there is none: gRPC's own bundled roots."""
+    cafile = ssl.get_default_verify_paths().cafile
+    return _read(cafile, "system CA bundle") if cafile else None
+
+
+def tls_for(address: str, tls: TLSConfig | None) -> TLSConfig | None:
+    """How to dial ``address``: with ``tls`` when given; an ``https://`` address speaks TLS
+    trusting the system's roots; any other plaintext."""
+    if tls is None and address.strip().lower().startswith("https://"):
+        return TLSConfig()
+    return tls
+
+
+def lighthouse_tls_from_env(environ: Mapping[str, str] = os.environ) -> TLSConfig | None:
+    """The lighthouse's TLS from ``LIGHTHOUSE_CA``/``LIGHTHOUSE_CERT``/``LIGHTHOUSE_KEY`` (None: unset)."""
+    ca, cert, key = (environ.get(name) or None for name in LIGHTHOUSE_TLS_ENVS)
+    if ca is None and cert is None and key is None:
+        return None
+    return TLSConfig(ca=ca, cert=cert, key=key)
 
 
 @dataclass(frozen=True)
@@ -217,7 +246,10 @@ def tls_failure(details: str, tls: bool) -> str | None:
         return "TLS: the server's certificate is not signed by a trusted CA (check the CA file)"
     if "CERTIFICATE_REQUIRED" in details or "certificate required" in details:
         return "TLS: the server requires a client certificate (mutual TLS)"
-    if "Socket closed" in details or "Connection reset" in details or "EOF occurred" in details:
+    # TSI_DATA_CORRUPTED: TLS 1.3 ends the handshake before the server checks our certificate, so
+    # its refusal arrives as an alert that gRPC cannot decrypt (etcd with --client-cert-auth).
+    closed = ("Socket closed", "Connection reset", "EOF occurred", "TSI_DATA_CORRUPTED")
+    if any(text in details for text in closed):
         return (
             "TLS: the server closed the connection in the handshake: it requires a client "
             "certificate (mutual TLS) or does not trust ours"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import browser, page  # noqa: F401  (the page tests' fixtures, for every module)
 from tests.etcd_cluster import EtcdCluster, require_etcd
 from tests.procs import ProcessPool
 

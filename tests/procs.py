@@ -49,6 +49,7 @@ class Proc:
     stdout_lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
     seen: list[str] = field(default_factory=list)
     stderr_path: Path | None = None
+    ended: bool = False  # its stdout closed and every line was read
 
     def __post_init__(self) -> None:
         threading.Thread(target=self._pump, daemon=True).start()
@@ -67,6 +68,7 @@ class Proc:
             raise AssertionError(f"{self.name}: no output within {timeout}s\n{self.stderr()}") from None
         if line is None:
             self.stdout_lines.put(None)
+            self.ended = True
             raise AssertionError(f"{self.name} exited ({self.popen.poll()}) early\n{self.stderr()}")
         self.seen.append(line)
         return line
@@ -80,8 +82,14 @@ class Proc:
                 return self.seen
             if line is None:
                 self.stdout_lines.put(None)
+                self.ended = True
                 return self.seen
             self.seen.append(line)
+
+    def output_ended(self) -> bool:
+        """Whether every writer of its stdout is gone and every line they printed has been read."""
+        self.lines()
+        return self.ended
 
     def stderr(self) -> str:
         if self.stderr_path is None or not self.stderr_path.exists():
@@ -124,11 +132,11 @@ class ManagerProc(Proc):
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a child process: this repo importable, unbuffered output, and none of
-    the variables that would point it at another lighthouse, token or proxy; then ``extra``."""
+    the variables that would point it at another lighthouse, job, token or proxy; then ``extra``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
-    for name in ("TORCHFT_LIGHTHOUSE", "LIGHTHOUSE_ADMIN_TOKEN", "LIGHTHOUSE_URL"):
+    for name in ("TORCHFT_LIGHTHOUSE", "LIGHTHOUSE_JOB", "LIGHTHOUSE_ADMIN_TOKEN", "LIGHTHOUSE_URL"):
         env.pop(name, None)
     for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         env.pop(proxy, None)
@@ -199,6 +207,25 @@ class ProcessPool:
         if http_bind != "off":
             proc.url = proc.readline()
         return proc
+
+    def lighthouse_when_free(self, timeout: float = 20.0, **kw: Any) -> LighthouseProc:
+        """``lighthouse(**kw)`` on ports a lighthouse killed a moment ago held: retried until it binds."""
+
+        def start() -> LighthouseProc | None:
+            try:
+                return self.lighthouse(**kw)
+            except AssertionError as exc:
+                if "exited" in str(exc):  # the port is not free yet
+                    return None
+                raise
+
+        proc: LighthouseProc = poll(start, timeout, interval=0.2, what=f"a lighthouse on {kw.get('bind')}")
+        return proc
+
+    def restart_lighthouse(self, old: LighthouseProc, **kw: Any) -> LighthouseProc:
+        """A new lighthouse on the gRPC and dashboard ports of ``old`` (killed or stopped)."""
+        http_bind = old.url.split("://", 1)[-1].rstrip("/")
+        return self.lighthouse_when_free(bind=old.address, http_bind=http_bind, **kw)
 
     def manager(
         self,

@@ -14,15 +14,11 @@ from pathlib import Path
 
 from playwright.sync_api import Page, expect
 
-import tests.test_dashboard_browser as dashboard_browser
 from lighthouse import LighthouseClient
 from protos import lighthouse_config_pb2 as pb
 from protos.metrics import pack
 from tests.helpers_lighthouse import LighthouseProc, start_lighthouse
 from tests.test_jobs_browser import watch_csp
-
-browser = dashboard_browser.browser  # the same Chromium and page fixtures as the other pages
-page = dashboard_browser.page
 
 NAN_STEP = 50
 

@@ -1,4 +1,4 @@
-"""The dashboard pages in a real headless Chromium (Debian's, never a downloaded build)."""
+"""The dashboard pages in a real headless Chromium (the ``page`` fixture of tests/browser.py)."""
 
 from __future__ import annotations
 
@@ -7,59 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from lighthouse import LighthouseClient
 from protos import lighthouse_config_pb2 as pb
+from tests.browser import HOSTILE
 from tests.helpers_lighthouse import LighthouseProc, start_lighthouse
 from tests.procs import poll
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-HOSTILE = "</script><script>alert(1)</script>`${alert(2)}`\"'><img src=x onerror=alert(3)>"
-
-if not CHROMIUM.exists():  # pragma: no cover - .ci/run installs it
-    pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(10_000)
-    dialogs: list[str] = []
-
-    def on_dialog(dialog: Dialog) -> None:
-        dialogs.append(dialog.message)
-        dialog.dismiss()
-
-    page.on("dialog", on_dialog)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
-        yield page
-        assert dialogs == [], f"a dialog fired: {dialogs}"
-        assert errors == [], f"script errors: {errors}"
-    finally:
-        context.close()
 
 
 @pytest.fixture

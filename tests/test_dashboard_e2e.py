@@ -4,28 +4,10 @@ the managers table shows its manager catching up, then a rollback brings the old
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
-import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from tests.procs import Proc, ProcessPool, poll
-from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
-
-
-@pytest.fixture
-def page() -> Iterator[Page]:
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(15_000)
-            dialogs: list[str] = []
-            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-            yield page
-            assert dialogs == []
-        finally:
-            browser.close()
 
 
 def latest_lr(worker: Proc) -> tuple[int, str] | None:

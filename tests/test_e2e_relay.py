@@ -100,13 +100,15 @@ def test_relay_two_managers_four_workers(procs: ProcessPool) -> None:
     assert view["config"] == json.loads(CONFIG_TEXT)
 
     # `manager get` prints what a worker would get, as JSON.
-    got = run_cli("-m", "manager", "get", "--addr", managers[1].address, "--step", "7")
+    got = run_cli("-m", "manager", "get", "--addr", managers[1].address, "--step", "7", "-o", "json")
     assert got.returncode == 0, got.stderr
     out = json.loads(got.stdout)
     assert out["config"] == EXPECTED
     assert out["version"] == records[0]["version"]
     assert out["pinned"] is True and out["source"] in ("cache", "lighthouse")
-    unpinned = json.loads(run_cli("-m", "manager", "get", "--addr", f"http://{managers[0].address}").stdout)
+    unpinned = json.loads(
+        run_cli("-m", "manager", "get", "--addr", f"http://{managers[0].address}", "-o", "json").stdout
+    )
     assert unpinned["config"] == EXPECTED and unpinned["pinned"] is False
 
 
@@ -205,6 +207,25 @@ def test_manager_reads_lighthouse_from_env(procs: ProcessPool) -> None:
     m.address = m.readline()
     w = procs.worker(m.address, group="g", rank=0, steps=2)
     assert [r["config"] for r in worker_records(w)] == [{"from": "env"}] * 2
+
+
+def test_manager_reads_a_lighthouse_list_and_the_job_from_env(procs: ProcessPool) -> None:
+    """``TORCHFT_LIGHTHOUSE`` may list several lighthouses and ``LIGHTHOUSE_JOB`` names the job. The
+    list holds one address with nothing listening, once first and once last: whichever the manager
+    starts with, its workers get the live config of the job, never the fallback."""
+    from tests.etcd_cluster import free_port
+    from tests.procs import ManagerProc
+
+    lh = procs.lighthouse({"lr": 0.1})
+    assert call(lh.url, "PUT", "api/jobs/alpha/config", {"lr": 0.5}).status == 200
+    nothing_there = f"127.0.0.1:{free_port()}"
+    args = [sys.executable, "-m", "manager", "serve", "--bind", "127.0.0.1:0", "--replica-id", "g"]
+    for listed in (f"{nothing_there},{lh.address}", f"{lh.address},{nothing_there}"):
+        env = {"TORCHFT_LIGHTHOUSE": listed, "LIGHTHOUSE_JOB": "alpha"}
+        m: ManagerProc = procs.spawn(args, "manager-env", ManagerProc, env=env)
+        m.address = m.readline()
+        records = worker_records(procs.worker(m.address, group="g", rank=0, steps=3))
+        assert [(r["config"], r["source"] != "fallback") for r in records] == [({"lr": "0.5"}, True)] * 3
 
 
 def test_help_texts() -> None:

@@ -25,7 +25,7 @@ from lighthouse.etcd_client import (
 )
 from protos.etcd import rpc_pb2, rpc_pb2_grpc
 from protos.tls import TLSConfig
-from tests.etcd_cluster import EtcdCluster, free_port, make_certs, require_etcd
+from tests.etcd_cluster import EtcdCluster, Member, free_port, make_certs, require_etcd
 from tests.procs import poll
 
 
@@ -215,13 +215,16 @@ def test_watch_from_an_old_revision_replays_and_compaction_asks_for_a_reload(
 
 
 def test_lease_keepalive_keeps_keys_and_expiry_removes_them(client: EtcdClient) -> None:
-    lease = client.lease_grant(1)
+    # A 2 s TTL renewed every ~0.7 s: a keepalive thread starved for over a second on two busy cores
+    # still keeps it (with a 1 s TTL, one such stall lost the lease).
+    ttl = 2
+    lease = client.lease_grant(ttl)
     client.put("/lease/a", "1", lease=lease)
     assert client.get("/lease/a").kvs[0].lease == lease
     lost = threading.Event()
-    keeper = client.keep_alive(lease, ttl=1, on_lost=lost.set)
+    keeper = client.keep_alive(lease, ttl=ttl, on_lost=lost.set)
     try:
-        deadline = time.monotonic() + 3.0  # three TTLs: the key lives only because of the keepalive
+        deadline = time.monotonic() + 2 * ttl  # two TTLs: the key lives only because of the keepalive
         while time.monotonic() < deadline:
             assert client.get("/lease/a").kvs, "the kept-alive key expired"
             time.sleep(0.2)
@@ -267,11 +270,21 @@ def test_writes_survive_the_loss_of_the_leader(cluster: EtcdCluster) -> None:
     with EtcdClient(cluster.endpoints, timeout=10.0) as client:
         client.put("/ha/0", "0")
         leader = cluster.leader()
+        dead_id = member_id(cluster, leader)
         cluster.kill(leader)
         for i in range(1, 6):
             client.put(f"/ha/{i}", str(i))  # acknowledged after the election
         assert [kv.value for kv in client.get("/ha/", prefix=True).kvs] == [str(i).encode() for i in range(6)]
-        assert cluster.leader() is not leader
+        # The survivors themselves say who leads now: someone, and not the member that was killed.
+        with EtcdClient(",".join(m.endpoint for m in cluster.members if m is not leader)) as survivors:
+            leaders = {survivors.status(i).leader for i in range(len(survivors.endpoints))}
+        assert len(leaders) == 1 and 0 not in leaders and dead_id not in leaders, (leaders, dead_id)
+
+
+def member_id(cluster: EtcdCluster, member: Member) -> int:
+    """etcd's id of ``member``, as it reports it."""
+    with EtcdClient(member.endpoint, tls=cluster.client_tls) as client:
+        return int(client.status(0).header.member_id)
 
 
 @pytest.mark.slow
@@ -302,9 +315,13 @@ def test_mutual_tls_on_a_single_member(tmp_path: Path) -> None:
         with EtcdClient(cluster.endpoints, tls=certs.client) as client:
             client.put("/tls/a", "1")
             assert client.get("/tls/a").kvs[0].value == b"1"
-        for refused in (None, TLSConfig(ca=str(certs.ca))):  # plaintext; TLS without a client cert
+        # Refused for a reason that is not "unreachable", and the error says which.
+        for refused, reason in (
+            (None, "does it require TLS"),
+            (TLSConfig(ca=str(certs.ca)), "requires a client certificate"),
+        ):
             with (
                 EtcdClient(cluster.endpoints, timeout=1.0, tls=refused) as client,
-                pytest.raises(StoreUnavailable),
+                pytest.raises(StoreUnavailable, match=reason),
             ):
                 client.get("/tls/a")

@@ -25,6 +25,7 @@ from tests.procs import (
     records_so_far,
     worker_records,
 )
+from tests.threads import CheckedThread
 
 
 def store_url(cluster: EtcdCluster) -> str:
@@ -78,40 +79,39 @@ def test_two_lighthouses_one_history_and_if_match_across_them(procs: ProcessPool
 def race_if_match(urls: list[str], head: int) -> list[Any]:
     """A PUT with ``If-Match: head`` on each dashboard at once; the answers in ``urls`` order."""
     results: list[Any] = [None] * len(urls)
-    start = threading.Barrier(len(urls))
+    start = threading.Barrier(len(urls), timeout=30)
 
     def edit(i: int) -> None:
         start.wait()
         results[i] = change(urls[i], "PUT", {"winner": i}, if_match=head)
 
-    threads = [threading.Thread(target=edit, args=(i,)) for i in range(len(urls))]
+    threads = [CheckedThread(edit, i, name=f"edit via {urls[i]}") for i in range(len(urls))]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.check()
     return results
 
 
-def test_an_edit_through_one_lighthouse_is_served_by_the_other(
+# A bound, not the goal: the 100 ms goal is measured in benchmarks (python -m benchmarks.etcd_store
+# reports the propagation percentiles); here each edit must merely arrive, well within this.
+SERVED_BY_THE_OTHER_WITHIN = 5.0
+
+
+def test_every_edit_through_one_lighthouse_is_served_by_the_other_within_a_bound(
     procs: ProcessPool, etcd1: EtcdCluster
 ) -> None:
     a, b = lighthouses(procs, store_url(etcd1))
     with LighthouseClient(b.address) as client:
-        delays = []
         for i in range(50):
             version = version_of(change(a.url, "PUT", {"i": i}))
-            acked = time.monotonic()
             poll(
                 lambda v=version: served_version(client) >= v,
-                5,
+                SERVED_BY_THE_OTHER_WITHIN,
                 interval=0.001,
                 what=f"version {version} on b",
             )
-            delays.append(time.monotonic() - acked)
             assert client.get_config(timeout=2) == {"i": str(i)}
-    delays.sort()
-    p99 = delays[int(len(delays) * 0.99) - 1]
-    assert p99 < 1.0, delays  # generous: the 100 ms goal is measured in benchmarks/
 
 
 def test_restarted_lighthouse_catches_up_before_serving(procs: ProcessPool, etcd1: EtcdCluster) -> None:
@@ -142,9 +142,10 @@ def test_scheduled_change_switches_managers_of_both_lighthouses_at_its_step(
         g: procs.worker(m.address, group=g, rank=0, steps=300, step_interval=0.01, wait=False)
         for g, m in managers.items()
     }
-    # Both groups well into their run, then schedule a change ahead of both through lighthouse a.
+    # Both groups well into their run, then schedule a change ahead of both through lighthouse a,
+    # past every step the groups were promised (step leases).
     poll(lambda: all(len(records_so_far(w)) > 30 for w in workers.values()), 30, what="workers stepping")
-    at = max(records_so_far(w)[-1]["step"] for w in workers.values()) + 80
+    at = live(a.url)["lease_horizon"] + 40
     res = call(a.url, "PATCH", f"api/config?effective_step={at}", {"lr": 0.5})
     assert res.status == 200, res.body
     for group, worker in workers.items():
@@ -225,16 +226,20 @@ def test_killing_the_etcd_leader_loses_no_acknowledged_edit(
             else:
                 refused.append(n)
 
-    editor = threading.Thread(target=edit)
+    editor = CheckedThread(edit)
     editor.start()
     try:
-        poll(lambda: len(acked) >= 10, 20, what="edits acknowledged")
+        poll(lambda: len(acked) >= 10 or not editor.is_alive(), 20, what="edits acknowledged")
         cluster3.kill(cluster3.leader())
         killed_at = len(acked)
-        poll(lambda: len(acked) >= killed_at + 20, 60, what="edits acknowledged after the leader died")
+        poll(
+            lambda: len(acked) >= killed_at + 20 or not editor.is_alive(),
+            60,
+            what="edits acknowledged after the leader died",
+        )
     finally:
         stop.set()
-        editor.join(timeout=60)
+        editor.check()
     stored = {h["version"]: h for h in history(lh.url)}
     assert sorted(stored) == list(range(1, max(stored) + 1))  # contiguous
     for version, n in acked.items():
@@ -246,11 +251,16 @@ def test_killing_the_etcd_leader_loses_no_acknowledged_edit(
 def test_quorum_loss_refuses_edits_keeps_serving_and_recovers(
     cluster3: EtcdCluster, procs: ProcessPool
 ) -> None:
-    a, b = lighthouses(procs, store_url(cluster3))
+    # Promises of steps are bounded by a ceiling stored ahead of need; without quorum none can be
+    # stored, so the groups keep training on what was promised: here 20 s of steps (default 1 s).
+    store = store_url(cluster3)
+    a, b = (procs.lighthouse(store=store, extra=["--lease-ceiling-ahead", "20"]) for _ in range(2))
+    for lh in (a, b):
+        wait_healthy(lh.url)
     v1 = version_of(change(a.url, "PUT", {"lr": 0.1}))
     poll(lambda: live(b.url)["version"] == v1, 5, what="b at version 1")
     m = procs.manager(f"{a.address},{b.address}", "group0", cache_ttl=0.1)
-    worker = procs.worker(m.address, group="g", rank=0, steps=2000, step_interval=0.01, wait=True)
+    worker = procs.worker(m.address, group="g", rank=0, steps=100_000, step_interval=0.01, wait=True)
     poll(lambda: len(records_so_far(worker)) > 10, 20, what="worker steps")
 
     down = cluster3.members[:2]
@@ -276,7 +286,8 @@ def test_quorum_loss_refuses_edits_keeps_serving_and_recovers(
 
     v2 = poll(edit_accepted, 60, interval=0.5, what="an edit accepted again")
     poll(lambda: live(b.url)["version"] == v2, 10, what="b serves the edit made after recovery")
-    poll(lambda: records_so_far(worker)[-1]["config"]["lr"] == "0.5", 20, what="the worker sees it")
+    # (made through a, it takes effect above b's stored ceiling too, should the manager be on b)
+    poll(lambda: records_so_far(worker)[-1]["config"]["lr"] == "0.5", 60, what="the worker sees it")
     worker.stop()
     records = records_so_far(worker)
     bad = [r for r in records if r["source"] == "fallback"]
@@ -302,7 +313,8 @@ def test_lighthouses_on_etcd_over_mutual_tls(tmp_path: Path, procs: ProcessPool)
              "--store", store, "--store-ca", str(certs.ca)],
             "lighthouse",
         )  # fmt: skip
-        assert no_client_cert.wait(timeout=30) == 1  # etcd requires a client certificate
+        assert no_client_cert.wait(timeout=30) == 1
+        assert "requires a client certificate" in no_client_cert.stderr()  # not "etcd is down"
 
 
 def test_a_schema_set_through_one_lighthouse_guards_edits_on_the_other(

@@ -21,6 +21,7 @@ from lighthouse.values import MAX_CONFIG_BYTES
 from protos.etcd import rpc_pb2, rpc_pb2_grpc
 from tests.etcd_cluster import EtcdCluster, free_port
 from tests.procs import poll
+from tests.threads import CheckedThread
 
 
 @pytest.fixture
@@ -110,11 +111,11 @@ def test_stores_on_two_lighthouses_never_reuse_a_version(backends: list[EtcdBack
             with lock:
                 versions.append(v)
 
-    threads = [threading.Thread(target=edit, args=(s, 15)) for s in stores]
+    threads = [CheckedThread(edit, s, 15) for s in stores]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.check()
     assert sorted(versions) == list(range(1, 31))
     fresh = ConfigStore(job="j", backend=backends[0])
     assert [h["version"] for h in fresh.history()] == list(range(30, 0, -1))
@@ -196,5 +197,5 @@ def test_a_watch_that_missed_compacted_revisions_reloads_every_job(
     with grpc.insecure_channel(etcd1.endpoints.split(",")[0]) as channel:
         rpc_pb2_grpc.KVStub(channel).Compact(rpc_pb2.CompactionRequest(revision=revision, physical=True))
     changed: list[tuple[str, int]] = []
-    late.subscribe(lambda job, head: changed.append((job, head)), lambda job, step: None)
+    late.subscribe(lambda job, head: changed.append((job, head)), lambda job, step: None, lambda *_: None)
     poll(lambda: ("j", -1) in changed, 10, what="a reload of every job after the compaction")

@@ -37,9 +37,11 @@ def run_phase(
     worker_calls = sum(len(records_so_far(w)) - n for w, n in zip(workers, seen_before, strict=True))
     for w in workers:
         w.stop()
-    bound = MANAGERS * (elapsed / TTL + 1)
+    # A stepping group renews its step lease half-way through it (a lease lasts about one TTL of
+    # steps): about two calls per TTL per manager, however many workers.
+    bound = MANAGERS * (2 * elapsed / TTL + 1)
     lighthouse_calls = after - before
-    # "at most about": the manager refreshes slightly ahead of expiry (<= 5% of the TTL), plus one
+    # "at most about": the renewals come slightly ahead (a lease rounds to whole steps), plus one
     # call per manager for scheduling jitter on a loaded 2-core machine.
     assert lighthouse_calls <= bound * 1.06 + MANAGERS, (tag, lighthouse_calls, bound, worker_calls)
     return lighthouse_calls, worker_calls

@@ -49,9 +49,12 @@ def long_worker(procs: ProcessPool, addr: str, timeout: float) -> Proc:
 
 
 def assert_fast(records: list[Record], limit: float) -> None:
-    """Calls that must not wait on anything: typically well under ``limit``, rare hiccups above it."""
+    """Calls that must not wait on anything: typically well under ``limit``, rare hiccups above it.
+
+    ``limit`` is a fraction of the deadline a waiting call would pay: no speed is asserted beyond that.
+    """
     elapsed = sorted(r["elapsed"] for r in records)
-    assert statistics.median(elapsed) < 0.05, elapsed[-10:]
+    assert statistics.median(elapsed) < limit / 2, elapsed[-10:]
     slow = [e for e in elapsed if e >= limit]
     assert len(slow) <= max(1, len(elapsed) // 20), slow
 

@@ -65,6 +65,12 @@ class Job:
     def step(self) -> int:
         return int(live(self.lighthouse.url)["current_step"])
 
+    def ahead(self, steps: int) -> int:
+        """A step ``steps`` past the job's step and past every step already promised (a change
+        cannot be scheduled at a step a step lease covers)."""
+        view = live(self.lighthouse.url)
+        return max(int(view["current_step"]), int(view.get("lease_horizon", -1))) + steps
+
     def records(self) -> list[dict[str, Any]]:
         return [r for w in self.workers for r in records_so_far(w)]
 
@@ -175,7 +181,7 @@ def test_a_guarded_change_whose_loss_stays_flat_passes(job: Job) -> None:
 
 
 def test_a_cancelled_guard_does_nothing(job: Job) -> None:
-    at = job.step() + 100
+    at = job.ahead(100)
     version = job.set(f"lr={HOT_LR}", "--at-step", str(at), "--guard", "loss:1.5", "--guard-steps", "40")
     assert job.cli("guards", "--cancel", str(version)) == f"the guard of v{version} is cancelled\n"
     listed = job.cli("guards")
@@ -191,7 +197,7 @@ def test_a_cancelled_guard_does_nothing(job: Job) -> None:
 
 
 def test_a_guard_survives_a_lighthouse_restart(job: Job) -> None:
-    at = job.step() + 150  # stored now, takes effect after the restart
+    at = job.ahead(150)  # stored now, takes effect after the restart
     version = job.set(f"lr={HOT_LR}", "--at-step", str(at), "--guard", "loss:1.5", "--guard-steps", "60")
     job.restart()
     assert job.guard(version)["status"] == "active"
@@ -199,7 +205,9 @@ def test_a_guard_survives_a_lighthouse_restart(job: Job) -> None:
     assert guard["status"] == "triggered", guard
     newest = history(job.lighthouse.url)[0]
     assert newest["version"] == guard["rollback_version"] and newest["author"] == "guard"
-    assert live(job.lighthouse.url)["config"]["lr"] == CALM_LR
+    # A change made now: with step leases it takes effect at its step, above every step promised
+    # (after a restart, above the ceiling stored for promises: possibly far ahead).
+    assert newest["config"]["lr"] == CALM_LR and newest["effective_step"] == guard["rollback_step"]
 
 
 def test_a_guard_is_checked_before_its_change_and_cancelled_with_a_token(tmp_path: Path) -> None:

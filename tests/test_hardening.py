@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,7 @@ from protos import lighthouse_config_pb2 as pb
 from tests.helpers_lighthouse import start_lighthouse
 from tests.http_util import call
 from tests.procs import ROOT, ProcessPool, poll, worker_records
+from tests.threads import CheckedThread
 from worker_client import ManagerClient
 
 
@@ -28,14 +29,12 @@ def test_concurrent_changes_never_leave_an_older_snapshot_served() -> None:
     # Two refreshes racing: the one that read the older head must not install its snapshot last.
     for _ in range(60):
         state = LighthouseState(ConfigStore(None))
-        threads = [
-            threading.Thread(target=state.change, args=("patch", {f"k{i}": i}), kwargs={"source": "t"})
-            for i in range(4)
-        ]
+        change = functools.partial(state.change, source="t")
+        threads = [CheckedThread(change, "patch", {f"k{i}": i}, name=f"change-{i}") for i in range(4)]
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            t.check()
         assert state.snapshot.version == state.store.head == 4
 
 
@@ -59,7 +58,7 @@ def test_manager_get_looks_without_pinning_or_moving_the_step(procs: ProcessPool
     first = worker_records(procs.worker(manager.address, group="g", rank=0, first_step=100, steps=1))
     assert first[0]["pinned"] and first[0]["config"] == {"lr": "0.1"}
     out = subprocess.run(
-        [sys.executable, "-m", "manager", "get", "--addr", manager.address, "--step", "5000"],
+        [sys.executable, "-m", "manager", "get", "--addr", manager.address, "--step", "5000", "-o", "json"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -79,7 +79,7 @@ def test_jobs_are_isolated_over_http_and_grpc(procs: ProcessPool) -> None:
     assert call(lh.url, "GET", "api/jobs/nope").status == 404
 
     # `manager get` shows the job.
-    out = subprocess_json([*manager_cmd(), "get", "--addr", mb.address])
+    out = subprocess_json([*manager_cmd(), "get", "--addr", mb.address, "-o", "json"])
     assert out["job"] == "beta" and out["config"] == {"lr": "0.7"}
 
 
@@ -225,9 +225,9 @@ def test_admin_cli_takes_a_job(procs: ProcessPool) -> None:
     url = lh.url
     done = run_cli("config", "set", "lr=0.25", "--url", url, "--job", "alpha")
     assert done.returncode == 0, done.stderr
-    done = run_cli("config", "show", "--url", url, env={"LIGHTHOUSE_JOB": "alpha"})
+    done = run_cli("config", "show", "--url", url, "-o", "json", env={"LIGHTHOUSE_JOB": "alpha"})
     assert json.loads(done.stdout)["config"] == {"lr": 0.25}
-    done = run_cli("jobs", "--url", url)
+    done = run_cli("jobs", "--url", url, "-o", "json")
     assert {j["job"] for j in json.loads(done.stdout)["jobs"]} == {"default", "alpha"}
     done = run_cli("config", "show", "--url", url, "--job", "no such")
     assert done.returncode == 2 and "1-64 characters" in done.stderr
@@ -317,9 +317,92 @@ def test_an_edit_of_one_job_reaches_its_workers_only(procs: ProcessPool) -> None
         else:
             assert set(lrs) == {"0.3"}, (group, lrs)  # never alpha's values
     managers = {j["job"]: j["managers"] for j in get_json(lh.url, "api/jobs")["jobs"]}
-    assert managers == {"default": 0, "alpha": 2, "beta": 2} or managers == {
-        "alpha": 2,
-        "beta": 2,
-        "default": 0,
-    }
+    assert managers == {"default": 0, "alpha": 2, "beta": 2}
     assert [v["version"] for v in get_json(lh.url, "api/jobs/beta/config/history")["versions"]] == [1]
+
+
+def test_if_match_rollback_and_at_step_under_a_job_s_routes(procs: ProcessPool) -> None:
+    """Each works on the job named in the path, never on the job default beside it."""
+    lh = procs.lighthouse({"lr": 0.1})  # the job default is at version 1
+    config = "api/jobs/alpha/config"
+    assert call(lh.url, "PUT", config, {"lr": 1}).json["version"] == 1
+    assert call(lh.url, "PATCH", config, {"lr": 2}).json["version"] == 2
+
+    # If-Match is compared with alpha's version: 1 is default's head but stale for alpha.
+    stale = call(lh.url, "PATCH", config, {"lr": 3}, headers={"If-Match": "1"})
+    assert stale.status == 409, stale.body
+    assert get_json(lh.url, config)["config"] == {"lr": 2}
+    assert call(lh.url, "PATCH", config, {"lr": 3}, headers={"If-Match": "2"}).json["version"] == 3
+    assert call(lh.url, "PUT", "api/config", {"lr": 0.2}, headers={"If-Match": "3"}).status == 409
+
+    # Rollback makes a new version of alpha with the content of alpha's version 1.
+    rolled = call(lh.url, "POST", f"{config}/rollback", {"version": 1})
+    assert rolled.status == 200, rolled.body
+    assert rolled.json["version"] == 4
+    assert get_json(lh.url, config)["config"] == {"lr": 1}
+    default = get_json(lh.url, "api/config")
+    assert (default["version"], default["config"]) == (1, {"lr": 0.1})
+    for n in range(4):  # default reaches version 5, which alpha does not have
+        assert call(lh.url, "PATCH", "api/config", {"n": n}).status == 200
+    assert call(lh.url, "POST", f"{config}/rollback", {"version": 5}).status == 404
+
+    # At-step replays alpha's schedule, not default's.
+    assert call(lh.url, "PATCH", f"{config}?effective_step=100", {"lr": 9}).status == 200
+    assert get_json(lh.url, f"{config}/at-step/99")["config"] == {"lr": 1}
+    assert get_json(lh.url, f"{config}/at-step/100")["config"] == {"lr": 9}
+    assert get_json(lh.url, "api/config/at-step/100")["config"] == {"lr": 0.1, "n": 3}
+
+
+def test_a_schema_change_needs_a_token_for_its_job(procs: ProcessPool, tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"alpha": ["alpha-tok"]}))
+    lh = procs.lighthouse({"lr": 0.1}, extra=["--admin-token", "root", "--tokens", str(tokens)])
+    assert (
+        call(lh.url, "PUT", "api/jobs/alpha/config", {"lr": 0.2}, headers=bearer("alpha-tok")).status == 200
+    )
+    schema = {"type": "object", "properties": {"lr": {"type": "number", "maximum": 1}}}
+
+    for path in ("api/config/schema", "api/jobs/alpha/schema"):
+        for headers in ({}, bearer("wrong")):
+            refused = call(lh.url, "PUT", path, schema, headers=headers)
+            assert refused.status == 401, (path, headers, refused.body)
+        assert call(lh.url, "DELETE", path).status == 401
+    assert call(lh.url, "PUT", "api/config/schema", schema, headers=bearer("alpha-tok")).status == 403
+    for job in ("default", "alpha"):  # nothing refused was stored
+        assert get_json(lh.url, f"api/jobs/{job}/schema")["schema"] is None
+
+    assert call(lh.url, "PUT", "api/jobs/alpha/schema", schema, headers=bearer("alpha-tok")).status == 200
+    assert call(lh.url, "PUT", "api/config/schema", schema, headers=bearer("root")).status == 200
+    for job in ("default", "alpha"):
+        assert get_json(lh.url, f"api/jobs/{job}/schema")["schema"] == schema
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_config_dir_schema_files_are_watched(procs: ProcessPool, tmp_path: Path) -> None:
+    """An edited DIR/<job>.schema.json guards that job's next edits; a new one gives its job a schema."""
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    loose = {"type": "object", "properties": {"lr": {"type": "number", "maximum": 1}}}
+    (folder / "alpha.schema.json").write_text(json.dumps(loose))
+    for job in ("alpha", "beta"):
+        (folder / f"{job}.json").write_text(json.dumps({"lr": 0.1}))
+    lh = procs.lighthouse(extra=["--config-dir", str(folder)])
+    assert call(lh.url, "PATCH", "api/jobs/alpha/config", {"lr": 0.7}).status == 200
+
+    tight = {"type": "object", "properties": {"lr": {"type": "number", "maximum": 0.8}}}
+    (folder / "alpha.schema.json").write_text(json.dumps(tight))
+    poll(lambda: get_json(lh.url, "api/jobs/alpha/schema")["schema"] == tight, 10, what="alpha's new schema")
+    refused = call(lh.url, "PATCH", "api/jobs/alpha/config", {"lr": 0.9})
+    assert refused.status == 422 and refused.json["violations"][0]["path"] == "/lr", refused.body
+    assert [s["source"] for s in get_json(lh.url, "api/jobs/alpha/schema/history")["schemas"]] == [
+        "file",
+        "file",
+    ]
+
+    (folder / "beta.schema.json").write_text(json.dumps(tight))  # a schema file that was not there
+    poll(lambda: get_json(lh.url, "api/jobs/beta/schema")["schema"] == tight, 10, what="beta's schema")
+    assert call(lh.url, "PATCH", "api/jobs/beta/config", {"lr": 0.9}).status == 422
+    assert get_json(lh.url, "api/jobs/beta/config")["config"] == {"lr": 0.1}

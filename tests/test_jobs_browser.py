@@ -13,16 +13,12 @@ from pathlib import Path
 
 from playwright.sync_api import Page, expect
 
-import tests.test_dashboard_browser as dashboard_browser
 from lighthouse import LighthouseClient
 from protos import lighthouse_config_pb2 as pb
+from tests.browser import HOSTILE
 from tests.helpers_lighthouse import LighthouseProc, start_lighthouse
 from tests.procs import ProcessPool, poll
-from tests.test_dashboard_browser import HOSTILE
 from worker_client import ManagerClient
-
-browser = dashboard_browser.browser  # the same Chromium and page fixtures as the single-job pages
-page = dashboard_browser.page
 
 
 def put(lh: LighthouseProc, job: str, config: dict[str, object], **kw: object) -> int:

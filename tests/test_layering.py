@@ -11,11 +11,12 @@ import sys
 from tests.procs import child_env
 
 
-def loaded_after(*modules: str) -> list[str]:
+def loaded_after(*modules: str, of: tuple[str, ...] = ("lighthouse", "manager")) -> list[str]:
+    """The modules of the packages ``of`` that importing ``modules`` loads, in a fresh interpreter."""
     code = (
         "import importlib, json, sys\n"
         f"for m in {list(modules)!r}: importlib.import_module(m)\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('lighthouse', 'manager'))))"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {of!r})))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(None))
     assert done.returncode == 0, done.stderr
@@ -31,6 +32,12 @@ def test_the_manager_loads_no_server_side_of_the_lighthouse() -> None:
 
 def test_the_worker_client_loads_neither_lighthouse_nor_manager() -> None:
     assert loaded_after("worker_client", "worker_client.connect") == []
+
+
+def test_torch_is_loaded_by_connect_only() -> None:
+    """torch is an optional extra: nothing but a call of ``connect()`` without a store imports it."""
+    modules = ("worker_client", "worker_client.connect", "manager.cli", "lighthouse.cli")
+    assert loaded_after(*modules, of=("torch",)) == []
 
 
 def test_lighthouse_server_is_still_importable_from_the_package() -> None:

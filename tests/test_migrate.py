@@ -83,7 +83,7 @@ def test_migrate_copies_every_job_exactly(tmp_path: Path) -> None:
 def test_check_finds_a_record_that_differs(tmp_path: Path) -> None:
     source = SqliteBackend(make_state(tmp_path))
     for tamper, what in (
-        (lambda b: b.set_meta("llm", {"current_step": "11"}), r"meta differs.*\(current_step\)"),
+        (lambda b: b.set_meta("llm", {"current_step": "13"}), r"meta differs.*\(current_step\)"),
         (lambda b: b.add_switches("llm", [("w9", 2, 11, 10)]), "step switches differ"),
         (lambda b: b.prune("default", {6}, {}, 7), "versions differ"),
         (lambda b: b.save_guard("llm", {"version": 2, "status": "active"}), "guards differ"),

@@ -18,6 +18,9 @@ from tests.procs import ProcessPool, poll, worker_records
 LIGHTHOUSE_TIMEOUT = 0.5
 WORKER_DEADLINE = 3.0
 SLACK = 1.0  # process scheduling on 2 noisy cores
+# What a paused lighthouse may cost a worker's call: the manager's upstream deadline plus scheduling.
+# It stays below the worker's own deadline, which the client enforces by itself whatever the manager does.
+LIGHTHOUSE_PAUSE_COSTS_AT_MOST = LIGHTHOUSE_TIMEOUT + 1.5
 PAUSE = 3.0
 
 
@@ -66,11 +69,12 @@ def test_paused_lighthouse_costs_workers_at_most_a_deadline(procs: ProcessPool) 
         recs = worker_records(w, timeout=60)
         assert len(recs) == steps
         groups[recs[0]["group"]] += recs
+        bound = LIGHTHOUSE_PAUSE_COSTS_AT_MOST
         for r in recs:
-            assert r["elapsed"] < WORKER_DEADLINE + SLACK, f"step {r['step']} took {r['elapsed']:.2f}s: {r}"
+            assert r["elapsed"] < bound < WORKER_DEADLINE, f"step {r['step']} took {r['elapsed']:.2f}s: {r}"
         # steps kept going: no gap between consecutive records near a deadline
         gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(recs)]
-        assert max(gaps) < WORKER_DEADLINE + SLACK, f"longest gap between steps {max(gaps):.2f}s"
+        assert max(gaps) < bound, f"longest gap between steps {max(gaps):.2f}s"
         # converged: the last steps serve the live version from the lighthouse
         tail = recs[-5:]
         assert all(r["version"] == v2 and r["config"] == {"lr": "0.1", "name": "after"} for r in tail), tail

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
-import tests.test_dashboard_browser as dashboard_browser
 from lighthouse.etcd_client import EtcdClient, Event
 from lighthouse.jobs import JobRegistry
 from lighthouse.peer_managers import PeerManagers
@@ -32,12 +31,10 @@ from protos import lighthouse_config_pb2 as pb
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import call
 from tests.procs import ProcessPool, poll
-
-browser = dashboard_browser.browser  # Debian's Chromium, as the dashboard tests use
-page = dashboard_browser.page
+from tests.threads import CheckedThread
 
 VISIBLE_WITHIN = 2.0  # the promise: a manager is listed by every lighthouse within 2 s
-MARGIN = 1.0
+MARGIN = 4.0  # polls end as soon as the condition holds: the margin costs nothing unless cores are starved
 _prefixes = itertools.count()
 
 
@@ -144,7 +141,7 @@ def test_a_killed_lighthouse_s_managers_go_when_its_lease_expires(
         dying.popen.kill()
         dying.popen.wait(10)
         # etcd checks leases about twice a second; the keepalive may have just renewed a full TTL.
-        poll(lambda: "g9" not in b.managers(), ttl + 3.0, what="the dead lighthouse's manager gone")
+        poll(lambda: "g9" not in b.managers(), ttl + 1.0 + MARGIN, what="the dead lighthouse's manager gone")
     finally:
         pool.stop_all()
 
@@ -158,7 +155,7 @@ def test_a_lost_lease_is_replaced_and_the_managers_published_again(
     # What etcd does to a lighthouse cut off for longer than the TTL: its lease ends, its keys go.
     client.lease_revoke(a.peers._lease)
     poll(lambda: "g0" not in b.managers(), VISIBLE_WITHIN + MARGIN, what="g0 gone with the lease")
-    poll(lambda: "g0" in b.managers(), a.peers.ttl + VISIBLE_WITHIN, what="lh-a publishes g0 again")
+    poll(lambda: "g0" in b.managers(), a.peers.ttl + VISIBLE_WITHIN + MARGIN, what="lh-a publishes g0 again")
 
 
 def test_writes_are_batched_however_many_manager_calls(
@@ -184,14 +181,14 @@ def test_writes_are_batched_however_many_manager_calls(
             n = next(calls)
             a.report(f"g{n % 40}", job=f"job{n % 4}", requests=n)
 
-    worker = threading.Thread(target=managers_calling)
+    worker = CheckedThread(managers_calling)
     began = time.monotonic()
     worker.start()
     try:
         stop.wait(4.0)
     finally:
         stop.set()
-        worker.join()
+        worker.check()
     elapsed = time.monotonic() - began
     total_calls = next(calls)
     final = {f"job{j}": {f"g{g}" for g in range(40) if g % 4 == j} for j in range(4)}

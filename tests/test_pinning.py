@@ -9,6 +9,7 @@ import pytest
 from manager.pinning import StepPins
 from manager.snapshot import CACHE, FALLBACK, LIGHTHOUSE, STALE, Snapshot
 from protos import lighthouse_config_pb2 as pb
+from tests.threads import CheckedThread
 
 
 def snap(version: int) -> Snapshot:
@@ -59,11 +60,11 @@ def test_concurrent_pins_for_one_step_agree() -> None:
         with lock:
             results.append(got)
 
-    threads = [threading.Thread(target=rank, args=(i,)) for i in range(16)]
+    threads = [CheckedThread(rank, i) for i in range(16)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(10)
+        t.check(10)
     assert len(results) == 16 and len(set(results)) == 1
     assert pins.get(42) == results[0]
 

@@ -94,7 +94,7 @@ def test_prefetch_keeps_the_deadline_when_the_manager_hangs(procs: ProcessPool) 
             for step in range(21, 26):
                 started = time.monotonic()
                 cfg = client.get_config(step=step)
-                assert time.monotonic() - started < 0.5 + 0.5
+                assert time.monotonic() - started < 0.5 + 2.0  # its deadline, plus a margin for busy cores
                 assert cfg.source == "fallback" and cfg == {}
         finally:
             manager.signal(signal.SIGCONT)
@@ -103,7 +103,7 @@ def test_prefetch_keeps_the_deadline_when_the_manager_hangs(procs: ProcessPool) 
 FORK_SCRIPT = """
 import os, sys, time
 from worker_client import ManagerClient
-client = ManagerClient(sys.argv[1], timeout=2, prefetch=True)
+client = ManagerClient(sys.argv[1], timeout=10, prefetch=True)
 assert client.get_config(step=0).source != "fallback"
 pid = os.fork()
 if pid == 0:
@@ -128,6 +128,7 @@ def test_a_client_inherited_through_fork_answers_the_fallback_instead_of_hanging
     )
     lines = out.stdout.split("\n")
     child_source, child_elapsed = lines[0].split()
-    assert child_source == "fallback" and float(child_elapsed) < 0.5
+    # At once, not after waiting out its 10 s deadline on a connection it shares with its parent.
+    assert child_source == "fallback" and float(child_elapsed) < 5.0
     assert "created before fork()" in out.stderr
     assert lines[1] in ("parent cache", "parent lighthouse")

@@ -27,7 +27,7 @@ MANAGER_TIMEOUT = 0.5
 def _manager_get(addr: str) -> dict[str, Any]:
     """What a worker would get now, through the ``manager get`` CLI."""
     out = subprocess.run(
-        [sys.executable, "-m", "manager", "get", "--addr", addr, "--timeout", "5"],
+        [sys.executable, "-m", "manager", "get", "--addr", addr, "--timeout", "5", "-o", "json"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -52,9 +52,7 @@ def test_manager_never_goes_back_unless_state_reset(procs: ProcessPool, tmp_path
     bind = f"127.0.0.1:{port}"
 
     def start_same_port() -> LighthouseProc:
-        new: LighthouseProc = poll(
-            lambda: _try_start(procs, path, state, bind), 20, interval=0.2, what="lighthouse on the same port"
-        )
+        new = procs.lighthouse_when_free(config_path=path, state_dir=state, bind=bind)
         assert new.address.rpartition(":")[2] == port
         http_util.wait_healthy(new.url)
         return new
@@ -118,13 +116,3 @@ def test_manager_never_goes_back_unless_state_reset(procs: ProcessPool, tmp_path
     # Only the reset moved the manager back (from the newest version it served to the new state's 1).
     assert went_back == [(v6, 1)], went_back
     assert v6 in served and v4 + 1 in served
-
-
-def _try_start(procs: ProcessPool, path: Path, state: Path, bind: str) -> LighthouseProc | None:
-    """Start a lighthouse on ``bind``; None when the port is not free yet (retried by poll)."""
-    try:
-        return procs.lighthouse(config_path=path, state_dir=state, bind=bind)
-    except AssertionError as exc:
-        if "exited" in str(exc):
-            return None
-        raise

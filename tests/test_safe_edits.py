@@ -206,7 +206,10 @@ def test_dry_runs_answer_what_the_change_would_do_and_store_nothing(
     out = _cli_ok(lh, "rollback", str(head), "--dry-run")
     assert "- momentum: 0.9" in out and "~ lr: 0.5 -> 0.1" in out
     dry_patch = _cli_ok(lh, "set", "optimizer=sgd", "--at-step", "400", "--dry-run")
-    assert "(takes effect at step 400)" in dry_patch and '~ optimizer: "adam" -> "sgd"' in dry_patch
+    assert (
+        "(takes effect at step 400 in every group)" in dry_patch
+        and '~ optimizer: "adam" -> "sgd"' in dry_patch
+    )
     assert http_util.live(lh.url)["version"] == now
     assert _cli_ok(lh, "set", "lr=0.25") == f"version {now + 1}\n"
 
@@ -332,16 +335,16 @@ def test_a_bad_schema_file_at_startup_is_a_file_error(
 
 def test_schema_cli(procs: ProcessPool, tmp_path: Path) -> None:
     lh = _start(procs, tmp_path)
-    assert json.loads(_cli_ok(lh, "schema", "show"))["schema"] == SCHEMA
+    assert json.loads(_cli_ok(lh, "schema", "show", "-o", "json"))["schema"] == SCHEMA
     strict = tmp_path / "strict.json"
     strict.write_text(json.dumps({**SCHEMA, "properties": {**SCHEMA["properties"], "lr": {"maximum": 0.01}}}))
     refused = _cli(lh, "schema", "set", str(strict))
     assert refused.returncode == 1 and "/lr" in refused.stderr and refused.stderr.count("\n") == 1
     out = _cli_ok(lh, "schema", "set", str(strict), "--force", "--dry-run")
     assert "violated (forced): /lr" in out and "nothing stored" in out
-    assert len(json.loads(_cli_ok(lh, "schema", "history"))["schemas"]) == 1
+    assert len(json.loads(_cli_ok(lh, "schema", "history", "-o", "json"))["schemas"]) == 1
     assert _cli_ok(lh, "schema", "set", str(strict), "--force").endswith("schema set\n")
-    history = json.loads(_cli_ok(lh, "schema", "history"))["schemas"]
+    history = json.loads(_cli_ok(lh, "schema", "history", "-o", "json"))["schemas"]
     assert [h["comment"] for h in history] == [str(strict), str(tmp_path / "schema.json")]
     not_json = tmp_path / "bad.json"
     not_json.write_text("{")

@@ -3,6 +3,7 @@ each failure with its message, and rotation of the server pair on disk without a
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
 import subprocess
@@ -84,40 +85,65 @@ def test_mutual_tls_end_to_end(procs: ProcessPool, pki: Pki) -> None:
     assert record["config"]["lr"] == "0.25"  # type: ignore[index]
 
 
-# (lighthouse TLS, manager TLS, what the manager's log says, what the lighthouse's log says): each
-# ends in the fallback. The lighthouse's line is grpcio's own handshake log (the server side of mutual
-# TLS is the one that knows why it refused a client certificate).
+# (lighthouse TLS, manager TLS, what the manager's log says, the side that refused, grpcio's reason in
+# that side's log): each ends in the fallback. The refusing side is the one whose grpcio handshake log
+# knows why: the manager for the lighthouse's certificate or a plaintext lighthouse, the lighthouse for
+# a plaintext manager or the client certificate of mutual TLS.
 FAILURES = {
-    "plaintext-manager": ("tls", "none", "does it require TLS", "WRONG_VERSION_NUMBER"),
-    "untrusted-ca": ("tls", "other-ca", "not signed by a trusted CA", ""),
-    "expired-server": ("expired", "ca", "certificate has expired", ""),
+    "plaintext-manager": ("tls", "none", "does it require TLS", "lighthouse", "WRONG_VERSION_NUMBER"),
+    "untrusted-ca": (
+        "tls",
+        "other-ca",
+        "not signed by a trusted CA",
+        "manager",
+        "CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate",
+    ),
+    "expired-server": (
+        "expired",
+        "ca",
+        "certificate has expired",
+        "manager",
+        "CERTIFICATE_VERIFY_FAILED: certificate has expired",
+    ),
     "mtls-no-client-cert": (
         "mtls",
         "ca",
         "requires a client certificate",
+        "lighthouse",
         "PEER_DID_NOT_RETURN_A_CERTIFICATE",
     ),
     "mtls-client-from-other-ca": (
         "mtls",
         "other-client",
         "requires a client certificate",
+        "lighthouse",
         "unable to get local issuer certificate",
     ),
     "mtls-expired-client": (
         "mtls",
         "expired-client",
         "requires a client certificate",
+        "lighthouse",
         "certificate has expired",
     ),
-    "tls-manager-plaintext-lighthouse": ("none", "ca", "does not speak TLS", ""),
+    "tls-manager-plaintext-lighthouse": (
+        "none",
+        "ca",
+        "does not speak TLS",
+        "manager",
+        "WRONG_VERSION_NUMBER",
+    ),
 }
+# The worker's first call waits at most the manager's lighthouse deadline; the margin is for two busy
+# cores, and stays well below the worker's own deadline, which would hide a manager that waited it out.
+FALLBACK_WITHIN = LIGHTHOUSE_TIMEOUT + 1.5
 
 
 @pytest.mark.parametrize("case", list(FAILURES))
 def test_failure_serves_fallback_within_deadline_and_says_why(
     procs: ProcessPool, pki: Pki, case: str
 ) -> None:
-    served, dialed, message, refusal = FAILURES[case]
+    served, dialed, message, refused_by, refusal = FAILURES[case]
     lighthouse_extra = {
         "tls": server_args(pki.server),
         "expired": server_args(pki.expired_server),
@@ -138,10 +164,11 @@ def test_failure_serves_fallback_within_deadline_and_says_why(
     record = first_record(procs, manager.address, "g0")
     assert record["source"] == "fallback"
     assert record["config"] == {}
-    assert float(record["elapsed"]) < WORKER_TIMEOUT  # type: ignore[arg-type]
+    assert float(record["elapsed"]) < FALLBACK_WITHIN < WORKER_TIMEOUT  # type: ignore[arg-type]
     poll(lambda: message in manager.stderr(), 10, what=f"'{message}' in the manager's log")
     assert "lighthouse unavailable" in manager.stderr()
-    poll(lambda: refusal in lighthouse.stderr(), 10, what=f"'{refusal}' in the lighthouse's log")
+    refuser = {"lighthouse": lighthouse, "manager": manager}[refused_by]
+    poll(lambda: refusal in refuser.stderr(), 10, what=f"'{refusal}' in the {refused_by}'s log")
 
 
 def test_python_api_client_tls(tmp_path: Path, pki: Pki) -> None:
@@ -159,6 +186,25 @@ def test_python_api_client_tls(tmp_path: Path, pki: Pki) -> None:
             assert "does it require TLS" in explain_rpc_error(caught.value, tls=False)
 
 
+def test_lighthouse_client_with_a_client_certificate(procs: ProcessPool, pki: Pki) -> None:
+    """``LighthouseClient(tls=TLSConfig(ca, cert, key))`` against a ``lighthouse serve`` that requires
+    mutual TLS: its certificate is the only way in."""
+    lighthouse = procs.lighthouse(CONFIG, extra=server_args(pki.server, pki.ca.cert))
+    pair = TLSConfig(ca=pki.ca.cert, cert=pki.client.cert, key=pki.client.key)
+    with LighthouseClient(lighthouse.address, tls=pair) as client:
+        assert client.get_config(timeout=5) == {"lr": "0.25", "name": "tls"}
+    refused = {
+        "no client certificate": TLSConfig(ca=pki.ca.cert),
+        "one from another CA": TLSConfig(
+            ca=pki.ca.cert, cert=pki.other_client.cert, key=pki.other_client.key
+        ),
+    }
+    for case, tls in refused.items():
+        with LighthouseClient(lighthouse.address, tls=tls) as client, pytest.raises(grpc.RpcError) as caught:
+            client.get_config(timeout=5)
+        assert "requires a client certificate" in explain_rpc_error(caught.value, tls=True), case
+
+
 def test_tls_between_worker_and_manager(procs: ProcessPool, pki: Pki) -> None:
     """Opt-in TLS on the worker hop: a TLS worker gets the config, a plaintext one the fallback."""
     lighthouse = procs.lighthouse(CONFIG)
@@ -169,6 +215,7 @@ def test_tls_between_worker_and_manager(procs: ProcessPool, pki: Pki) -> None:
     assert plain["source"] == "fallback"
     assert float(plain["elapsed"]) < WORKER_TIMEOUT  # type: ignore[arg-type]
     get = [sys.executable, "-m", "manager", "get", "--addr", manager.address, "--cacert", str(pki.ca.cert)]
+    get += ["-o", "json"]
     shown = subprocess.run(get, capture_output=True, text=True, timeout=30, env=child_env(), cwd=ROOT)
     assert shown.returncode == 0, shown.stderr
     assert '"lr": "0.25"' in shown.stdout
@@ -191,12 +238,13 @@ def test_https_dashboard_with_admin_cli(procs: ProcessPool, pki: Pki) -> None:
     changed = admin("set", "lr=0.5", "--url", url, "--cacert", str(pki.ca.cert), "--token", "s3cret")
     assert changed.returncode == 0, changed.stderr
     assert changed.stdout.startswith("version ")
-    shown = admin("show", "--url", url, "--cacert", str(pki.ca.cert))
+    shown = admin("show", "--url", url, "--cacert", str(pki.ca.cert), "-o", "json")
     assert shown.returncode == 0, shown.stderr
     assert '"lr": 0.5' in shown.stdout
 
     no_token = admin("set", "lr=1", "--url", url, "--cacert", str(pki.ca.cert))
     assert no_token.returncode == 1
+    assert "Authorization: Bearer" in no_token.stderr  # refused for the token, over a working HTTPS link
     untrusted = admin("show", "--url", url, "--cacert", str(pki.other.cert))
     assert untrusted.returncode == 1
     assert "not signed by a trusted CA" in untrusted.stderr
@@ -237,20 +285,21 @@ def replace_pair(new: Pair, at: Pair) -> None:
 
 
 def test_rotation_without_restart(procs: ProcessPool, pki: Pki, tmp_path: Path) -> None:
-    """The lighthouse's pair is replaced on disk by one from a new CA while workers run: new
-    connections (gRPC and HTTPS) get the new pair, the running manager keeps working throughout."""
+    """The lighthouse's pair is replaced on disk by one from a new CA while a worker runs: new
+    connections (gRPC and HTTPS) get the new pair, and open ones keep the pair they began with. The
+    running manager trusts the old CA only, so it could not make a new connection after the
+    rotation: the edit it still brings afterwards came over the connection it had open."""
     new_ca = CA(tmp_path / "new-ca", "new-ca")
     live = Pair(tmp_path / "live.crt", tmp_path / "live.key")
     replace_pair(pki.server, live)
-    bundle = tmp_path / "both-cas.pem"  # the managers trust old and new CA during the rotation
-    bundle.write_bytes(pki.ca.cert.read_bytes() + new_ca.cert.read_bytes())
 
     lighthouse = procs.lighthouse(CONFIG, extra=server_args(live))
+    config_file = procs.tmp_path / "config.json"  # the file procs.lighthouse wrote and it watches
     dashboard = lighthouse.url.removeprefix("https://").rstrip("/")
     old_serial = serial_of(pki.server.cert.read_bytes())
     assert served_serial(lighthouse.address, pki.ca.cert) == old_serial
-    manager = procs.manager(lighthouse.address, "g0", cache_ttl=0.05, extra=manager_args(bundle))
-    worker = procs.worker(manager.address, group="g0", rank=0, steps=400, step_interval=0.01)
+    manager = procs.manager(lighthouse.address, "g0", cache_ttl=0.05, extra=manager_args(pki.ca.cert))
+    worker = procs.worker(manager.address, group="g0", rank=0, steps=100_000, step_interval=0.01)
     poll(lambda: len(records_so_far(worker)) >= 20, 20, what="worker running")
 
     rotated = new_ca.issue("rotated-server")
@@ -262,17 +311,22 @@ def test_rotation_without_restart(procs: ProcessPool, pki: Pki, tmp_path: Path) 
         assert client.get_config(timeout=5)["lr"] == "0.25"
     with LighthouseClient(lighthouse.address, tls=TLSConfig(ca=pki.ca.cert)) as old_trust:
         with pytest.raises(grpc.RpcError) as caught:
-            old_trust.get_config(timeout=5)
+            old_trust.get_config(timeout=5)  # what the running manager's trust gets on a new connection
         assert "not signed by a trusted CA" in explain_rpc_error(caught.value, tls=True)
+
+    config_file.write_text(json.dumps({**CONFIG, "lr": 0.5}))  # an edit made after the rotation
+    poll(lambda: records_so_far(worker)[-1]["config"]["lr"] == "0.5", 20, what="the edit at the worker")
 
     # A manager started after the rotation connects with the new pair.
     late = procs.manager(lighthouse.address, "g1", extra=manager_args(new_ca.cert))
-    assert first_record(procs, late.address, "g1")["source"] in FROM_LIGHTHOUSE
+    assert first_record(procs, late.address, "g1")["config"]["lr"] == "0.5"  # type: ignore[index]
 
-    records = worker_records(worker)
-    assert len(records) == 400
+    worker.stop()
+    records = records_so_far(worker)
     assert {r["source"] for r in records} <= FROM_LIGHTHOUSE, "a call failed during the rotation"
+    assert {r["config"]["lr"] for r in records} == {"0.25", "0.5"}
     assert "TLS certificate reloaded" in lighthouse.stderr()
+    assert "lighthouse unavailable" not in manager.stderr()
 
 
 def test_tls_benchmark_smoke(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ per step, with the lr they used and its MIN and MAX over the group.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -23,100 +24,25 @@ from typing import Any
 import pytest
 
 from tests import http_steps
-from tests.procs import ROOT, LighthouseProc, Proc, ProcessPool, poll
+from tests.etcd_cluster import free_port
+from tests.procs import LighthouseProc, Proc, ProcessPool, poll
+from tests.threads import CheckedThread
+from tests.torchrun_jobs import (
+    EXAMPLE,
+    RUN_TIMEOUT,
+    alive,
+    descendants,
+    finish,
+    kill_group,
+    max_step,
+    records,
+    torchrun,
+)
 from worker_client import ConfigUnavailable, connect
 from worker_client.connect import store_key
 
-EXAMPLE = ROOT / "examples" / "train_ddp.py"
 CONFIG_PROC = Path(__file__).resolve().parent / "torchrun_config_proc.py"
 OLD, NEW = {"lr": 0.1, "momentum": 0.0}, {"lr": 0.02, "momentum": 0.5}
-RUN_TIMEOUT = 120.0
-
-
-def torchrun(
-    procs: ProcessPool,
-    group: int,
-    script: Path,
-    args: list[str],
-    env: dict[str, str],
-    monitor_interval: float = 0.2,
-) -> Proc:
-    """One replica group: ``torchrun --standalone`` (a free port for its store) with 2 ranks.
-
-    ``monitor_interval``: how often torchrun checks its ranks (and stops them all when one failed).
-    """
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    cmd += [f"--monitor-interval={monitor_interval}", str(script), *args]
-    proc: Proc = procs.spawn(cmd, f"group{group}", env={"REPLICA_GROUP_ID": str(group), **env})
-    return proc
-
-
-def records(proc: Proc, event: str = "step") -> list[dict[str, Any]]:
-    out = []
-    for line in proc.lines():
-        if line.startswith("{"):
-            record = json.loads(line)
-            if record.get("event", "step") == event:
-                out.append(record)
-    return out
-
-
-def max_step(proc: Proc) -> int:
-    return max((r["step"] for r in records(proc)), default=-1)
-
-
-def finish(proc: Proc, timeout: float = RUN_TIMEOUT) -> list[dict[str, Any]]:
-    """Wait for a torchrun to exit 0 and return its step records."""
-    try:
-        code = proc.wait(timeout)
-    except Exception:
-        raise AssertionError(f"{proc.name} still running after {timeout}s\n{proc.stderr()}") from None
-    assert code == 0, f"{proc.name} exited {code}\n{proc.stderr()}"
-    poll(lambda: len(records(proc, "done")) == 2, 10, what=f"{proc.name}'s ranks done")
-    return records(proc)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (torchrun starts each rank in a session of its own)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def kill_group(proc: Proc) -> list[dict[str, Any]]:
-    """SIGKILL a whole replica group at once, as a lost machine: torchrun, its ranks, their manager.
-
-    Returns every step record it printed.
-    """
-    pids = [proc.pid, *descendants(proc.pid)]
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)  # nothing reacts (restarts, cleans up) while the others die
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-    proc.wait(10)
-    # Once every writer is gone the pipe ends: then every line it printed has been read.
-    poll(lambda: proc.lines() is not None and not proc.stdout_lines.empty(), 10, what="the end of its output")
-    return records(proc)
 
 
 def expected(step: int, switch_at: int) -> dict[str, float]:
@@ -230,13 +156,13 @@ def test_config_churn_every_few_ms_never_splits_a_group(
             http_steps.change(lighthouse.url, "PATCH", {"lr": round(0.001 * (edits[0] % 97 + 1), 6)})
             stop.wait(0.003)
 
-    thread = threading.Thread(target=churn, daemon=True)
+    thread = CheckedThread(churn)  # a failed edit fails the test (in a plain thread it only warns)
     thread.start()
     try:
         results = [finish(g) for g in groups]  # the example exits non-zero at a split step
     finally:
         stop.set()
-        thread.join(10)
+        thread.check(10)
     for recs in results:
         ranks_cover(recs, range(40))
         assert all(r["lr_min"] == r["lr_max"] for r in recs)
@@ -277,8 +203,37 @@ def test_group_killed_and_started_again_resumes_with_the_config_of_its_step(
     check_steps(recs0, switch_at)
     times = sorted(r["time"] for r in recs0 if r["rank"] == 0)
     gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert max(gaps) < 5.0 + 2.0, max(gaps)  # never stalled past the config deadline (5 s)
+    assert max(gaps) < 5.0 + 5.0, max(gaps)  # never stalled past the config deadline (5 s), plus a margin
     assert any(killed_at < t < after[0]["time"] for t in times), "group 0 did not train during the outage"
+
+
+def config_records(group: Proc) -> list[dict[str, Any]]:
+    """The per-step records of tests/torchrun_config_proc.py's ranks."""
+    return [r for r in map(json.loads, filter(lambda x: x.startswith("{"), group.lines())) if "step" in r]
+
+
+@pytest.mark.slow
+def test_connect_reads_the_job_and_a_lighthouse_list_and_alone_imports_torch(procs: ProcessPool) -> None:
+    """``LIGHTHOUSE_JOB`` picks the job, ``TORCHFT_LIGHTHOUSE`` may list several lighthouses (the
+    first one listed here has nothing listening), and torch is loaded by ``connect()`` only."""
+    lighthouse = procs.lighthouse(OLD)
+    http_steps.call(lighthouse.url, "PUT", "/api/jobs/alpha/config", NEW)
+    nothing_there = f"127.0.0.1:{free_port()}"
+    env = {"TORCHFT_LIGHTHOUSE": f"{nothing_there},{lighthouse.address}", "LIGHTHOUSE_JOB": "alpha"}
+    group = torchrun(procs, 0, CONFIG_PROC, ["--steps", "20", "--interval", "0.02"], env)
+    try:
+        code = group.wait(RUN_TIMEOUT)
+    except Exception:
+        raise AssertionError(f"{group.name} still running after {RUN_TIMEOUT}s\n{group.stderr()}") from None
+    assert code == 0, group.stderr()
+    poll(group.output_ended, 10, what="the end of its output")
+    starts = [json.loads(x) for x in group.lines() if x.startswith('{"event": "start"')]
+    assert sorted(r["rank"] for r in starts) == [0, 1]
+    assert all(not r["torch_before"] and r["torch_after"] for r in starts), starts
+    recs = config_records(group)
+    assert len(recs) == 2 * 20
+    assert {(r["job"], r["lr"]) for r in recs} == {("alpha", str(NEW["lr"]))}, "not job alpha's config"
+    assert {r["source"] for r in recs} <= {"lighthouse", "cache"}
 
 
 @pytest.mark.slow
@@ -292,7 +247,7 @@ def test_rank0_killed_other_ranks_get_the_fallback_within_the_deadline(
     group = torchrun(procs, 0, CONFIG_PROC, args, env, monitor_interval=60)
 
     def by_rank(rank: int) -> list[dict[str, Any]]:
-        return [json.loads(x) for x in group.lines() if x.startswith("{") and json.loads(x)["rank"] == rank]
+        return [r for r in config_records(group) if r["rank"] == rank]
 
     poll(lambda: len(by_rank(0)) >= 5 and len(by_rank(1)) >= 5, 60, what="both ranks asking")
     assert {r["source"] for r in by_rank(1)} <= {"cache", "lighthouse"}
@@ -308,15 +263,18 @@ def test_rank0_killed_other_ranks_get_the_fallback_within_the_deadline(
     later = by_rank(1)[seen:]
     assert later[-1]["source"] == "fallback"
     assert later[-1]["lr"] is None  # the fallback is the empty config
-    assert max(r["elapsed"] for r in later) < deadline + 1.0  # never hangs past its deadline
+    # Never hangs past its deadline (the margin: four torch processes share two busy cores).
+    assert max(r["elapsed"] for r in later) < deadline + 3.0
 
 
 @pytest.mark.slow
 def test_torchft_trains_across_a_kill_and_restart_of_one_group(
     procs: ProcessPool, lighthouse: LighthouseProc
 ) -> None:
-    pytest.importorskip("torchft")
-    steps, switch_at = 250, 150  # group 0 must still run when group 1 is back (~90 steps here)
+    assert importlib.util.find_spec("torchft"), "torchft is not installed: pip install -e '.[torchft]'"
+    # Group 0 must still run when group 1 is back: ~90 steps later on a quiet machine, but over 240
+    # (group 0 done, nobody to heal from) when other test runs share the two cores.
+    steps, switch_at = 400, 250
     http_steps.change(lighthouse.url, "PUT", NEW, effective_step=switch_at)
     binary = shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse")
     ft_args = ["--min_replicas", "1", "--bind", "127.0.0.1:0"]
@@ -337,7 +295,9 @@ def test_torchft_trains_across_a_kill_and_restart_of_one_group(
     after = finish(again)
     recs0 = finish(group0)
     healed = min(r["step"] for r in after)
-    assert healed > 10, "the restarted group did not recover the live step from group 0"
+    assert healed > 10, (
+        f"the restarted group did not recover the live step from group 0 (which reached {max_step(group0)})"
+    )
     assert any(r["participants"] == 2 and r["committed"] for r in after), "it never rejoined the quorum"
     for recs in (before, after, recs0):
         check_steps(recs, switch_at)  # each step's lr is that step's config, in every life

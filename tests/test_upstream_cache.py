@@ -12,6 +12,7 @@ import pytest
 from manager.snapshot import CACHE, FALLBACK, STALE, Snapshot
 from manager.upstream import Answer, FetchFailed, UpstreamCache
 from tests.procs import poll
+from tests.threads import CheckedThread
 
 
 class Clock:
@@ -272,7 +273,7 @@ class BlockingLighthouse:
         return snap(7)
 
 
-def run_getters(cache: UpstreamCache, n: int) -> tuple[list[threading.Thread], list[Answer]]:
+def run_getters(cache: UpstreamCache, n: int) -> tuple[list[CheckedThread], list[Answer]]:
     results: list[Answer] = []
     lock = threading.Lock()
 
@@ -281,7 +282,7 @@ def run_getters(cache: UpstreamCache, n: int) -> tuple[list[threading.Thread], l
         with lock:
             results.append(answer)
 
-    threads = [threading.Thread(target=call) for _ in range(n)]
+    threads = [CheckedThread(call, name=f"getter-{i}") for i in range(n)]
     for t in threads:
         t.start()
     return threads, results
@@ -324,8 +325,7 @@ def test_single_flight_many_threads_one_fetch() -> None:
     assert lh.calls == 1
     lh.release.set()
     for t in threads + more:
-        t.join(10)
-        assert not t.is_alive()
+        t.check(10)
     assert lh.calls == 1
     answers = results + more_results
     assert len(answers) == 40
@@ -342,13 +342,13 @@ def test_waiters_give_up_after_wait_timeout_with_the_fallback() -> None:
     started = time.monotonic()
     waiters, waiter_results = run_getters(cache, 4)
     for t in waiters:
-        t.join(10)
+        t.check(10)
     elapsed = time.monotonic() - started
     assert 0.25 <= elapsed < 3.0  # bounded by wait_timeout (generous margin), not by the fetch
-    assert all(a.snapshot.kind == FALLBACK for a in waiter_results)
+    assert len(waiter_results) == 4 and all(a.snapshot.kind == FALLBACK for a in waiter_results)
     assert lh.calls == 1
     lh.release.set()
-    fetcher[0].join(10)
+    fetcher[0].check(10)
     assert fetcher_result[0].snapshot.version == 7
     assert cache.get().snapshot.version == 7
 
@@ -364,4 +364,4 @@ def test_refresh_does_not_wait_for_an_in_flight_fetch() -> None:
     assert not answer.fetched and answer.snapshot.kind == FALLBACK  # nothing good held yet
     assert lh.calls == 1
     lh.release.set()
-    threads[0].join(10)
+    threads[0].check(10)

@@ -1,8 +1,10 @@
 """A torchrun rank that only asks for its config (no collectives): for the test that kills group rank 0.
 
-Calls ``connect()``, then ``get_config(step=...)`` every ``--interval`` seconds
-and prints one JSON record per step: ``{"rank", "pid", "step", "source", "lr",
-"elapsed"}``; ``done`` at the end. Without collectives a rank outlives the death
+Calls ``connect()`` and prints ``{"event": "start", "rank", "torch_before",
+"torch_after"}`` (whether torch was loaded before and after the call: only
+``connect()`` may import it), then ``get_config(step=...)`` every ``--interval``
+seconds with one JSON record per step: ``{"rank", "pid", "step", "source", "job",
+"lr", "elapsed"}``; ``done`` at the end. Without collectives a rank outlives the death
 of rank 0, so the test sees what its config calls do then.
 """
 
@@ -25,12 +27,17 @@ def main() -> None:
     parser.add_argument("--connect-timeout", type=float, default=20.0, help="room for rank 0 to start it")
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
+    torch_before = "torch" in sys.modules
     client = connect(timeout=args.connect_timeout)
+    torch_after = "torch" in sys.modules
+    start = {"event": "start", "rank": rank, "torch_before": torch_before, "torch_after": torch_after}
+    sys.stdout.write(json.dumps(start) + "\n")
+    sys.stdout.flush()
     for step in range(args.steps):
         start = time.monotonic()
         cfg = client.get_config(step=step, timeout=args.timeout)
         elapsed = time.monotonic() - start
-        record = {"rank": rank, "pid": os.getpid(), "step": step, "source": cfg.source}
+        record = {"rank": rank, "pid": os.getpid(), "step": step, "source": cfg.source, "job": cfg.job}
         # One write per line: the ranks share torchrun's stdout.
         sys.stdout.write(json.dumps({**record, "lr": cfg.get("lr"), "elapsed": elapsed}) + "\n")
         sys.stdout.flush()

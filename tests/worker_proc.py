@@ -1,7 +1,8 @@
 """A test worker: calls ``ManagerClient.get_config`` once per step and prints one JSON record per step.
 
 Prints ``ready`` once the client exists, then ``{"group", "rank", "step",
-"version", "source", "pinned", "config", "elapsed", "t"}`` per step, then ``done``.
+"version", "source", "pinned", "stable_through_step", "config", "elapsed", "t"}`` per
+step, then ``done``.
 
 With ``--report`` it also reports a loss known in advance after each step
 (``known_loss``: NaN at the ``--nan-at`` steps, three times as much while the
@@ -18,7 +19,7 @@ import sys
 import time
 
 from protos.tls import TLSConfig
-from worker_client import ManagerClient
+from worker_client import Config, ConfigUnavailable, ManagerClient
 
 
 def known_loss(group: str, rank: int, step: int) -> float:
@@ -38,18 +39,28 @@ def main() -> None:
     parser.add_argument("--prefetch", action="store_true")
     parser.add_argument("--no-step", action="store_true", help="call get_config() without a step")
     parser.add_argument("--tls-ca", default=None, help="dial the manager over TLS, trusting this CA")
+    parser.add_argument("--strict", action="store_true", help="strict client: ConfigUnavailable is recorded")
     parser.add_argument("--report", action="store_true", help="report known_loss() every step")
     parser.add_argument("--nan-at", type=int, action="append", default=[], help="report NaN at this step")
     parser.add_argument("--hot-lr", type=float, default=None, help="loss x3 while lr is above this")
     args = parser.parse_args()
     tls = TLSConfig(ca=args.tls_ca) if args.tls_ca else None
     client = ManagerClient(
-        args.addr, timeout=args.timeout, group_rank=args.rank, prefetch=args.prefetch, tls=tls
+        args.addr,
+        timeout=args.timeout,
+        group_rank=args.rank,
+        prefetch=args.prefetch,
+        tls=tls,
+        strict=args.strict,
     )
     print("ready", flush=True)
     for step in range(args.first_step, args.first_step + args.steps):
         started = time.monotonic()
-        cfg = client.get_config(step=None if args.no_step else step)
+        try:
+            cfg = client.get_config(step=None if args.no_step else step)
+        except ConfigUnavailable as exc:  # strict: the step has no confirmed config (source "error")
+            cfg = exc.answer or Config()
+            cfg.source = "error"
         elapsed = time.monotonic() - started
         record = {
             "group": args.group,
@@ -58,6 +69,7 @@ def main() -> None:
             "version": cfg.version,
             "source": cfg.source,
             "pinned": cfg.pinned,
+            "stable_through_step": cfg.stable_through_step,
             "config": dict(cfg),
             "elapsed": elapsed,
             "t": time.time(),

@@ -2,7 +2,11 @@
 
 ``get_config`` never raises and never outlives its deadline unless asked to
 (``strict=True``): an unreachable manager yields an empty ``Config`` with
-``source="fallback"``, logged once per outage.
+``source="fallback"``, logged once per outage. A strict client also raises
+when the manager itself could not confirm the step's config (it answered the
+fallback or, with ``--serve-stale``, a stale one): under torchft, a group that
+cannot confirm its config stops and is healed, rather than train a step with a
+value the other groups may not use.
 
 grpcio is not fork-safe: create the client in the process that uses it (torchrun
 starts ranks as fresh processes, which is fine). A client inherited through
@@ -22,7 +26,7 @@ import grpc
 
 from protos import lighthouse_config_pb2 as pb
 from protos.rpc import MANAGER_GET_CONFIG, make_channel, seconds
-from protos.tls import TLSConfig, tls_failure
+from protos.tls import TLSConfig, tls_failure, tls_for
 from worker_client.config import Config
 from worker_client.reports import ReportBuffer
 
@@ -36,8 +40,17 @@ _Request = pb.ManagerConfigRequest
 _Response = pb.ManagerConfigResponse
 
 
+UNCONFIRMED = frozenset({"fallback", "stale"})  # sources of a config the lighthouse did not confirm
+
+
 class ConfigUnavailable(RuntimeError):
-    """Raised by strict calls when the manager did not answer within the deadline."""
+    """Raised by strict calls when no confirmed config came within the deadline: the manager did not
+    answer, or it answered the fallback (or a stale config) because the lighthouse could not confirm
+    one for the step; that answer is ``answer`` (None when the manager did not answer)."""
+
+    def __init__(self, message: str, answer: Config | None = None) -> None:
+        super().__init__(message)
+        self.answer = answer
 
 
 class _Decoder:
@@ -50,7 +63,7 @@ class _Decoder:
     __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self._last: tuple[bytes, dict[str, str], int, str, bool, str] | None = None
+        self._last: tuple[bytes, dict[str, str], int, str, bool, str, int | None] | None = None
 
     def __call__(self, raw: bytes, step: int | None) -> Config:
         last = self._last
@@ -63,9 +76,18 @@ class _Decoder:
                 reply.source,
                 reply.pinned,
                 reply.job,
+                reply.stable_through_step if reply.HasField("stable_through_step") else None,
             )
-        _, data, version, source, pinned, job = last
-        return Config(data, version=version, source=source, step=step, pinned=pinned, job=job)
+        _, data, version, source, pinned, job, through = last
+        return Config(
+            data,
+            version=version,
+            source=source,
+            step=step,
+            pinned=pinned,
+            job=job,
+            stable_through_step=through,
+        )
 
 
 class _Prefetcher:
@@ -176,7 +198,8 @@ class ManagerClient:
     ``timeout`` is the default deadline of each ``get_config`` call; ``strict``
     makes calls raise ``ConfigUnavailable`` instead of answering the fallback;
     ``prefetch`` fetches step N+1 in the background after step N is asked for;
-    ``tls`` dials a manager serving TLS (plaintext by default: same host or pod).
+    ``tls`` dials a manager serving TLS (plaintext by default: same host or pod; an
+    ``https://`` address speaks TLS trusting the system's roots).
     ``report`` hands the rank's training metrics to the group's manager (see ``report``).
     """
 
@@ -191,11 +214,11 @@ class ManagerClient:
         tls: TLSConfig | None = None,
     ) -> None:
         self.addr = addr
-        self.tls = tls
+        self.tls = tls_for(addr, tls)
         self.timeout = seconds(timeout, DEFAULT_TIMEOUT)
         self.group_rank = group_rank
         self.strict = strict
-        self._channel = make_channel(addr, tls)
+        self._channel = make_channel(addr, self.tls)
         self._call = self._channel.unary_unary(
             MANAGER_GET_CONFIG,
             request_serializer=_Request.SerializeToString,
@@ -220,12 +243,12 @@ class ManagerClient:
         ``peek=True`` looks without pinning or moving the group's step (for tools, not training).
         """
         prefetch = self._prefetch
+        strict = self.strict if strict is None else strict
         if prefetch is not None and step is not None and not self._forked and not peek:
             ready = prefetch.ready.pop(step, None)  # with prefetch, usually the step's whole cost
             prefetch.consumed = step
             if ready is not None:
-                return ready
-        strict = self.strict if strict is None else strict
+                return self._unconfirmed(ready) if strict and ready.source in UNCONFIRMED else ready
         if self._forked:
             return self._unavailable(
                 "this ManagerClient was created before fork(); create one in the child", strict
@@ -255,7 +278,17 @@ class ManagerClient:
         if self._outage_logged:
             logger.info("config manager %s reachable again", self.addr)
             self._outage_logged = False
-        return self._decode(raw, step)
+        config = self._decode(raw, step)
+        return self._unconfirmed(config) if strict and config.source in UNCONFIRMED else config
+
+    def _unconfirmed(self, config: Config) -> Config:
+        """A strict call answered with a config the lighthouse did not confirm: raise."""
+        where = "" if config.step is None else f" for step {config.step}"
+        raise ConfigUnavailable(
+            f"config manager {self.addr} has no confirmed config{where} (it answered {config.source}: "
+            "the lighthouse did not answer, or could not promise this step)",
+            config,
+        )
 
     def report(self, step: int, **metrics: float) -> None:
         """Report this rank's values for ``step``, e.g. ``client.report(step, loss=0.71, grad_norm=1.3)``.

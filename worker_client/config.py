@@ -17,10 +17,12 @@ class Config(dict[str, str]):
     ``version``: the lighthouse version (0 for the fallback); ``source``:
     "lighthouse", "cache", "stale" or "fallback"; ``pinned``: whether this is
     the group's snapshot for the step asked for; ``job``: the training job the
-    manager serves ("" when the manager did not say: the fallback of an unreachable one).
+    manager serves ("" when the manager did not say: the fallback of an unreachable one);
+    ``stable_through_step``: the step lease the group held for this answer (its config
+    is the job's for every step up to it), None without one.
     """
 
-    __slots__ = ("job", "pinned", "source", "step", "version")
+    __slots__ = ("job", "pinned", "source", "stable_through_step", "step", "version")
 
     def __init__(
         self,
@@ -31,9 +33,11 @@ class Config(dict[str, str]):
         step: int | None = None,
         pinned: bool = False,
         job: str = "",
+        stable_through_step: int | None = None,
     ) -> None:
         super().__init__(data or {})
         self.job = job
+        self.stable_through_step = stable_through_step
         self.version = version
         self.source = source
         self.step = step

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from protos.jobs import JOB_ENV, check_job_id
-from protos.rpc import seconds
+from protos.rpc import seconds, split_addresses
+from protos.tls import LIGHTHOUSE_TLS_ENVS, TLSConfig, lighthouse_tls_from_env
 from worker_client.client import DEFAULT_TIMEOUT, ConfigUnavailable, ManagerClient
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ def connect(
     timeout: timedelta | float = timedelta(seconds=DEFAULT_TIMEOUT),
     prefetch: bool = False,
     cache_ttl: float | None = None,
+    strict: bool = False,
+    tls: TLSConfig | None = None,
 ) -> ManagerClient:
     """A ``ManagerClient`` to this replica group's manager, started by group rank 0.
 
@@ -60,7 +63,11 @@ def connect(
     ``MASTER_ADDR``/``MASTER_PORT``; a missing one is a ``ValueError`` naming it.
     ``timeout`` bounds the wait for the manager's address (``ConfigUnavailable``
     after it) and is the client's per-call deadline. ``store`` is anything with
-    torch's ``Store`` ``set``/``get``/``wait``.
+    torch's ``Store`` ``set``/``get``/``wait``. ``strict`` makes every call raise
+    ``ConfigUnavailable`` rather than return a config the lighthouse did not confirm
+    (what a torchft job wants: see the README's "Step consistency"). ``tls`` is how
+    the manager dials a TLS lighthouse (its CA, and a client pair for mutual TLS);
+    without it, ``LIGHTHOUSE_CA``, ``LIGHTHOUSE_CERT`` and ``LIGHTHOUSE_KEY`` name the files.
     """
     wait = seconds(timeout, DEFAULT_TIMEOUT)
     deadline = time.monotonic() + wait
@@ -74,12 +81,13 @@ def connect(
         store = _torchrun_store(wait)
     key = store_key(replica_id, job)
     if rank == 0:
-        address = _start_manager(lighthouse, replica_id, job, cache_ttl, deadline)
+        tls = tls if tls is not None else lighthouse_tls_from_env()
+        address = _start_manager(lighthouse, replica_id, job, cache_ttl, tls, deadline)
         store.set(key, address)
     else:
         address = _await_address(store, key, deadline)
     logger.info("rank %d: replica group %s's config manager is %s", rank, replica_id, address)
-    return ManagerClient(address, timeout=wait, group_rank=rank, prefetch=prefetch)
+    return ManagerClient(address, timeout=wait, group_rank=rank, prefetch=prefetch, strict=strict)
 
 
 def store_key(replica_id: str, job: str | None) -> str:
@@ -132,16 +140,27 @@ def _await_address(store: Any, key: str, deadline: float) -> str:
 
 
 def _start_manager(
-    lighthouse: str, replica_id: str, job: str | None, cache_ttl: float | None, deadline: float
+    lighthouse: str,
+    replica_id: str,
+    job: str | None,
+    cache_ttl: float | None,
+    tls: TLSConfig | None,
+    deadline: float,
 ) -> str:
     """Start ``manager serve`` on a free port as our child and return the address it printed."""
+    if tls is not None and tls.ca is None and tls.cert is None:
+        lighthouse = _as_https(lighthouse)  # TLS on the system's roots: https:// says so
     args = [sys.executable, "-m", "manager", "serve", "--lighthouse", lighthouse, "--bind", "[::]:0"]
     args += ["--replica-id", replica_id, "--parent-pid", str(os.getpid())]
     if job is not None:
         args += ["--job", job]
     if cache_ttl is not None:
         args += ["--cache-ttl", str(cache_ttl)]
+    if tls is not None:
+        args += _lighthouse_tls_args(tls)
     env = dict(os.environ)
+    for name in LIGHTHOUSE_TLS_ENVS:  # read into ``tls`` already: the options say it all
+        env.pop(name, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_SOURCE_ROOT, env.get("PYTHONPATH")) if p)
     # stderr is inherited: the manager's log lands where rank 0's does.
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)
@@ -153,6 +172,22 @@ def _start_manager(
     except BaseException:
         _stop(proc)
         raise
+
+
+def _lighthouse_tls_args(tls: TLSConfig) -> list[str]:
+    """``manager serve``'s options for the files of ``tls``."""
+    if tls.server_name is not None:
+        raise ValueError(
+            "connect(tls=...): server_name cannot be passed on to the manager; "
+            "dial a name the lighthouse's certificate holds instead"
+        )
+    files = [("--lighthouse-ca", tls.ca), ("--lighthouse-cert", tls.cert), ("--lighthouse-key", tls.key)]
+    return [item for flag, path in files if path is not None for item in (flag, os.fspath(path))]
+
+
+def _as_https(addresses: str) -> str:
+    """The lighthouse list with every address written ``https://HOST:PORT``."""
+    return ",".join("https://" + a.split("://", 1)[-1] for a in split_addresses(addresses))
 
 
 def _first_line(proc: subprocess.Popen[bytes], deadline: float) -> str:

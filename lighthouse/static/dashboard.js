@@ -1,4 +1,5 @@
-// The dashboard: live config, timeline, pending scheduled changes and the managers, refreshed every 1.5 s.
+// The dashboard: live config, timeline, pending changes (scheduled, or made now and taking effect above the
+// groups' step leases) and the managers with their leases, refreshed every 1.5 s.
 "use strict";
 
 (() => {
@@ -15,6 +16,10 @@
     $("changed-by").textContent = by || "–";
     $("changed-comment").textContent = view.comment || "";
     $("step").textContent = view.current_step >= 0 ? String(view.current_step) : "–";
+    $("step-detail").textContent =
+      view.lease_horizon >= 0
+        ? `promised through step ${view.lease_horizon}: a change made now takes effect after it`
+        : "highest step any manager reported";
     const error = view.file && view.file.error;
     $("file-error").hidden = !error;
     $("file-error-text").textContent = error || "";
@@ -49,6 +54,12 @@
             behind ? el("span", { class: "pill warn" }, "behind") : el("span", { class: "pill ok" }, "current"),
           ),
           el("td", { class: "num" }, m.step >= 0 ? m.step : "–"),
+          el(
+            "td",
+            { class: "num lease" },
+            m.lease_through_step >= 0 ? m.lease_through_step : "–",
+            m.past_lease ? el("span", { class: "pill warn", title: "served steps past its step lease: the fallback, not a confirmed config" }, "past lease") : null,
+          ),
           el("td", { class: "num" }, m.requests),
           el("td", { class: "num" }, ratio),
         );
@@ -63,10 +74,11 @@
   }
 
   let shownScheduled = null;
-  function renderScheduled(items) {
+  function renderScheduled(items, horizon) {
     const pending = items.filter((s) => s.status === "pending");
     const late = items.filter((s) => s.status === "in_effect" && s.late_groups.length);
-    const key = stringify([pending.map((s) => s.version), late.map((s) => s.late_groups)]);
+    const promised = (s) => s.effective_step <= horizon; // the groups were promised its step: final
+    const key = stringify([pending.map((s) => [s.version, promised(s)]), late.map((s) => s.late_groups)]);
     if (key === shownScheduled) return; // keep rows (and a half-confirmed Cancel) as they are
     shownScheduled = key;
     $("scheduled-empty").hidden = pending.length > 0;
@@ -75,12 +87,18 @@
         el(
           "tr",
           { dataset: { version: s.version } },
-          el("td", {}, `v${s.version}`),
+          el("td", {}, `v${s.version}`, el("span", { class: "sub" }, s.scheduled ? "scheduled" : "made now")),
           el("td", { class: "num" }, s.effective_step),
           el("td", { class: "value" }, changeSummary(s)),
           el("td", {}, s.author),
           el("td", {}, s.comment),
-          el("td", {}, confirmButton("Cancel", "Confirm cancel", { class: "danger small", "data-testid": `cancel-${s.version}` }, () => cancel(s.version))),
+          el(
+            "td",
+            {},
+            promised(s)
+              ? el("span", { class: "pill muted", title: "every group was promised this step: it will take effect" }, "promised")
+              : confirmButton("Cancel", "Confirm cancel", { class: "danger small", "data-testid": `cancel-${s.version}` }, () => cancel(s.version)),
+          ),
         ),
       ),
     );
@@ -131,7 +149,7 @@
       ]);
       renderConfig(view.data);
       renderManagers(managers.data.managers, view.data.version);
-      renderScheduled(scheduled.data.scheduled);
+      renderScheduled(scheduled.data.scheduled, view.data.lease_horizon);
       renderTimeline(timeline.data);
       $("conn").className = "conn ok";
       $("conn").textContent = "live";

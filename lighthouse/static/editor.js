@@ -215,10 +215,19 @@
     const described = await api("GET", "/api/config/schema");
     schema = described.ok ? described.data.schema : null;
     const res = await api("GET", "/api/config");
-    loaded = { version: res.data.version, config: res.data.config };
+    // A change made a moment ago takes effect a few steps ahead (above the groups' step leases):
+    // edit the config as it will be then, or saving would undo that change.
+    const upcoming = res.data.upcoming;
+    loaded = { version: res.data.version, config: upcoming ? upcoming.config : res.data.config };
     liveVersion = loaded.version;
     $("editor").value = stringify(loaded.config, "  ");
     $("loaded-version").textContent = `v${loaded.version}`;
+    $("upcoming").hidden = !upcoming;
+    $("upcoming").textContent = upcoming
+      ? `Editing the config as of step ${upcoming.effective_step}, where the latest change takes effect in every group (the job is at step ${res.data.current_step}).`
+      : "";
+    const horizon = res.data.lease_horizon;
+    $("at-step").placeholder = horizon >= 0 ? `now, or ≥ ${horizon + 1}` : "now";
     $("stale").hidden = true;
     onInput();
     await loadHistory();
@@ -233,7 +242,8 @@
     const req = request(false);
     const res = await api(req.method, req.path, req.body, { "If-Match": String(base) });
     if (res.ok) {
-      const when = step.step !== null ? ` It takes effect at step ${step.step}.` : "";
+      const at = res.data.effective_step;
+      const when = at !== null && at !== undefined ? ` It takes effect at step ${at} in every group.` : " It is in effect now.";
       await load();
       $("comment").value = "";
       $("at-step").value = "";

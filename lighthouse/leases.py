@@ -1,0 +1,285 @@
+"""Step leases: what a lighthouse promised the managers of a job, and where a change made now applies.
+
+Every answer to a manager that reports a step carries a horizon H, ``stable_through_step``:
+a promise that the config it carries (with the scheduled changes in it) is the job's config
+for every step up to H. A change made now is committed with an effective step E above every
+horizon ever promised for the job, so every replica group switches at E, whichever lighthouse
+it talks to and whenever its next renewal comes.
+
+Promises outlive the process that made them. A lighthouse promises only up to a *ceiling*
+that is already stored, raised in the background ahead of need (so the gRPC path does not
+wait for a disk or etcd write in steady state). The stored ceilings of the other lighthouses
+on the same store, and of earlier lives of this one, are its *floor*: a bound on every promise
+it does not know of. Its own promises it knows exactly, so its changes take effect at
+
+    E = max(highest horizon promised in this life, floor, job step) + 1
+
+(and at once, as before leases, while the job was never promised a step).
+
+Lease length, per job: ``L = max(min_steps, ceil(rate * seconds)) + extra_steps``, where
+``rate`` is the job's step rate (steps per second of its fastest group, measured from the steps
+managers report) and ``seconds`` what the manager asks for (its cache TTL). A manager renews in
+the background once it is half-way through its lease, so an outage of half a TTL changes
+nothing its workers see, and E lies at most about one TTL plus ``extra_steps`` ahead of the
+fastest group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+NO_LEASE = -1
+OWN_CEILING_AHEAD = 10.0
+SHARED_CEILING_AHEAD = 1.0
+RATE_HALF_LIFE = 10.0  # seconds for a job's measured step rate to halve once its groups slow down
+
+
+@dataclass(frozen=True)
+class LeasePolicy:
+    """The lease-length rule and how far the stored ceiling runs ahead (``lighthouse serve`` flags)."""
+
+    min_steps: int = 4  # a lease is never shorter (the rate is unknown at a job's first steps)
+    extra_steps: int = 2  # on top of the steps the rate gives: slack for the renewal's round trip
+    default_seconds: float = 1.0  # for managers that do not say (releases without leases)
+    # Seconds of steps the stored ceiling runs ahead of the promises: fewer store writes, but
+    # after a restart, or when made through another lighthouse, a change waits up to this much
+    # longer. None: 10 s on a store with one writer (only a restart pays), 1 s on a shared one.
+    ceiling_ahead: float | None = None
+
+    def for_store(self, shared: bool) -> LeasePolicy:
+        """This policy with the ceiling's lead decided for a store (shared by lighthouses or not)."""
+        if self.ceiling_ahead is not None:
+            return self
+        return dataclasses.replace(self, ceiling_ahead=SHARED_CEILING_AHEAD if shared else OWN_CEILING_AHEAD)
+
+    def length(self, rate: float, seconds: float) -> int:
+        """Steps a lease lasts at ``rate`` steps/s for a manager renewing every ``seconds``."""
+        return max(self.min_steps, math.ceil(rate * (seconds or self.default_seconds))) + self.extra_steps
+
+
+@dataclass(frozen=True)
+class CommitWindow:
+    """What a commit may change: nothing at or below ``horizon`` (promised, or maybe promised
+    by another lighthouse); ``now_step`` is where a change made now takes effect (None: at
+    once, nothing was ever promised). ``view`` is the store revision the floor was read at."""
+
+    horizon: int
+    now_step: int | None
+    view: int
+
+
+class LeaseBook(Generic[T]):
+    """The leases of one job in one lighthouse, and the snapshot they are granted with.
+
+    The served snapshot is published here: a promise and the snapshot it is about are read
+    under one lock, so no grant can pair an old snapshot with a horizon past a change being
+    committed (a commit freezes the horizon until its snapshot is published).
+    """
+
+    def __init__(
+        self,
+        policy: LeasePolicy,
+        *,
+        floor: int = NO_LEASE,
+        view: int = 0,
+        floor_grantable: bool,
+        request_ceiling: Callable[[LeaseBook[T]], None] = lambda book: None,
+    ) -> None:
+        self.policy = policy
+        self._cond = threading.Condition(threading.Lock())
+        self._served: T | None = None
+        self._served_version = 0
+        self.granted = NO_LEASE  # highest horizon promised in this life
+        self.floor = floor  # bound on the promises of others and of earlier lives
+        self.view = view
+        # On a store with one writer the floor is this lighthouse's own earlier lives: promising
+        # up to it is safe. On a shared store it may be another lighthouse's: never promise past
+        # our own stored ceiling, that lighthouse commits right above its own promises.
+        self._floor_grantable = floor_grantable
+        self.stored = NO_LEASE  # our own ceiling, durably stored
+        self.wanted = NO_LEASE  # the ceiling asked of the writer
+        self._frozen: int | None = None
+        self._request_ceiling = request_ceiling
+        self.rate = 0.0
+        self._rate_at = time.monotonic()
+        self.ceiling_writes = 0
+
+    # ------------------------------------------------------------ serving
+    def publish(self, served: T, version: int) -> None:
+        """Serve ``served`` (the snapshot of ``version``) from now on."""
+        with self._cond:
+            self._served = served
+            self._served_version = version
+            self._cond.notify_all()
+
+    @property
+    def served_version(self) -> int:
+        return self._served_version
+
+    def grant(self, step: int, seconds: float, wait: float = 0.0) -> tuple[T, int]:
+        """The served snapshot and the horizon promised with it to a group at ``step``.
+
+        NO_LEASE when no promise can cover ``step`` within ``wait`` seconds (the ceiling is not
+        stored yet, or a commit is under way and the group is past every promise).
+        """
+        length = self.policy.length(self.rate, seconds)
+        want = step + length
+        deadline = time.monotonic() + wait
+        request = False
+        while True:
+            with self._cond:
+                limit = max(self.stored, self.floor) if self._floor_grantable else self.stored
+                if self._frozen is not None:
+                    limit = min(limit, self._frozen)
+                headroom = length + math.ceil(self.rate * (self.policy.ceiling_ahead or 0.0))
+                if want > self.wanted - headroom // 2:  # running low: raise ahead of need
+                    self.wanted = want + headroom
+                    request = True
+                remaining = deadline - time.monotonic()
+                if limit >= step or (remaining <= 0 and not request):
+                    horizon = min(want, limit) if limit >= step else NO_LEASE
+                    if horizon > self.granted:
+                        self.granted = horizon
+                    served = self._served
+                    break
+                if not request:  # wait for the writer, or for a commit to end
+                    self._cond.wait(remaining)
+                    continue
+            self._request_ceiling(self)  # outside the lock: a writer may store it at once
+            request = False
+        if request:
+            self._request_ceiling(self)
+        assert served is not None, "publish() before grant()"
+        return served, horizon
+
+    def observe_rate(self, steps_per_second: float) -> None:
+        """A group's measured step rate; the job's is its fastest group's, decaying when they slow."""
+        now = time.monotonic()
+        with self._cond:
+            decayed = self.rate * 0.5 ** ((now - self._rate_at) / RATE_HALF_LIFE)
+            self.rate = max(decayed, steps_per_second)
+            self._rate_at = now
+
+    # ------------------------------------------------------------ commits
+    @property
+    def horizon(self) -> int:
+        """The highest step any group may have been promised (NO_LEASE: none ever)."""
+        return max(self.granted, self.floor)
+
+    def freeze(self, job_step: int) -> CommitWindow:
+        """Start a commit: no grant goes past today's horizon until ``thaw``; where a change made
+        now takes effect."""
+        with self._cond:
+            horizon = max(self.granted, self.floor)
+            self._frozen = horizon
+            now_step = None if horizon == NO_LEASE else max(horizon, job_step) + 1
+            return CommitWindow(horizon, now_step, self.view)
+
+    def window(self, job_step: int) -> CommitWindow:
+        """Like ``freeze`` without freezing (a dry run)."""
+        with self._cond:
+            horizon = max(self.granted, self.floor)
+            now_step = None if horizon == NO_LEASE else max(horizon, job_step) + 1
+            return CommitWindow(horizon, now_step, self.view)
+
+    def thaw(self) -> None:
+        """The commit is over (its snapshot published, or it failed): grants go on."""
+        with self._cond:
+            self._frozen = None
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------ ceilings
+    def ceiling_stored(self, ceiling: int) -> None:
+        with self._cond:
+            self.ceiling_writes += 1
+            if ceiling > self.stored:
+                self.stored = ceiling
+            self._cond.notify_all()
+
+    def raise_floor(self, ceiling: int, view: int) -> None:
+        """Another lighthouse (or an earlier life) stored ``ceiling``, seen at store revision ``view``."""
+        with self._cond:
+            self.floor = max(self.floor, ceiling)
+            self.view = max(self.view, view)
+            self._cond.notify_all()
+
+
+class CeilingWriter:
+    """Stores the lease ceilings of every job of a lighthouse, in the background, one thread.
+
+    ``save(job, ceiling, served_version)`` writes durably; it raises ``retry`` exceptions when
+    the write must wait (the job's head moved past the served version: the new version is
+    served first) and other exceptions when the store cannot write now (backed off).
+    """
+
+    PAUSE = 0.02  # between two rounds: requests arriving meanwhile are written together
+    BACKOFF_MAX = 2.0
+
+    def __init__(
+        self,
+        save: Callable[[str, int, int], None],
+        *,
+        retry: tuple[type[BaseException], ...],
+        unavailable: tuple[type[BaseException], ...],
+    ) -> None:
+        self._save = save
+        self._retry = retry
+        self._unavailable = unavailable
+        self._lock = threading.Lock()
+        self._queue: dict[str, LeaseBook[object]] = {}
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-ceilings", daemon=True)
+        self._thread.start()
+
+    def request(self, job: str, book: LeaseBook[object]) -> None:
+        with self._lock:
+            self._queue[job] = book
+        self._wake.set()
+
+    def _run(self) -> None:
+        pause = self.PAUSE
+        while not self._stopping.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                batch, self._queue = self._queue, {}
+            failed = False
+            for job, book in batch.items():
+                ceiling = book.wanted
+                if ceiling <= book.stored:
+                    continue
+                try:
+                    self._save(job, ceiling, book.served_version)
+                except self._retry:  # the job changed elsewhere: serve that change, then raise
+                    self.request(job, book)
+                    continue
+                except self._unavailable as exc:
+                    logger.warning("job %s: step-lease ceiling not stored yet: %s", job, exc)
+                    self.request(job, book)
+                    failed = True
+                    continue
+                except Exception:
+                    logger.exception("job %s: storing the step-lease ceiling failed", job)
+                    self.request(job, book)
+                    failed = True
+                    continue
+                book.ceiling_stored(ceiling)
+            pause = min(pause * 2, self.BACKOFF_MAX) if failed else self.PAUSE
+            self._stopping.wait(pause)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout=5)

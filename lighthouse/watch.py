@@ -1,0 +1,166 @@
+"""Push: the lighthouse's side of ``WatchConfig``, one stream per manager, on the gRPC event loop.
+
+A stream is one coroutine waiting on one event, which three things set: a request
+of its manager (a status report or a step-lease renewal, answered at once), a new
+snapshot of its job (sent at once; versions committed meanwhile coalesce into the
+newest, so a slow manager never has more than one reply queued here), and the
+keep-alive timer. Writes are flow-controlled per stream: a manager that does not
+read holds up its own stream only. Idle, a stream costs a coroutine, a reader
+task and a keep-alive message every ``keepalive`` seconds.
+
+Every reply is built by ``LighthouseState.answer`` exactly as for ``GetConfig``
+(same bytes, same step lease), plus ``keepalive_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from functools import partial
+
+import grpc
+
+from lighthouse.jobs import JobRegistry, TooManyJobs
+from lighthouse.state import MAX_LEASE_WAIT, LighthouseState
+from protos import lighthouse_config_pb2 as pb
+from protos.jobs import DEFAULT_JOB, InvalidJobId
+from protos.rpc import varint_field
+
+logger = logging.getLogger(__name__)
+
+KEEPALIVE = 10.0  # seconds: at least one message this often on every stream
+MAX_QUEUED_REQUESTS = 64  # a manager sending faster than it is answered: older reports are dropped
+_KEEPALIVE_MS = pb.LighthouseConfigResponse.KEEPALIVE_MS_FIELD_NUMBER
+EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # what read() returns at the stream's end
+
+
+class _Stream:
+    """One manager's open stream."""
+
+    __slots__ = ("closed", "keepalive_due", "peer", "replica", "request", "requests", "sent", "step", "wake")
+
+    def __init__(self, first: pb.LighthouseConfigRequest, peer: str) -> None:
+        self.peer = peer
+        self.replica = first.status.replica_id or peer
+        self.wake = asyncio.Event()
+        self.requests: list[pb.LighthouseConfigRequest] = [first]
+        self.request = first  # the latest: its lease seconds and replica id serve pushes too
+        self.sent = (first.known_version, first.known_state_id)  # what the manager holds
+        self.step = -1  # the step its lease should cover, from its latest request
+        self.keepalive_due = False
+        self.closed = False
+
+
+class WatchService:
+    """Every open push stream of a lighthouse, by job; lives on the gRPC server's event loop."""
+
+    def __init__(self, jobs: JobRegistry, keepalive: float = KEEPALIVE) -> None:
+        self.jobs = jobs
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's, known from the first stream on
+        self.keepalive = keepalive
+        self._keepalive_field = varint_field(_KEEPALIVE_MS, round(keepalive * 1000))
+        self._streams: dict[str, set[_Stream]] = defaultdict(set)
+        jobs.on_served(self._served)
+
+    def streams(self, job: str) -> int:
+        """Open streams of ``job`` (for /metrics; read from any thread)."""
+        return len(self._streams.get(job, ()))
+
+    def _served(self, job: str) -> None:
+        """A new snapshot of ``job`` (from any thread: a commit, another lighthouse's change)."""
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake_job, job)
+
+    def _wake_job(self, job: str) -> None:
+        for stream in self._streams.get(job, ()):
+            stream.wake.set()
+
+    async def watch(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+        """The ``WatchConfig`` handler."""
+        self.loop = asyncio.get_running_loop()
+        first = await context.read()
+        if first is EOF:
+            return
+        job = first.job or DEFAULT_JOB
+        state = self.jobs.get(job) or await self._serve_job(first.job, context)
+        stream = _Stream(first, context.peer())
+        streams = self._streams[job]
+        streams.add(stream)
+        reader = asyncio.create_task(self._read(context, stream))
+        opened = False
+        try:
+            while True:
+                reply = await self._reply(state, stream)
+                if reply is not None:
+                    await context.write(reply[0] + self._keepalive_field)
+                    if not opened:  # the first request made its manager known: count its stream
+                        state.watched(stream.replica, 1, reply[1])
+                        opened = True
+                    else:
+                        state.watched(stream.replica, 0, reply[1])
+                if stream.closed:
+                    return
+                try:
+                    async with asyncio.timeout(self.keepalive):
+                        await stream.wake.wait()
+                except TimeoutError:
+                    stream.keepalive_due = True
+                stream.wake.clear()
+        finally:
+            reader.cancel()
+            streams.discard(stream)
+            if not streams:
+                self._streams.pop(job, None)
+            if opened:
+                state.watched(stream.replica, -1)
+
+    async def _serve_job(self, job: str, context: grpc.aio.ServicerContext) -> LighthouseState:
+        """A job this lighthouse does not hold yet (opened from the store, off the loop), or abort."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, self.jobs.serve, job)
+        except InvalidJobId as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except TooManyJobs as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        raise AssertionError("context.abort raises")
+
+    async def _read(self, context: grpc.aio.ServicerContext, stream: _Stream) -> None:
+        """The manager's requests, queued for the stream; its end (or a broken stream) closes it."""
+        try:
+            while True:
+                request = await context.read()
+                if request is EOF:
+                    break
+                stream.requests.append(request)
+                del stream.requests[:-MAX_QUEUED_REQUESTS]
+                stream.wake.set()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass
+        finally:
+            stream.closed = True
+            stream.wake.set()
+
+    async def _reply(self, state: LighthouseState, stream: _Stream) -> tuple[bytes, int] | None:
+        """What to send now: an answer to the manager's requests, else a new version or a keep-alive."""
+        requests, stream.requests = stream.requests, []
+        for request in requests:  # every report counts (its step switches, its counters)
+            stream.step = state.receive(request, stream.peer, stream=True)
+            stream.request = request
+        snapshot = state.snapshot
+        changed = stream.sent != (snapshot.version, state.store.state_id)
+        if not requests and not changed and not stream.keepalive_due:
+            return None
+        stream.keepalive_due = False
+        answer = partial(
+            state.answer, stream.sent[0], stream.sent[1], stream.step, stream.request, stream.peer
+        )
+        reply = answer()
+        if reply is None:  # the lease needs a wait (a first ceiling write, a commit): not on the loop
+            reply = await asyncio.get_running_loop().run_in_executor(
+                None, partial(answer, wait=MAX_LEASE_WAIT)
+            )
+        if reply is not None:
+            stream.sent = (reply[1], state.store.state_id)
+        return reply

@@ -1,0 +1,146 @@
+"""The manager's ``WatchConfig`` stream: the lighthouse pushes every new version the moment it is committed.
+
+While the stream is live the manager's snapshot is always the newest, so the cache TTL no
+longer bounds how fast a change arrives; the manager's reports and step-lease renewals travel
+on the same stream. Whenever it is not live (the lighthouse is down, hung, or an older release
+without ``WatchConfig``), the manager polls ``GetConfig`` as before: ``live`` says which.
+
+One thread per manager holds the stream: it sends what ``send`` queues and hands every reply
+to ``on_reply``. A stream that ends or fails is opened again (to the lighthouse the client uses
+now, so failover moves it too) after a short backoff, resuming from the version the manager holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from lighthouse.client import LighthouseClient
+from protos import lighthouse_config_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+RETRY_MIN = 0.1  # seconds before opening a failed stream again, doubling up to RETRY_MAX
+RETRY_MAX = 2.0
+RETRY_UNSUPPORTED = 60.0  # a lighthouse without WatchConfig: polled; asked again this much later
+
+
+class PushStream:
+    """``first_request()`` opens each stream (the version held, the status); ``on_reply`` takes every
+    message; ``on_down(reason)`` is told when a live stream ended."""
+
+    def __init__(
+        self,
+        client: LighthouseClient,
+        first_request: Callable[[], pb.LighthouseConfigRequest],
+        on_reply: Callable[[pb.LighthouseConfigResponse], None],
+        on_down: Callable[[str], None],
+    ) -> None:
+        self._client = client
+        self._first_request = first_request
+        self._on_reply = on_reply
+        self._on_down = on_down
+        self._requests: queue.SimpleQueue[pb.LighthouseConfigRequest | None] | None = None
+        self._call: grpc.CallIterator[pb.LighthouseConfigResponse] | None = None
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self.live = False  # a stream is open and has answered
+        self.last_message = float("-inf")  # monotonic time of the last message received
+        self.keepalive = 0.0  # the lighthouse's keep-alive interval (seconds), from its messages
+        self.unsupported_until = float("-inf")  # the lighthouse has no WatchConfig until then
+        self._thread = threading.Thread(target=self._run, name="manager-push", daemon=True)
+        self._thread.start()
+
+    def send(self, request: pb.LighthouseConfigRequest) -> bool:
+        """Queue ``request`` on the live stream; False when there is none (poll instead)."""
+        with self._lock:
+            requests = self._requests if self.live else None
+        if requests is None:
+            return False
+        requests.put(request)
+        return True
+
+    def silent_for(self) -> float:
+        """Seconds since the stream last said anything."""
+        return time.monotonic() - self.last_message
+
+    def reset(self, why: str) -> None:
+        """End the stream (it is silent past its deadline): the manager polls, and a new one opens."""
+        with self._lock:
+            call = self._call
+        if call is not None:
+            logger.warning("push stream from %s dropped: %s", self._client.current, why)
+            call.cancel()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
+        self._thread.join(timeout=5)
+
+    # ------------------------------------------------------------------ the stream's thread
+    def _run(self) -> None:
+        retry = RETRY_MIN
+        while not self._stopped.is_set():
+            wait = self.unsupported_until - time.monotonic()
+            if wait > 0:
+                self._stopped.wait(wait)
+                continue
+            answered = self._stream_once()
+            retry = RETRY_MIN if answered else min(retry * 2, RETRY_MAX)
+            self._stopped.wait(retry)
+
+    def _stream_once(self) -> bool:
+        """One stream, until it ends; whether the lighthouse answered on it."""
+        requests: queue.SimpleQueue[pb.LighthouseConfigRequest | None] = queue.SimpleQueue()
+        requests.put(self._first_request())
+        call = self._client.watch(_until_none(requests))
+        with self._lock:
+            self._requests, self._call = requests, call
+        answered = False
+        why = "ended"
+        try:
+            for reply in call:
+                self.last_message = time.monotonic()
+                self.keepalive = reply.keepalive_ms / 1000
+                if not answered:
+                    answered = True
+                    with self._lock:
+                        self.live = True
+                    logger.info("push stream from %s open", self._client.current)
+                self._on_reply(reply)
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            why = code.name if code is not None else str(exc)
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                self.unsupported_until = time.monotonic() + RETRY_UNSUPPORTED
+                logger.info(
+                    "lighthouse %s has no push streams (an older release): polling it",
+                    self._client.current,
+                )
+        finally:
+            with self._lock:
+                self.live = False
+                self._requests = self._call = None
+            requests.put(None)  # ends the request iterator gRPC reads from
+        if answered:
+            self._on_down(why)
+        return answered
+
+
+def _until_none(
+    requests: queue.SimpleQueue[pb.LighthouseConfigRequest | None],
+) -> Iterator[pb.LighthouseConfigRequest]:
+    """The requests of one stream, as gRPC reads them (on its own thread), until None."""
+    while True:
+        request = requests.get()
+        if request is None:
+            return
+        yield request

@@ -1,0 +1,224 @@
+"""A lighthouse that hangs (SIGSTOP, or a server whose handlers never return) costs its managers at
+most one slow call: the call is hedged to the next lighthouse within the same deadline, and the
+manager stays on the one that answered. No worker gets the fallback while a listed lighthouse
+answers."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from lighthouse.client import HEDGE_FRACTION, LighthouseClient
+from protos.rpc import format_address, start_server
+from tests.etcd_cluster import EtcdCluster
+from tests.http_util import change, live, wait_healthy
+from tests.procs import LighthouseProc, ProcessPool, metric, poll, records_so_far
+from worker_client import ManagerClient
+
+CONFIG = {"lr": 0.25}
+LIGHTHOUSE_TIMEOUT = 1.0  # the manager's --lighthouse-timeout in these tests (its default)
+# A hung lighthouse is asked once, and once more beside the next one when it has not answered
+# within the hedge delay (one that is only slow may still answer first).
+ASKED_TWICE = ["GetConfig", "GetConfig"]
+
+
+class StuckLighthouse:
+    """A real gRPC server on the lighthouse's service whose handlers never answer (until closed).
+
+    Its connections complete the HTTP/2 handshake and answer pings (gRPC's core does both), so a
+    client sees a healthy connection and calls that never end: a lighthouse that hangs.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self._release = threading.Event()
+
+        def stuck(name: str) -> grpc.RpcMethodHandler:
+            def handler(request: bytes, context: grpc.ServicerContext) -> bytes:
+                self.calls.append(name)
+                self._release.wait()
+                context.abort(grpc.StatusCode.UNAVAILABLE, "stuck lighthouse closed")
+                raise AssertionError("abort raises")
+
+            return grpc.unary_unary_rpc_method_handler(handler)
+
+        service = grpc.method_handlers_generic_handler(
+            "lighthouse_config.LighthouseService",
+            {"GetConfig": stuck("GetConfig"), "Heartbeat": stuck("Heartbeat")},
+        )
+        self._server, port = start_server("127.0.0.1:0", [service], max_workers=16)
+        self.address = format_address("127.0.0.1", port)
+
+    def close(self) -> None:
+        self._release.set()
+        self._server.stop(0).wait()
+
+
+@pytest.fixture
+def stuck() -> Iterator[Callable[[], StuckLighthouse]]:
+    """Makes stuck lighthouses; all are closed when the test ends."""
+    made: list[StuckLighthouse] = []
+
+    def make() -> StuckLighthouse:
+        made.append(StuckLighthouse())
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for server in made:
+            server.close()
+
+
+def replica_starting_on(addresses: str, first: str) -> str:
+    """A replica id whose manager starts on ``first`` (the id picks where a manager starts)."""
+    for i in range(1000):
+        with LighthouseClient(addresses, spread_key=f"group{i}") as client:
+            if client.current == first:
+                return f"group{i}"
+    raise AssertionError(f"no replica id starts on {first}")
+
+
+def test_a_hung_lighthouse_costs_one_hedge_then_nothing(
+    procs: ProcessPool, stuck: Callable[[], StuckLighthouse]
+) -> None:
+    lh, hung = procs.lighthouse(CONFIG), stuck()
+    timeout = 2.0
+    with LighthouseClient(f"{hung.address},{lh.address}") as client:
+        grpc.channel_ready_future(client._endpoints[0].channel).result(timeout=10)  # handshake done
+        started = time.monotonic()
+        assert client.get_config(timeout=timeout) == {"lr": "0.25"}
+        elapsed = time.monotonic() - started
+        assert elapsed >= HEDGE_FRACTION * timeout  # the stuck one was given its fraction first
+        assert elapsed < timeout  # and the answer came within the same deadline
+        assert client.current == lh.address
+        assert hung.calls == ASKED_TWICE
+        for _ in range(5):  # it stays on the lighthouse that answered: the stuck one is not asked again
+            assert client.get_config(timeout=timeout) == {"lr": "0.25"}
+        assert hung.calls == ASKED_TWICE
+
+
+def test_each_hung_lighthouse_gets_a_fraction_of_the_deadline(
+    procs: ProcessPool, stuck: Callable[[], StuckLighthouse]
+) -> None:
+    lh, first, second = procs.lighthouse(CONFIG), stuck(), stuck()
+    timeout = 2.0
+    with LighthouseClient(f"{first.address},{second.address},{lh.address}") as client:
+        started = time.monotonic()
+        assert client.get_config(timeout=timeout) == {"lr": "0.25"}
+        assert time.monotonic() - started < timeout
+        assert client.current == lh.address
+    assert (first.calls, second.calls) == (ASKED_TWICE, ["GetConfig"])
+
+
+def test_when_every_lighthouse_hangs_the_call_ends_at_its_deadline(
+    stuck: Callable[[], StuckLighthouse],
+) -> None:
+    first, second = stuck(), stuck()
+    timeout = 1.0
+    with LighthouseClient(f"{first.address},{second.address}") as client:
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err:
+            client.get_config(timeout=timeout)
+        elapsed = time.monotonic() - started
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert timeout * 0.9 <= elapsed < timeout + 2.0  # bounded by the deadline, plus a margin
+        assert client.current == first.address  # nothing answered: no reason to move
+    assert (first.calls, second.calls) == (ASKED_TWICE, ["GetConfig"])
+
+
+def test_a_manager_starting_on_a_hung_lighthouse_serves_the_live_config(
+    procs: ProcessPool, stuck: Callable[[], StuckLighthouse]
+) -> None:
+    lh, hung = procs.lighthouse(CONFIG), stuck()
+    addresses = f"{hung.address},{lh.address}"
+    replica = replica_starting_on(addresses, hung.address)
+    m = procs.manager(addresses, replica, cache_ttl=0.2, lighthouse_timeout=LIGHTHOUSE_TIMEOUT)
+    with ManagerClient(m.address, timeout=10) as client:
+        started = time.monotonic()
+        first = client.get_config()
+        elapsed = time.monotonic() - started
+    # The manager's first fetch hung on the stuck lighthouse and was hedged to the live one: the
+    # first worker call waits for it, within the manager's deadline, and gets the live config.
+    assert first.source in {"lighthouse", "cache"}, first.source
+    assert dict(first) == {"lr": "0.25"}
+    assert elapsed < LIGHTHOUSE_TIMEOUT + 0.5, elapsed
+    assert "GetConfig" in hung.calls  # it really started on the stuck one
+    worker = procs.worker(m.address, group="g", rank=0, steps=150, step_interval=0.01)
+    poll(lambda: worker.lines() and worker.seen[-1] == "done", 60, what="worker done")
+    records = records_so_far(worker)
+    assert len(records) == 150
+    assert {r["source"] for r in records} <= {"lighthouse", "cache"}
+    assert all(r["config"] == {"lr": "0.25"} for r in records)
+    assert hung.calls == ASKED_TWICE  # then never again
+    assert f"now using lighthouse {lh.address}" in m.stderr()
+
+
+def store_url(cluster: EtcdCluster) -> str:
+    return f"etcd://{cluster.endpoints}/test-hang/{uuid.uuid4().hex}"
+
+
+def get_config_calls(lh: LighthouseProc) -> float:
+    return metric(lh.url, "lighthouse_get_config_calls_total")
+
+
+def settled_calls(lh: LighthouseProc) -> float:
+    """The lighthouse's GetConfig count once it stopped moving (a resumed process first drains the
+    calls that queued up while it was stopped)."""
+    seen: list[float] = []
+
+    def stable() -> bool:
+        seen.append(get_config_calls(lh))
+        return len(seen) >= 3 and seen[-1] == seen[-3]
+
+    poll(stable, 10, interval=0.2, what="the call count to settle")
+    return seen[-1]
+
+
+def test_sigstop_of_the_lighthouse_in_use_serves_no_fallback_and_the_manager_stays_moved(
+    procs: ProcessPool, etcd1: EtcdCluster, tmp_path: Path
+) -> None:
+    store = store_url(etcd1)
+    a, b = (procs.lighthouse(store=store) for _ in range(2))
+    for lh in (a, b):
+        wait_healthy(lh.url)
+    change(a.url, "PUT", CONFIG)
+    poll(lambda: live(b.url)["version"] == 1, 5, what="b at version 1")
+    addresses = f"{a.address},{b.address}"
+    m = procs.manager(
+        addresses,
+        replica_starting_on(addresses, a.address),
+        cache_ttl=0.5,
+        lighthouse_timeout=LIGHTHOUSE_TIMEOUT,
+    )
+    worker = procs.worker(m.address, group="g", rank=0, steps=100_000, step_interval=0.01)
+    poll(lambda: len(records_so_far(worker)) > 30, 20, what="worker steps")
+    poll(lambda: get_config_calls(a) > 0, 10, what="the manager on lighthouse a")
+
+    a.signal(signal.SIGSTOP)  # a frozen host: connections stay open, nothing answers
+    stopped_at = len(records_so_far(worker))
+    poll(lambda: f"now using lighthouse {b.address}" in m.stderr(), 10, what="the manager on b")
+    poll(lambda: len(records_so_far(worker)) > stopped_at + 150, 30, what="steps while a is stopped")
+    a.signal(signal.SIGCONT)
+    wait_healthy(a.url)
+
+    a_calls = settled_calls(a)
+    b_calls = get_config_calls(b)
+    poll(lambda: get_config_calls(b) >= b_calls + 4, 20, what="four more fetches from b")
+    assert get_config_calls(a) == a_calls, "the manager went back to the resumed lighthouse"
+    worker.stop()
+
+    records = records_so_far(worker)
+    sources = {r["source"] for r in records}
+    assert "fallback" not in sources, [r for r in records if r["source"] == "fallback"][:3]
+    assert all(r["config"] == {"lr": "0.25"} for r in records)
+    slow = [r["elapsed"] for r in records if r["elapsed"] > LIGHTHOUSE_TIMEOUT]
+    assert len(slow) <= 1, slow
+    assert f"now using lighthouse {a.address}" not in m.stderr()

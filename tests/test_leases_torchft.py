@@ -1,0 +1,270 @@
+"""Changes made now reach every torchft replica group at one step: real torchrun jobs, torchft's lighthouse.
+
+Two replica groups (one ``torchrun`` each, 2 ranks, gloo) train ``examples/train_ddp.py
+--torchft`` and average their gradients every step through torchft. Meanwhile an operator
+thread makes 40 changes of lr and momentum at random moments, through every path there is:
+an API PATCH, a PUT with If-Match as the editor sends it, the CLI's ``config set``, a rollback
+and an edit of the config file. The example itself all-reduces the values it used across
+the groups and stops on a spread; here, from the records every rank prints:
+
+* at every step both groups ran, they used the same lr and momentum;
+* each change's new value is first used, in every group, at the effective step its
+  reply (or the history) names;
+* both groups end with the same parameters (a hash of them).
+
+Variants: the lighthouse SIGKILLed and restarted on its state directory halfway through;
+two lighthouses on one etcd prefix, one group on each, changes made through both.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.etcd_cluster import EtcdCluster
+from tests.http_steps import call
+from tests.http_util import call as http_call
+from tests.http_util import wait_healthy
+from tests.procs import ROOT, LighthouseProc, ProcessPool, child_env, poll
+from tests.torchrun_jobs import EXAMPLE, finish, max_step, records, torchrun
+
+pytestmark = pytest.mark.slow
+
+CHANGES = 40
+STEPS = 520
+STEP_TIME = 0.03
+Record = dict[str, Any]
+
+
+def torchft_lighthouse(procs: ProcessPool) -> str:
+    """torchft's own (Rust) lighthouse, which forms the quorum across groups: its URL."""
+    binary = shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse")
+    args = ["--min_replicas", "1", "--bind", "127.0.0.1:0", "--join_timeout_ms", "500"]
+    ft = procs.spawn([binary, *args, "--heartbeat_timeout_ms", "1000"], "torchft-lighthouse")
+    found = poll(
+        lambda: re.search(r"listening on: http://[^:\s]+:(\d+)", ft.stderr()), 20, what="torchft lighthouse"
+    )
+    return f"http://127.0.0.1:{found.group(1)}"
+
+
+class Operator:
+    """Makes the changes, each through the next path, at random moments; remembers each one."""
+
+    PATHS = ("patch", "put_if_match", "cli", "rollback", "file")
+
+    def __init__(self, urls: list[str], config_file: Path, seed: int) -> None:
+        self.urls = urls
+        self.config_file = config_file
+        self.rng = random.Random(seed)
+        self.made: list[dict[str, Any]] = []  # path, lr, momentum, and from the reply version, effective_step
+        self.errors: list[BaseException] = []
+        self.fault_at = CHANGES  # the index of the first change made after the fault (none: CHANGES)
+
+    def run(self, count: int, on_half: Any = None) -> None:
+        try:
+            for i in range(count):
+                if on_half is not None and i == count // 2:
+                    on_half()
+                    self.fault_at = i
+                threading.Event().wait(self.rng.uniform(0.1, 0.7))  # a random moment (nothing to wait for)
+                self.change(i)
+        except BaseException as exc:  # reported by the test, not lost with the thread
+            self.errors.append(exc)
+
+    def change(self, i: int) -> None:
+        path = self.PATHS[i % len(self.PATHS)]
+        url = self.urls[i % len(self.urls)]
+        lr = round(0.001 * (i + 1) + 0.0001 * self.rng.randint(1, 9), 6)  # never used before
+        momentum = round(self.rng.choice([0.0, 0.5, 0.9]), 2)
+        entry: dict[str, Any] = {"path": path, "lr": lr, "momentum": momentum, "index": i}
+        if path == "patch":
+            reply = call(url, "PATCH", "/api/config", {"lr": lr, "momentum": momentum})
+        elif path == "put_if_match":  # what the editor does: read, edit, save with the version read
+            live = call(url, "GET", "/api/config")
+            body = {**live["config"], "lr": lr, "momentum": momentum}
+            result = http_call(url, "PUT", "/api/config", body, headers={"If-Match": str(live["version"])})
+            assert result.status == 200, result.body
+            reply = json.loads(result.body)
+        elif path == "cli":
+            command = ["config", "set", f"lr={lr}", f"momentum={momentum}", "--url", url]
+            out = subprocess.run(
+                [sys.executable, "-m", "lighthouse", *command],
+                capture_output=True,
+                text=True,
+                env=child_env(),
+                cwd=str(ROOT),
+                timeout=60,
+            )
+            assert out.returncode == 0, out.stderr
+            found = re.search(r"version (\d+) \(takes effect at step ([\d,]+)", out.stdout)
+            assert found, out.stdout
+            reply = {"version": int(found.group(1)), "effective_step": int(found.group(2).replace(",", ""))}
+        elif path == "rollback":  # back to a version made earlier: its values are not new
+            versions = [m["version"] for m in self.made if "version" in m]
+            target = self.rng.choice(versions) if versions else 1
+            reply = call(url, "POST", "/api/config/rollback", {"version": target})
+            entry["lr"] = entry["momentum"] = None
+        else:  # the config file, as an operator edits it; the lighthouse reloads it
+            self.config_file.write_text(json.dumps({"lr": lr, "momentum": momentum}))
+            self.made.append(entry)
+            return
+        entry["version"] = reply["version"]
+        entry["effective_step"] = reply["effective_step"]
+        self.made.append(entry)
+
+
+def step_values(recs: list[Record]) -> dict[int, set[tuple[float, float]]]:
+    """The (lr, momentum) a group used at each step, over its ranks and retries of the step."""
+    out: dict[int, set[tuple[float, float]]] = defaultdict(set)
+    for r in recs:
+        out[r["step"]].add((r["lr"], r["momentum"]))
+    return out
+
+
+def first_use(recs: list[Record], lr: float) -> int | None:
+    steps = [r["step"] for r in recs if r["lr"] == lr]
+    return min(steps) if steps else None
+
+
+def check_run(
+    groups: dict[str, list[Record]],
+    params: dict[str, set[str]],
+    operator: Operator,
+    history: list[Record],
+    min_checked: int = CHANGES // 3,
+) -> None:
+    """The run's properties (see the module docstring). ``min_checked``: changes whose switch step
+    must be seen (changes made within one lease share an effective step: only the last shows)."""
+    assert not operator.errors, operator.errors
+    assert len(operator.made) == CHANGES
+    values = {g: step_values(recs) for g, recs in groups.items()}
+    a, b = values.values()
+    common = sorted(set(a) & set(b))
+    assert len(common) > STEPS // 2, "the groups did not train side by side"
+    spread = [(s, a[s], b[s]) for s in common if a[s] != b[s] or len(a[s]) != 1]
+    assert not spread, f"steps at which the groups used different values: {spread[:5]}"
+    # Each change switched every group at its effective step (a file edit's: from the history).
+    by_version = {h["version"]: h for h in history}
+    file_versions = {
+        json.dumps(h["change"], sort_keys=True): h["version"] for h in history if h["source"] == "file"
+    }
+    checked = checked_after_fault = 0
+    last = min(max(v) for v in (a, b))
+    for entry in operator.made:
+        if entry["lr"] is None:
+            continue  # a rollback's values were used before
+        if entry["path"] == "file":
+            key = json.dumps({"lr": entry["lr"], "momentum": entry["momentum"]}, sort_keys=True)
+            version = file_versions[key]
+        else:
+            version = entry["version"]
+            assert by_version[version]["effective_step"] == entry["effective_step"], entry
+        at = by_version[version]["effective_step"]
+        assert at is not None and not by_version[version]["scheduled"], by_version[version]
+        later_same_step = [
+            h for h in history if h["effective_step"] == at and h["version"] > version and h["op"] != "cancel"
+        ]
+        if at > last or later_same_step or by_version[version]["cancelled"]:
+            continue  # not reached in the run, replaced at its step by a later change, or withdrawn
+            # (a rollback cancels pending changes made after its target, unless already promised)
+        for group, recs in groups.items():
+            assert first_use(recs, entry["lr"]) == at, (group, entry, at)
+        checked += 1
+        checked_after_fault += entry["index"] >= operator.fault_at
+    assert checked >= min_checked, f"only {checked} changes took effect within the run"
+    if operator.fault_at < CHANGES:
+        assert checked_after_fault >= 2, f"only {checked_after_fault} changes after the fault took effect"
+    hashes = set().union(*params.values())
+    assert len(hashes) == 1, f"the groups ended with different parameters: {params}"
+
+
+def run_job(
+    procs: ProcessPool,
+    lighthouses: list[str],
+    urls: list[str],
+    config_file: Path,
+    seed: int,
+    on_half: Any = None,
+    cache_ttl: float = 1.0,
+    steps: int = STEPS,
+) -> tuple[dict[str, list[Record]], dict[str, set[str]], Operator]:
+    env = {"TORCHFT_LIGHTHOUSE": torchft_lighthouse(procs)}
+    groups = {}
+    for group, lighthouse in enumerate(lighthouses):
+        args = ["--torchft", "--lighthouse", lighthouse, "--steps", str(steps), "--cache-ttl", str(cache_ttl)]
+        args += ["--step-time", str(STEP_TIME), "--gloo-timeout", "10", "--timeout", "10"]
+        groups[str(group)] = torchrun(procs, group, EXAMPLE, args, env)
+    poll(lambda: all(max_step(p) >= 20 for p in groups.values()), 120, what="both groups training")
+    operator = Operator(urls, config_file, seed)
+    editor = threading.Thread(target=operator.run, args=(CHANGES, on_half), daemon=True)
+    editor.start()
+    editor.join(timeout=240)
+    assert not editor.is_alive(), "the operator did not finish its changes"
+    done = {g: finish(p, timeout=240) for g, p in groups.items()}
+    params = {g: {r["sha"] for r in records(p, "params")} for g, p in groups.items()}
+    assert all(len(p) == 1 for p in params.values()), params  # ranks of a group agree
+    return done, params, operator
+
+
+def history(url: str) -> list[Record]:
+    versions: list[Record] = call(url, "GET", "/api/config/history?limit=1000")["versions"]
+    return versions
+
+
+def test_changes_made_now_switch_both_torchft_groups_at_one_step(procs: ProcessPool, tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    lh = procs.lighthouse({"lr": 0.01, "momentum": 0.0}, config_path=config)
+    wait_healthy(lh.url)
+    groups, params, operator = run_job(procs, [lh.address] * 2, [lh.url], config, seed=16)
+    check_run(groups, params, operator, history(lh.url))
+
+
+def test_the_same_with_the_lighthouse_sigkilled_and_restarted_on_its_state(
+    procs: ProcessPool, tmp_path: Path
+) -> None:
+    config, state = tmp_path / "config.json", tmp_path / "state"
+    extra = ["--lease-ceiling-ahead", "2"]  # so the changes after the restart land within the run
+    lh = procs.lighthouse({"lr": 0.01, "momentum": 0.0}, config_path=config, state_dir=state, extra=extra)
+    wait_healthy(lh.url)
+    holder: list[LighthouseProc] = [lh]
+
+    def crash() -> None:
+        holder[0].signal(signal.SIGKILL)
+        holder[0].wait(10)
+        holder[0] = procs.restart_lighthouse(holder[0], state_dir=state, config_path=config, extra=extra)
+
+    # A lease of 5 s of steps, renewed half-way, outlasts the restart: the groups keep training
+    # through it (and run longer, so that the changes made after it, each about a lease ahead,
+    # take effect within the run).
+    groups, params, operator = run_job(
+        procs, [lh.address] * 2, [lh.url], config, seed=17, on_half=crash, cache_ttl=5.0, steps=2 * STEPS
+    )
+    check_run(groups, params, operator, history(holder[0].url), min_checked=6)
+
+
+def test_the_same_with_two_lighthouses_on_one_etcd_prefix(
+    procs: ProcessPool, tmp_path: Path, etcd1: EtcdCluster
+) -> None:
+    import uuid
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"lr": 0.01, "momentum": 0.0}))
+    store = f"etcd://{etcd1.endpoints}/torchft-leases/{uuid.uuid4().hex}"
+    a = procs.lighthouse(store=store, config_path=config)  # the file is a's; edits go through both
+    b = procs.lighthouse(store=store)
+    for lh in (a, b):
+        wait_healthy(lh.url)
+    poll(lambda: call(b.url, "GET", "/api/config")["version"] >= 1, 10, what="b serving the file's version")
+    groups, params, operator = run_job(procs, [a.address, b.address], [a.url, b.url], config, seed=18)
+    check_run(groups, params, operator, history(a.url))

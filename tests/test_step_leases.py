@@ -1,0 +1,334 @@
+"""Step leases: a change made now takes effect at one step in every replica group.
+
+The store-level tests drive ``ConfigStore`` and its ``LeaseBook`` directly; the
+rest run the real lighthouse, managers and worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lighthouse.leases import NO_LEASE, LeaseBook, LeasePolicy
+from lighthouse.sqlite_backend import SqliteBackend
+from lighthouse.store import ConfigStore, Edit, StepPromised
+from tests.http_steps import call, change, scheduled
+from tests.http_util import call as http_call
+from tests.http_util import live, wait_healthy
+from tests.procs import (
+    ROOT,
+    Proc,
+    ProcessPool,
+    child_env,
+    poll,
+    records_so_far,
+    worker_records,
+)
+
+Record = dict[str, Any]
+
+
+# ------------------------------------------------------------------ the store and its lease book
+
+
+def store_with_ceilings(path: Path | None = None, **kw: Any) -> ConfigStore:
+    """A store whose ceiling writes are stored at once (the lighthouse does it in a thread)."""
+    holder: list[ConfigStore] = []
+
+    def write(book: LeaseBook[Any]) -> None:
+        wanted = book.wanted
+        holder[0].save_lease_ceiling(wanted, book.served_version)
+        book.ceiling_stored(wanted)
+
+    store = ConfigStore(path, request_ceiling=write, **kw)
+    holder.append(store)
+    store.leases.publish("snapshot", store.head)
+    return store
+
+
+def grant(store: ConfigStore, step: int, seconds: float = 1.0) -> int:
+    _, horizon = store.leases.grant(step, seconds)
+    return horizon
+
+
+def test_without_a_promise_a_change_made_now_applies_at_once() -> None:
+    store = store_with_ceilings()
+    store.commit("put", {"lr": 0.1}, source="t")
+    row = store.commit("patch", {"lr": 0.2}, source="t")
+    assert row.effective_step is None and not row.made_now
+    assert store.resolve(row.version, 0) == {"lr": 0.2}
+
+
+def test_a_change_made_now_takes_effect_right_above_the_highest_promise() -> None:
+    store = store_with_ceilings(lease_policy=LeasePolicy(min_steps=4, extra_steps=2))
+    store.commit("put", {"lr": 0.1}, source="t")
+    store.advance_step(10)
+    horizon = grant(store, 10)
+    assert horizon == 10 + 4 + 2  # the rate is not known yet: the shortest lease
+    assert grant(store, 3) == 3 + 6 and store.leases.horizon == horizon  # a group behind
+    row = store.commit("patch", {"lr": 0.2}, source="t")
+    assert (row.effective_step, row.made_now, row.scheduled) == (horizon + 1, True, False)
+    assert store.resolve(row.version, horizon) == {"lr": 0.1}
+    assert store.resolve(row.version, horizon + 1) == {"lr": 0.2}
+    assert store.history(1)[0]["scheduled"] is False
+
+
+def test_lease_length_follows_the_step_rate_and_the_managers_ttl() -> None:
+    store = store_with_ceilings(lease_policy=LeasePolicy(min_steps=4, extra_steps=2))
+    store.leases.observe_rate(100.0)  # steps per second of the fastest group
+    assert grant(store, 1000, seconds=0.25) == 1000 + 25 + 2
+    assert grant(store, 1000, seconds=1.0) == 1000 + 100 + 2
+
+
+def test_a_schedule_or_cancel_at_a_promised_step_is_refused_with_the_earliest_step() -> None:
+    store = store_with_ceilings()
+    store.commit("put", {"lr": 0.1}, source="t")
+    ahead = store.commit("patch", {"lr": 0.5}, source="t", effective_step=100)  # not promised yet
+    horizon = grant(store, 50)
+    with pytest.raises(StepPromised) as refused:
+        store.commit("patch", {"lr": 0.2}, source="t", effective_step=horizon)
+    assert refused.value.earliest == horizon + 1 and f"{horizon + 1}" in str(refused.value)
+    assert store.commit("patch", {"lr": 0.2}, source="t", effective_step=horizon + 1).scheduled
+    grant(store, 99)  # now step 100 is promised too: its change can no longer be withdrawn
+    with pytest.raises(StepPromised, match="make a new change instead"):
+        store.commit("cancel", {"version": ahead.version}, source="t")
+
+
+def test_a_rollback_keeps_pending_changes_already_promised_and_overrides_them() -> None:
+    store = store_with_ceilings()
+    base = store.commit("put", {"lr": 0.1}, source="t")
+    promised = store.commit("patch", {"lr": 0.5}, source="t", effective_step=40)
+    unpromised = store.commit("patch", {"lr": 0.9}, source="t", effective_step=500)
+    horizon = grant(store, 36)
+    assert 40 <= horizon < 500
+    plan = store.apply(
+        [
+            Edit("cancel", {"version": promised.version}, "api", optional=True),
+            Edit("cancel", {"version": unpromised.version}, "api", optional=True),
+            Edit("put", {"lr": 0.1}, "rollback"),
+        ]
+    )
+    assert [r.op for r in plan.rows] == ["cancel", "put"]  # the promised change stays
+    assert plan.rows[0].change == {"version": unpromised.version}
+    head = plan.version
+    assert store.resolve(head, 40) == {"lr": 0.5} == store.resolve(head, horizon)
+    assert store.resolve(head, horizon + 1) == {"lr": 0.1} == store.resolve(head, 600)
+    assert base.version < promised.version
+
+
+def test_no_grant_passes_the_horizon_while_a_commit_is_under_way() -> None:
+    store = store_with_ceilings()
+    store.commit("put", {"lr": 0.1}, source="t")
+    horizon = grant(store, 20)
+    seen: list[tuple[int, int]] = []
+
+    def check(plan: Any) -> None:  # runs inside the commit, after it froze the leases
+        seen.append((grant(store, 20), grant(store, horizon + 50)))
+
+    row = store.apply([Edit("patch", {"lr": 0.2}, "t")], check=check).row
+    assert seen == [(horizon, NO_LEASE)]  # renewals up to the horizon; nothing past it
+    assert row.effective_step == horizon + 1
+    store.leases.publish("new snapshot", row.version)
+    assert grant(store, horizon + 50) > horizon + 50  # after the commit, promises go on
+
+
+def test_promises_stay_below_the_stored_ceiling() -> None:
+    stored: list[int] = []
+    store = ConfigStore(None, request_ceiling=lambda book: stored.append(book.wanted))
+    store.leases.publish("snapshot", 0)
+    assert grant(store, 10) == NO_LEASE  # asked for a ceiling, none stored yet: no promise
+    assert stored and stored[-1] > 10
+    store.leases.ceiling_stored(12)
+    assert grant(store, 10) == 12  # never past what is stored
+
+
+def test_a_restarted_lighthouse_commits_above_what_its_earlier_life_promised(tmp_path: Path) -> None:
+    path = tmp_path / "lighthouse.db"
+    first = store_with_ceilings(path)
+    first.commit("put", {"lr": 0.1}, source="t")
+    first.advance_step(1000)
+    promised = grant(first, 1000)
+    first.close()
+    first.backend.close()
+    again = store_with_ceilings(path)  # the promises of the first life are gone from memory
+    assert again.leases.floor >= promised
+    row = again.commit("patch", {"lr": 0.2}, source="t")
+    assert row.effective_step is not None and row.effective_step > promised
+    again.close()
+    again.backend.close()
+    # A third life still knows the first one's ceiling: each life stores at least what it found.
+    third = store_with_ceilings(path)
+    assert third.leases.floor >= promised
+    third.close()
+    third.backend.close()
+
+
+def test_a_state_directory_from_before_leases_opens_and_keeps_its_versions(tmp_path: Path) -> None:
+    import shutil
+
+    state = tmp_path / "state"
+    shutil.copytree(ROOT / "tests" / "data" / "state_v1", state)
+    backend = SqliteBackend(state / "lighthouse.db")
+    try:
+        store = ConfigStore(backend=backend)
+        rows = backend.load("default").rows
+        assert rows and not any(r.made_now for r in rows)
+        assert store.commit("patch", {"x": 1}, source="t").version == rows[-1].version + 1
+    finally:
+        backend.close()
+
+
+# ------------------------------------------------------------------ real processes
+
+
+def manager_records(worker: Proc, timeout: float = 60.0) -> list[Record]:
+    return worker_records(worker, timeout)
+
+
+def confirmed(record: Record) -> bool:
+    return record["source"] in ("lighthouse", "cache")
+
+
+def test_a_scheduled_change_or_cancel_at_a_promised_step_gets_409_naming_the_earliest_step(
+    procs: ProcessPool,
+) -> None:
+    lh = procs.lighthouse({"lr": 0.1})
+    wait_healthy(lh.url)
+    m = procs.manager(lh.address, "g0", cache_ttl=0.2)
+    worker = procs.worker(m.address, group="g0", rank=0, steps=100_000, step_interval=0.01)
+    poll(lambda: len(records_so_far(worker)) > 20, 20, what="worker stepping")
+    ahead = live(lh.url)["lease_horizon"] + 400  # not promised yet
+    v_ahead = change(lh.url, "PATCH", {"lr": 0.5}, effective_step=ahead)
+    horizon = live(lh.url)["lease_horizon"]
+    assert horizon >= records_so_far(worker)[-1]["step"]
+    for path in (
+        f"/api/config?effective_step={horizon}",
+        f"/api/jobs/default/config?effective_step={horizon}",
+    ):
+        refused = http_call(lh.url, "PATCH", path, {"lr": 0.2})
+        assert refused.status == 409, refused.body
+        answer = json.loads(refused.body)
+        assert answer["earliest_step"] > horizon and str(answer["earliest_step"]) in answer["error"]
+    # The CLI says the same, in one line, and stores nothing.
+    out = subprocess.run(
+        [sys.executable, "-m", "lighthouse", "config", "set", "lr=0.3", "--at-step", "0", "--url", lh.url],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=str(ROOT),
+        timeout=30,
+    )
+    assert out.returncode == 1 and "earliest step" in out.stderr, out
+    assert live(lh.url)["version"] == v_ahead
+    # Once the groups were promised the scheduled step, it can no longer be cancelled.
+    poll(lambda: live(lh.url)["lease_horizon"] >= ahead, 30, what="the groups promised step {ahead}")
+    refused = http_call(lh.url, "DELETE", f"/api/config/scheduled/{v_ahead}")
+    assert refused.status == 409 and "already promised" in json.loads(refused.body)["error"], refused.body
+    assert scheduled(lh.url)[v_ahead]["status"] in ("pending", "in_effect")
+
+
+def test_the_effective_step_in_the_reply_is_where_every_group_switches(procs: ProcessPool) -> None:
+    lh = procs.lighthouse({"lr": 0.1})
+    wait_healthy(lh.url)
+    groups = ("g0", "g1", "g2")
+    managers = {g: procs.manager(lh.address, g, cache_ttl=0.25) for g in groups}
+    workers = {
+        g: [
+            procs.worker(
+                m.address, group=g, rank=r, steps=500, step_interval=0.01, wait=False, prefetch=r == 1
+            )
+            for r in range(2)
+        ]
+        for g, m in managers.items()
+    }
+    poll(lambda: all(len(records_so_far(w[0])) > 30 for w in workers.values()), 30, what="workers stepping")
+    replies = []
+    for lr in (0.2, 0.3, 0.4):  # each a value never used before: its first use is its switch
+        replies.append((lr, call(lh.url, "PATCH", "/api/config", {"lr": lr})))
+        now = records_so_far(workers["g0"][0])[-1]["step"]  # the next change some steps later
+        poll(lambda now=now: records_so_far(workers["g0"][0])[-1]["step"] >= now + 25, 30, what="steps")
+    records = {g: [rec for w in ws for rec in manager_records(w)] for g, ws in workers.items()}
+    for lr, reply in replies:
+        at = reply["effective_step"]
+        assert isinstance(at, int) and reply["scheduled"] is False
+        for group, recs in records.items():
+            assert all(confirmed(r) for r in recs), group
+            used = sorted(r["step"] for r in recs if r["config"]["lr"] == json.dumps(lr))
+            assert used and used[0] == at, (group, lr, at, used[:3])
+
+
+def test_an_outage_shorter_than_the_lease_changes_nothing_workers_see(procs: ProcessPool) -> None:
+    lh = procs.lighthouse({"lr": 0.1})
+    wait_healthy(lh.url)
+    m = procs.manager(lh.address, "g0", cache_ttl=3.0, lighthouse_timeout=0.5, backoff=0.2)
+    worker = procs.worker(m.address, group="g0", rank=0, steps=300, step_interval=0.01, extra=["--strict"])
+    poll(lambda: len(records_so_far(worker)) > 100, 30, what="worker stepping for a second")
+    lh.signal(signal.SIGSTOP)  # a hung host: the lease (~3 s of steps) outlasts it
+    try:
+        start = records_so_far(worker)[-1]["step"]
+        poll(lambda: records_so_far(worker)[-1]["step"] >= start + 30, 20, what="steps during the outage")
+    finally:
+        lh.signal(signal.SIGCONT)
+    records = manager_records(worker)
+    assert all(r["source"] == "cache" or r["source"] == "lighthouse" for r in records), {
+        r["source"] for r in records
+    }
+    assert all(r["config"] == {"lr": "0.1"} and r["stable_through_step"] >= r["step"] for r in records)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["fallback", "strict"])
+def test_an_outage_longer_than_the_lease_falls_back_from_the_step_after_it(
+    procs: ProcessPool, strict: bool
+) -> None:
+    lh = procs.lighthouse({"lr": 0.1})
+    wait_healthy(lh.url)
+    m = procs.manager(lh.address, "g0", cache_ttl=0.5, lighthouse_timeout=0.3, backoff=0.2)
+    extra = ["--strict"] if strict else []
+    worker = procs.worker(m.address, group="g0", rank=0, steps=400, step_interval=0.01, extra=extra)
+    poll(lambda: len(records_so_far(worker)) > 60, 30, what="worker stepping")
+    lh.signal(signal.SIGKILL)
+    records = manager_records(worker)
+    last_good = max(i for i, r in enumerate(records) if confirmed(r))
+    promised = records[last_good]["stable_through_step"]
+    assert promised is not None and promised >= records[last_good]["step"]
+    # Every step up to the promise was served from the lease, with the live config ...
+    assert all(confirmed(r) and r["config"] == {"lr": "0.1"} for r in records if r["step"] <= promised)
+    # ... and not one step more: from the step after it, the fallback (strict: an error).
+    after = [r for r in records if r["step"] > promised]
+    assert after, "the worker did not run past its lease"
+    assert {r["source"] for r in after} == ({"error"} if strict else {"fallback"})
+    assert all(r["config"] == {} for r in after)
+
+
+def test_no_change_is_committed_below_a_promise_made_before_a_crash(
+    procs: ProcessPool, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    lh = procs.lighthouse({"lr": 0.1}, state_dir=state, extra=["--lease-ceiling-ahead", "0.5"])
+    wait_healthy(lh.url)
+    m = procs.manager(lh.address, "g0", cache_ttl=2.0, backoff=0.2)
+    worker = procs.worker(m.address, group="g0", rank=0, steps=100_000, step_interval=0.01)
+    poll(lambda: len(records_so_far(worker)) > 250, 30, what="worker stepping")
+    lh.signal(signal.SIGKILL)
+    lh.wait(10)
+    promised = max(r["stable_through_step"] or -1 for r in records_so_far(worker))
+    again = procs.restart_lighthouse(lh, state_dir=state)
+    wait_healthy(again.url)
+    reply = call(again.url, "PATCH", "/api/config", {"lr": 0.2})
+    assert reply["effective_step"] > promised, (reply, promised)
+    poll(
+        lambda: any(r["config"] == {"lr": "0.2"} for r in records_so_far(worker)), 30, what="the change used"
+    )
+    worker.stop()
+    records = records_so_far(worker)
+    first = min(r["step"] for r in records if r["config"] == {"lr": "0.2"})
+    assert first == reply["effective_step"]
+    # Before it, the old config (or, had the restart outlasted the lease, the fallback): never the new.
+    assert all(r["config"] == {"lr": "0.1"} for r in records if r["step"] < first and confirmed(r))
+    assert all(r["config"] == {"lr": "0.2"} for r in records if r["step"] >= first)
