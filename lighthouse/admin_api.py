@@ -335,6 +335,18 @@ class AdminApi:
             "Heartbeats received.",
             lambda st: st.heartbeat_calls,
         )
+        job_metric(
+            "lighthouse_watch_streams",
+            "gauge",
+            "Push streams (WatchConfig) of managers open now.",
+            lambda st: st.open_streams,
+        )
+        job_metric(
+            "lighthouse_watch_messages_total",
+            "counter",
+            "Requests received on push streams (managers' reports and step-lease renewals).",
+            lambda st: st.watch_messages,
+        )
         # Managers this lighthouse hears from itself: scraping every lighthouse of a shared store
         # then counts each manager once (the dashboard and /api/managers show them all).
         job_metric(

@@ -229,13 +229,15 @@ def managers(answer: dict[str, Any]) -> list[str]:
     head = answer.get("version", 0)
     items = answer["managers"]
     with_lighthouse = any("lighthouse" in m for m in items)
+    with_mode = any("mode" in m for m in items)
     with_lease = any("lease_through_step" in m for m in items)
     headers = ["REPLICA", "ADDRESS", "VERSION", "LAST SEEN", "STEP", "REQUESTS", "CACHE HITS"]
-    headers += ["LIGHTHOUSE"] * with_lighthouse + ["LEASE"] * with_lease + ["STATE"]
+    headers += ["LIGHTHOUSE"] * with_lighthouse + ["MODE"] * with_mode + ["LEASE"] * with_lease + ["STATE"]
     rows: list[list[Cell]] = []
     for m in items:
+        behind = m.get("behind_versions", head - m["version"])
         problems = [
-            *(["behind"] if m["version"] < head else []),
+            *([f"behind {behind}" if behind > 1 else "behind"] if m["version"] < head else []),
             *(["late"] if m["last_seen_s"] > LATE_AFTER_S else []),
             *(["past lease"] if m.get("past_lease") else []),
         ]
@@ -251,6 +253,8 @@ def managers(answer: dict[str, Any]) -> list[str]:
         ]
         if with_lighthouse:
             row.append(m.get("lighthouse") or "-")
+        if with_mode:
+            row.append(m.get("mode") or "-")
         if with_lease:
             row.append(steps(m.get("lease_through_step")))
         row.append(Styled(", ".join(problems), fg="yellow") if problems else Styled("current", fg="green"))

@@ -163,6 +163,17 @@ class LeaseBook(Generic[T]):
         assert served is not None, "publish() before grant()"
         return served, horizon
 
+    def prepare(self, step: int, seconds: float) -> None:
+        """A manager without steps yet (it just started): store a ceiling covering its first lease
+        now, so that its workers' first steps do not wait for a store write."""
+        want = max(step, 0) + self.policy.length(self.rate, seconds)
+        with self._cond:
+            headroom = want - max(step, 0) + math.ceil(self.rate * (self.policy.ceiling_ahead or 0.0))
+            if want <= self.wanted - headroom // 2:
+                return
+            self.wanted = want + headroom
+        self._request_ceiling(self)
+
     def observe_rate(self, steps_per_second: float) -> None:
         """A group's measured step rate; the job's is its fastest group's, decaying when they slow."""
         now = time.monotonic()

@@ -30,7 +30,9 @@ logger = logging.getLogger(__name__)
 
 MAX_STEP_LEAP = 1_000_000  # steps between two reports of one manager that count at once
 MAX_LEASE_WAIT = 1.0  # seconds a call may wait for a lease (a first ceiling write, a commit)
-MIN_RATE_INTERVAL = 0.01  # seconds between two reports of a manager for a step-rate sample
+# A group's step rate is measured over at least this many seconds of its reports: two reports
+# close together (a renewal right after a fetch) would give a rate far off.
+RATE_WINDOW = 0.5
 PAST_LEASE_SHOWN = 30.0  # seconds a group that served steps past its lease stays marked so
 _CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
 _STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
@@ -57,7 +59,8 @@ class ManagerRecord:
     steps_past_lease: int = 0  # steps it served without a confirmed config (it reports them)
     past_lease: bool = False  # at its last report: at a step past its lease
     past_lease_at: float = float("-inf")  # when a report last showed more steps served past the lease
-    rate: float = 0.0  # its steps per second, between its last two reports
+    rate: float = 0.0  # its steps per second, over its reports of the last RATE_WINDOW or more
+    rate_anchor: tuple[int, float] = (-1, 0.0)  # (step, time) the rate is measured from
     streams: int = 0  # its open push streams to this lighthouse (0: it polls)
 
     def to_json(self, now: float, head: int) -> dict[str, Any]:
@@ -66,7 +69,7 @@ class ManagerRecord:
             "address": self.address,
             "version": self.version,
             # pushed to: the open stream is its liveness (it reports only when something changed)
-            "last_seen_s": 0.0 if self.streams else round(now - self.last_seen, 3),
+            "last_seen_s": 0 if self.streams else round(now - self.last_seen, 3),
             "mode": "push" if self.streams else "poll",
             "behind_versions": max(0, head - self.version),
             "requests": self.requests,
@@ -123,6 +126,7 @@ class LighthouseState:
         # Called after refresh() served a new snapshot (the push streams; set by the job registry).
         self.on_served: Callable[[], None] | None = None
         self.watch_messages = 0  # requests received on push streams
+        self.open_streams = 0  # push streams of this job's managers open now
         self._watch_message_count = itertools.count(1)
         self._snapshot = self._build_snapshot()
         store.leases.publish(self._snapshot, self._snapshot.version)
@@ -207,6 +211,8 @@ class LighthouseState:
         if not request.HasField("status"):
             return -1
         step = self.observe(request.status, peer, fetch=True)
+        if step < 0:  # a manager that has served no step yet: its first lease should not wait
+            self.store.leases.prepare(self.store.current_step, request.lease_seconds)
         if request.HasField("lease_from_step"):
             wanted = request.lease_from_step  # a step a worker waits for, beyond those served
             if 0 <= wanted <= max(step, self.store.current_step, 0) + MAX_STEP_LEAP:
@@ -242,6 +248,7 @@ class LighthouseState:
     def watched(self, replica_id: str, opened: int, version: int | None = None) -> None:
         """A push stream of ``replica_id`` opened (1) or closed (-1), or (0) delivered ``version``."""
         with self._lock:
+            self.open_streams += opened
             record = self._managers.get(replica_id)
             if record is None:
                 return
@@ -282,9 +289,12 @@ class LighthouseState:
             if status.steps_past_lease > record.steps_past_lease:
                 record.past_lease_at = now
             record.steps_past_lease = status.steps_past_lease
-            elapsed = now - record.last_seen
-            if plausible and 0 <= previous < status.step and elapsed >= MIN_RATE_INTERVAL:
-                rate = record.rate = (status.step - previous) / elapsed
+            anchor_step, anchor_time = record.rate_anchor
+            if not plausible or status.step < anchor_step or anchor_step < 0:
+                record.rate_anchor = (status.step, now)  # (re)start measuring from here
+            elif now - anchor_time >= RATE_WINDOW:
+                rate = record.rate = (status.step - anchor_step) / (now - anchor_time)
+                record.rate_anchor = (status.step, now)
             record.last_seen = now
             record.fetches += int(fetch)
         if rate > 0:

@@ -24,13 +24,14 @@ def timeline(store: ConfigStore, limit: int = DEFAULT_SEGMENTS) -> dict[str, Any
         head = store.head
         scheduled = store.scheduled()
     segments = []
-    for row, following in zip(held, [*held[1:], None], strict=True):
+    for row, following in zip(held, [*held[1:], None], strict=False):  # the last is followed by nothing
         segments.append(
             {
                 "version": row.version,
                 "from_step": max(row.order_step, 0),
                 "to_step": None if following is None else max(following.order_step, 0),
-                "scheduled": row.effective_step is not None,
+                "scheduled": row.scheduled,
+                "made_now": row.made_now,
                 "pending": row.order_step > current,
                 "created_at": row.created_at,
                 "source": row.source,

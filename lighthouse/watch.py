@@ -29,7 +29,8 @@ from protos.rpc import varint_field
 
 logger = logging.getLogger(__name__)
 
-KEEPALIVE = 10.0  # seconds: at least one message this often on every stream
+KEEPALIVE = 15.0  # seconds: at least one message this often on every stream (a dead peer is
+# noticed sooner by the transport's keepalive pings: see protos/rpc.py)
 MAX_QUEUED_REQUESTS = 64  # a manager sending faster than it is answered: older reports are dropped
 _KEEPALIVE_MS = pb.LighthouseConfigResponse.KEEPALIVE_MS_FIELD_NUMBER
 EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # what read() returns at the stream's end

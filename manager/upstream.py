@@ -62,6 +62,7 @@ class UpstreamCache:
         self._clock = clock
         self._good: Snapshot | None = None
         self._fresh_until = float("-inf")
+        self._confirmed_at = float("-inf")  # when the lighthouse last gave or confirmed the snapshot
         self._failing = False
         self._retry_at = float("-inf")
         self._in_flight = False
@@ -84,10 +85,11 @@ class UpstreamCache:
         return self._in_flight
 
     def age(self) -> float | None:
-        """Seconds since the fetch that produced the held snapshot started; None before the first."""
+        """Seconds since the lighthouse last confirmed the held snapshot (the start of the fetch that
+        brought it, or the last push); None before the first."""
         if self._good is None:
             return None
-        return self._clock() - (self._fresh_until - self.ttl)
+        return self._clock() - self._confirmed_at
 
     def get(self) -> Answer:
         """The snapshot a worker call should be answered from (the hot path: one clock read when fresh)."""
@@ -121,6 +123,7 @@ class UpstreamCache:
                 logger.info("lighthouse reachable again; serving version %d", held.version)
             self._good = held
             self._fresh_until = float("inf")
+            self._confirmed_at = self._clock()
             self._failing = False
             self._cond.notify_all()
             return held
@@ -209,6 +212,7 @@ class UpstreamCache:
             self.last_error = ""
             snapshot = self._good = self._keep(snapshot)
             self._fresh_until = max(self._fresh_until, started + self.ttl)
+            self._confirmed_at = max(self._confirmed_at, started)
             self._in_flight = False
             self._cond.notify_all()
         return Answer(snapshot, True)

@@ -161,11 +161,12 @@ def test_config_scheduled(job: Job) -> None:
 
 def test_config_managers(job: Job) -> None:
     lines = table_out(job, "config", "managers")
-    header = ["REPLICA", "ADDRESS", "VERSION", "LAST SEEN", "STEP", "REQUESTS", "CACHE HITS", "STATE"]
-    assert columns(lines[0]) == header
+    header = ["REPLICA", "ADDRESS", "VERSION", "LAST SEEN", "STEP", "REQUESTS", "CACHE HITS", "MODE", "LEASE"]
+    assert columns(lines[0]) == [*header, "STATE"]
     row = columns(lines[1])
-    assert row[:3] == ["group0", job.manager.address, "4"] and row[4:7] == ["-", "0", "-"], row
-    assert re.fullmatch(r"\d+\.\d s ago", row[3]) and row[7] in ("current", "late"), row
+    # A manager with no worker yet: no step, no step lease; pushed to (it holds a stream).
+    assert row[:3] == ["group0", job.manager.address, "4"] and row[4:9] == ["-", "0", "-", "push", "-"], row
+    assert re.fullmatch(r"\d+\.\d s ago", row[3]) and row[9] in ("current", "late"), row
     assert lines[2:] == ["", "live version 4"]
 
 

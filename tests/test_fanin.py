@@ -1,8 +1,11 @@
-"""Fan-in: the lighthouse's GetConfig load depends on the number of managers and the TTL, not on workers."""
+"""Fan-in: the requests reaching the lighthouse (GetConfig calls, or requests on push streams) depend
+on the number of managers and the TTL, not on workers."""
 
 from __future__ import annotations
 
 import time
+
+import pytest
 
 from tests.http_util import call
 from tests.procs import Proc, ProcessPool, metric, records_so_far, wait_ready
@@ -10,7 +13,12 @@ from tests.procs import Proc, ProcessPool, metric, records_so_far, wait_ready
 TTL = 0.2
 T = 2.0  # seconds each phase runs
 MANAGERS = 2
-CALLS = "lighthouse_get_config_calls_total"
+CALLS = ("lighthouse_get_config_calls_total", "lighthouse_watch_messages_total")
+
+
+def lighthouse_requests(url: str) -> float:
+    """GetConfig calls and requests on push streams: what the lighthouse answers."""
+    return sum(metric(url, name) for name in CALLS)
 
 
 def run_phase(
@@ -29,10 +37,10 @@ def run_phase(
             assert time.monotonic() < deadline, w.stderr()
             time.sleep(0.02)
     seen_before = [len(records_so_far(w)) for w in workers]
-    before = metric(url, CALLS)
+    before = lighthouse_requests(url)
     started = time.monotonic()
     time.sleep(T)  # the scenario: the workers train for T seconds
-    after = metric(url, CALLS)
+    after = lighthouse_requests(url)
     elapsed = time.monotonic() - started
     worker_calls = sum(len(records_so_far(w)) - n for w, n in zip(workers, seen_before, strict=True))
     for w in workers:
@@ -47,9 +55,13 @@ def run_phase(
     return lighthouse_calls, worker_calls
 
 
-def test_lighthouse_calls_do_not_grow_with_workers(procs: ProcessPool) -> None:
+@pytest.mark.parametrize("mode", ["push", "poll"])
+def test_lighthouse_calls_do_not_grow_with_workers(procs: ProcessPool, mode: str) -> None:
     lh = procs.lighthouse({"lr": 0.01})
-    managers = [procs.manager(lh.address, f"m{i}", cache_ttl=TTL).address for i in range(MANAGERS)]
+    extra = [f"--{mode}"]
+    managers = [
+        procs.manager(lh.address, f"m{i}", cache_ttl=TTL, extra=extra).address for i in range(MANAGERS)
+    ]
 
     one_calls, one_worker_calls = run_phase(procs, lh.url, managers, per_manager=1, tag="one")
     many_calls, many_worker_calls = run_phase(procs, lh.url, managers, per_manager=4, tag="many")
@@ -68,3 +80,6 @@ def test_lighthouse_calls_do_not_grow_with_workers(procs: ProcessPool) -> None:
     listed = {m["replica_id"]: m for m in answer.json["managers"]}
     assert set(listed) == {"m0", "m1"}
     assert all(m["requests"] > 0 for m in listed.values())
+    assert {m["mode"] for m in listed.values()} == {mode}
+    streams = metric(lh.url, "lighthouse_watch_streams")
+    assert streams == (MANAGERS if mode == "push" else 0), streams

@@ -75,3 +75,15 @@ def test_the_managers_table_marks_a_group_that_ran_past_its_lease(page: Page, pr
     expect(lease.locator(".pill")).to_have_text("past lease", timeout=15_000)
     managers = call(lh.url, "GET", "/api/managers").json["managers"]
     assert managers[0]["steps_past_lease"] > 0 and managers[0]["past_lease"]
+
+
+def test_the_managers_table_says_who_is_pushed_to_and_who_polls(page: Page, procs: ProcessPool) -> None:
+    lh = procs.lighthouse({"lr": 0.1})
+    wait_healthy(lh.url)
+    procs.manager(lh.address, "pushed", cache_ttl=5.0)
+    procs.manager(lh.address, "polling", cache_ttl=0.2, extra=["--poll"])
+    page.goto(lh.url)
+    expect(page.locator('#managers tr[data-replica="pushed"] td.mode')).to_have_text("push")
+    expect(page.locator('#managers tr[data-replica="polling"] td.mode')).to_have_text("poll")
+    assert call(lh.url, "PATCH", "/api/config", {"lr": 0.2}).status == 200
+    expect(page.locator('#managers tr[data-replica="pushed"] td.served-version')).to_contain_text("current")

@@ -49,7 +49,8 @@ def test_status_and_get_of_a_real_manager(procs: ProcessPool) -> None:
     assert info["lighthouse"] == lh.address and info["lighthouses"] == [gone.address, lh.address]
     assert (info["first_pinned_step"], info["last_pinned_step"]) == (100, 104)
     assert info["cache_age_s"] >= 0 and info["last_answer_age_s"] >= 0 and info["cache_ttl_s"] == 0.2
-    assert info["lease_through_step"] == -1 and info["requests"] >= 5
+    lease = info["lease_through_step"]
+    assert lease >= 104 and info["requests"] >= 5  # the steps served are promised, and beyond
 
     table = manager_cli("status", "--addr", manager.address)
     assert table.returncode == 0 and table.stderr == "", table.stderr
@@ -57,7 +58,7 @@ def test_status_and_get_of_a_real_manager(procs: ProcessPool) -> None:
     assert rows["replica"] == "group0 (job default)" and rows["source"] == "cache" and rows["version"] == "1"
     assert re.fullmatch(r"\d+\.\d s \(TTL 0\.2 s\)", rows["cache age"]), rows
     assert re.fullmatch(rf"{re.escape(lh.address)} \(2 of 2\), last answer \d+\.\d s ago", rows["lighthouse"])
-    assert rows["pinned steps"] == "5 (steps 100 to 104)" and rows["lease"] == "none"
+    assert rows["pinned steps"] == "5 (steps 100 to 104)" and rows["lease"].startswith("through step ")
 
     got = manager_cli("get", "--addr", manager.address, "--step", "102")
     assert got.returncode == 0, got.stderr
@@ -69,8 +70,11 @@ def test_status_and_get_of_a_real_manager(procs: ProcessPool) -> None:
         "version 1 of job default, source cache, pinned for step 102",
     ]
 
-    # The lighthouse goes away: the manager says what it serves now, and why.
+    # The lighthouse goes away, and the group steps past its lease: the manager says what it serves
+    # now (the fallback: it cannot confirm a config for those steps), and why.
     lh.stop()
+    past = status_json(manager.address)["lease_through_step"] + 1
+    worker_records(procs.worker(manager.address, group="group0", rank=0, first_step=past, steps=2))
     info = poll(lambda: (i := status_json(manager.address))["source"] == "fallback" and i, 30, what="outage")
     assert info["version"] == 0 and "UNAVAILABLE" in info["last_error"]
     assert "last error" in manager_cli("status", "--addr", manager.address).stdout

@@ -59,6 +59,7 @@ const LH = (() => {
   class RawNumber {
     constructor(raw) { this.raw = raw; }
     toString() { return this.raw; }
+    valueOf() { return Number(this.raw); } // arithmetic and comparisons see the number
   }
 
   function parseJson(text) {

@@ -46,12 +46,19 @@
           { dataset: { replica: m.replica_id }, class: late ? "row-late" : null },
           el("td", { class: "key" }, m.replica_id),
           el("td", { class: "mono" }, m.address, m.lighthouse ? el("span", { class: "sub" }, `via ${m.lighthouse}`) : null),
-          el("td", { class: "last-seen" }, `${m.last_seen_s.toFixed(1)} s`, late ? el("span", { class: "pill warn" }, "late") : null),
+          el("td", { class: "last-seen" }, `${Number(m.last_seen_s).toFixed(1)} s`, late ? el("span", { class: "pill warn" }, "late") : null),
           el(
             "td",
             { class: "served-version", dataset: { version: m.version } },
             `v${m.version}`,
-            behind ? el("span", { class: "pill warn" }, "behind") : el("span", { class: "pill ok" }, "current"),
+            behind
+              ? el("span", { class: "pill warn" }, m.behind_versions > 1 ? `${m.behind_versions} behind` : "behind")
+              : el("span", { class: "pill ok" }, "current"),
+          ),
+          el(
+            "td",
+            { class: "mode", title: m.mode === "push" ? "the lighthouse pushes each new version down its stream" : "asks every cache TTL" },
+            m.mode || "poll",
           ),
           el("td", { class: "num" }, m.step >= 0 ? m.step : "–"),
           el(
@@ -154,6 +161,7 @@
       $("conn").className = "conn ok";
       $("conn").textContent = "live";
     } catch (err) {
+      console.error("dashboard refresh failed:", err);
       $("conn").className = "conn error";
       $("conn").textContent = "lighthouse unreachable";
     } finally {
