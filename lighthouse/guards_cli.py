@@ -18,7 +18,11 @@ def lines(answer: dict[str, Any]) -> list[str]:
         return ["no guarded change (config set KEY=VALUE --guard METRIC:FACTOR makes one)"]
     rows = []
     for guard in answer["guards"]:
-        baseline, rollback = guard.get("baseline"), guard.get("rollback_version")
+        baseline, rollback, at = (
+            guard.get("baseline"),
+            guard.get("rollback_version"),
+            guard.get("rollback_step"),
+        )
         rows.append(
             [
                 f"v{guard['version']}",
@@ -26,7 +30,7 @@ def lines(answer: dict[str, Any]) -> list[str]:
                 f"{guard['metric']}:{guard['factor']:g}",
                 f"{steps(guard['effective_step'])}-{steps(guard['effective_step'] + guard['steps'])}",
                 "-" if baseline is None else f"{baseline:.6g}",
-                "-" if rollback is None else f"v{rollback}",
+                "-" if rollback is None else f"v{rollback}" + (f" at {steps(at)}" if at is not None else ""),
                 guard.get("reason") or "",
             ]
         )
