@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import Iterable
-from functools import partial
 from pathlib import Path
 
 import grpc
@@ -14,17 +12,16 @@ import grpc
 from lighthouse.backend import StoreBackend
 from lighthouse.config_file import ConfigDirWatcher, FileContent, FileWatcher, read_schema_file
 from lighthouse.guards import GuardWatch
-from lighthouse.jobs import JobRegistry, TooManyJobs
+from lighthouse.jobs import JobRegistry
 from lighthouse.leases import LeasePolicy
 from lighthouse.peer_managers import PeerManagers
 from lighthouse.peer_series import PeerSeries
+from lighthouse.service import LighthouseService
 from lighthouse.sqlite_backend import SqliteBackend
-from lighthouse.state import LighthouseState, lease_wait
+from lighthouse.state import LighthouseState
 from lighthouse.store import ConfigStore
-from lighthouse.watch import WatchService
 from protos import lighthouse_config_pb2 as pb
 from protos.aio_server import AioServer
-from protos.jobs import DEFAULT_JOB, InvalidJobId
 from protos.probes import Probes
 from protos.rpc import DEFAULT_LIGHTHOUSE_PORT, LIGHTHOUSE_SERVICE, dialable_address
 from protos.tls import ServerCertificates, ServerTLS
@@ -86,7 +83,7 @@ class LighthouseServer:
             strict=strict,
             lease_policy=lease_policy,
         )
-        self.watch = WatchService(self.jobs)  # the push streams
+        self.service = LighthouseService(self.jobs)  # the gRPC handlers and the push streams
         try:
             certificates = ServerCertificates(tls) if tls is not None else None
             if config_dir is not None:
@@ -101,17 +98,13 @@ class LighthouseServer:
             handler = grpc.method_handlers_generic_handler(
                 LIGHTHOUSE_SERVICE,
                 {
-                    "GetConfig": grpc.unary_unary_rpc_method_handler(
-                        self._get_config, request_deserializer=pb.LighthouseConfigRequest.FromString
-                    ),
+                    # Requests arrive as bytes: the service parses them (junk gets INVALID_ARGUMENT).
+                    "GetConfig": grpc.unary_unary_rpc_method_handler(self.service.get_config),
                     "Heartbeat": grpc.unary_unary_rpc_method_handler(
-                        self._heartbeat,
-                        request_deserializer=pb.LighthouseHeartbeatRequest.FromString,
+                        self.service.heartbeat,
                         response_serializer=pb.LighthouseHeartbeatResponse.SerializeToString,
                     ),
-                    "WatchConfig": grpc.stream_stream_rpc_method_handler(
-                        self.watch.watch, request_deserializer=pb.LighthouseConfigRequest.FromString
-                    ),
+                    "WatchConfig": grpc.stream_stream_rpc_method_handler(self.service.watch),
                 },
             )
             credentials = certificates.grpc_credentials() if certificates is not None else None
@@ -192,44 +185,6 @@ class LighthouseServer:
 
     def dashboard_url(self) -> str | None:
         return self._http.url if self._http is not None else None
-
-    # The handlers run on the event loop: what they do there takes microseconds (no disk, no etcd:
-    # steps and switches are queued for the store's writer). The rare slow part goes to a thread.
-    async def _get_config(
-        self, request: pb.LighthouseConfigRequest, context: grpc.aio.ServicerContext
-    ) -> bytes:
-        # Returns the reply already serialized: no per-call protobuf work on the hot path.
-        state = self.jobs.get(request.job or DEFAULT_JOB) or await self._job_state(request.job, context)
-        peer = context.peer()
-        step = state.receive(request, peer)
-        answer = partial(state.answer, request.known_version, request.known_state_id, step, request, peer)
-        reply = answer()
-        if reply is None:  # the lease needs a wait (the job's first ceiling write, a commit under way)
-            wait = lease_wait(context.time_remaining())
-            reply = await asyncio.get_running_loop().run_in_executor(None, partial(answer, wait=wait))
-        assert reply is not None
-        return reply[0]
-
-    async def _heartbeat(
-        self, request: pb.LighthouseHeartbeatRequest, context: grpc.aio.ServicerContext
-    ) -> pb.LighthouseHeartbeatResponse:
-        job = request.status.job
-        state = self.jobs.get(job or DEFAULT_JOB) or await self._job_state(job, context)
-        state.count_heartbeat()
-        state.observe(request.status, context.peer())
-        return pb.LighthouseHeartbeatResponse(version=state.store.head, instance_id=state.instance_id)
-
-    async def _job_state(self, job: str, context: grpc.aio.ServicerContext) -> LighthouseState:
-        """A job this lighthouse does not hold yet: served (empty) from now on, or the call is refused.
-
-        Opening it reads the store: off the event loop."""
-        try:
-            return await asyncio.get_running_loop().run_in_executor(None, self.jobs.serve, job)
-        except InvalidJobId as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except TooManyJobs as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        raise AssertionError("context.abort raises")
 
     def shutdown(self, grace: float | None = 1.0) -> None:
         """Stop serving and close the store; safe to call twice."""

@@ -211,7 +211,11 @@ class LighthouseState:
         if not request.HasField("status"):
             return -1
         step = self.observe(request.status, peer, fetch=True)
-        if step < 0:  # a manager that has served no step yet: its first lease should not wait
+        if step < 0 <= self.store.current_step:
+            # A new manager of a job that steps (a group restarting, say): store a ceiling for its
+            # first lease now, so its first steps need not wait for a store write. Not for a job
+            # that never stepped: a stored ceiling is a possible promise, and would make changes
+            # wait for steps that may never come (a job whose workers ask without a step).
             self.store.leases.prepare(self.store.current_step, request.lease_seconds)
         if request.HasField("lease_from_step"):
             wanted = request.lease_from_step  # a step a worker waits for, beyond those served
@@ -498,6 +502,9 @@ class LighthouseState:
             # The highest step groups may have been promised: a change made now takes effect after
             # it, and nothing can be scheduled at or below it (-1: no group holds a lease).
             "lease_horizon": self.store.leases.horizon,
+            # How far this lighthouse may promise without another store write (its stored ceiling):
+            # what carries the groups through a store that cannot write (etcd without quorum).
+            "lease_ceiling": self.store.leases.stored,
             "scheduled": pending,
             "upcoming": upcoming,
             "file": {

@@ -263,6 +263,10 @@ def test_quorum_loss_refuses_edits_keeps_serving_and_recovers(
     worker = procs.worker(m.address, group="g", rank=0, steps=100_000, step_interval=0.01, wait=True)
     poll(lambda: len(records_so_far(worker)) > 10, 20, what="worker steps")
 
+    def stored_ahead() -> bool:  # the lighthouse the manager uses stored a ceiling 5 s of steps ahead
+        return any(live(lh.url)["lease_ceiling"] > records_so_far(worker)[-1]["step"] + 500 for lh in (a, b))
+
+    poll(stored_ahead, 20, what="a stored lease ceiling well ahead")
     down = cluster3.members[:2]
     for member in down:
         cluster3.kill(member)

@@ -166,12 +166,15 @@ def store_url(cluster: EtcdCluster) -> str:
 
 
 def get_config_calls(lh: LighthouseProc) -> float:
-    return metric(lh.url, "lighthouse_get_config_calls_total")
+    """Requests the lighthouse answered: GetConfig calls and requests on push streams."""
+    return metric(lh.url, "lighthouse_get_config_calls_total") + metric(
+        lh.url, "lighthouse_watch_messages_total"
+    )
 
 
 def settled_calls(lh: LighthouseProc) -> float:
-    """The lighthouse's GetConfig count once it stopped moving (a resumed process first drains the
-    calls that queued up while it was stopped)."""
+    """The lighthouse's request count once it stopped moving (a resumed process first drains the
+    requests that queued up while it was stopped)."""
     seen: list[float] = []
 
     def stable() -> bool:
@@ -211,7 +214,7 @@ def test_sigstop_of_the_lighthouse_in_use_serves_no_fallback_and_the_manager_sta
 
     a_calls = settled_calls(a)
     b_calls = get_config_calls(b)
-    poll(lambda: get_config_calls(b) >= b_calls + 4, 20, what="four more fetches from b")
+    poll(lambda: get_config_calls(b) >= b_calls + 4, 20, what="four more requests to b")
     assert get_config_calls(a) == a_calls, "the manager went back to the resumed lighthouse"
     worker.stop()
 

@@ -39,7 +39,8 @@ from tests.http_util import wait_healthy
 from tests.procs import ROOT, LighthouseProc, ProcessPool, child_env, poll
 from tests.torchrun_jobs import EXAMPLE, finish, max_step, records, torchrun
 
-pytestmark = pytest.mark.slow
+# Real torch jobs: a run takes a minute or two on 2 cores (longer than the suite's default timeout).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 CHANGES = 40
 STEPS = 520

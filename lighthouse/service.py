@@ -1,10 +1,16 @@
-"""Push: the lighthouse's side of ``WatchConfig``, one stream per manager, on the gRPC event loop.
+"""The lighthouse's gRPC service (``GetConfig``, ``Heartbeat``, ``WatchConfig``), on the server's event loop.
 
-A stream is one coroutine waiting on one event, which three things set: a request
-of its manager (a status report or a step-lease renewal, answered at once), a new
-snapshot of its job (sent at once; versions committed meanwhile coalesce into the
-newest, so a slow manager never has more than one reply queued here), and the
-keep-alive timer. Writes are flow-controlled per stream: a manager that does not
+The handlers are coroutines that do microseconds of work on the loop (the store's
+writes they cause, job steps and step switches, are queued for its writer); the
+rare slow part (opening a job from the store, a step lease that needs a ceiling
+write or waits for a commit) runs on a thread.
+
+Push (``WatchConfig``, one stream per manager): a stream is one coroutine
+waiting on one event, which three things set: a request of its manager (a
+status report or a step-lease renewal, answered at once), a new snapshot of its
+job (sent at once; versions committed meanwhile coalesce into the newest, so a
+slow manager never has more than one reply queued here), and the keep-alive
+timer. Writes are flow-controlled per stream: a manager that does not
 read holds up its own stream only. Idle, a stream costs a coroutine, a reader
 task and a keep-alive message every ``keepalive`` seconds.
 
@@ -18,11 +24,13 @@ import asyncio
 import logging
 from collections import defaultdict
 from functools import partial
+from typing import TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from lighthouse.jobs import JobRegistry, TooManyJobs
-from lighthouse.state import MAX_LEASE_WAIT, LighthouseState
+from lighthouse.state import LighthouseState, lease_wait
 from protos import lighthouse_config_pb2 as pb
 from protos.jobs import DEFAULT_JOB, InvalidJobId
 from protos.rpc import varint_field
@@ -53,8 +61,8 @@ class _Stream:
         self.closed = False
 
 
-class WatchService:
-    """Every open push stream of a lighthouse, by job; lives on the gRPC server's event loop."""
+class LighthouseService:
+    """The handlers, and every open push stream by job; lives on the gRPC server's event loop."""
 
     def __init__(self, jobs: JobRegistry, keepalive: float = KEEPALIVE) -> None:
         self.jobs = jobs
@@ -78,14 +86,35 @@ class WatchService:
         for stream in self._streams.get(job, ()):
             stream.wake.set()
 
+    async def get_config(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """``GetConfig``: the reply already serialized (no per-call protobuf work on the hot path)."""
+        request = await _parse(pb.LighthouseConfigRequest, raw, context)
+        state = await self._state(request.job, context)
+        peer = context.peer()
+        step = state.receive(request, peer)
+        reply = await _answer(
+            state, request.known_version, request.known_state_id, step, request, peer, context
+        )
+        return reply[0]
+
+    async def heartbeat(
+        self, raw: bytes, context: grpc.aio.ServicerContext
+    ) -> pb.LighthouseHeartbeatResponse:
+        request = await _parse(pb.LighthouseHeartbeatRequest, raw, context)
+        state = await self._state(request.status.job, context)
+        state.count_heartbeat()
+        state.observe(request.status, context.peer())
+        return pb.LighthouseHeartbeatResponse(version=state.store.head, instance_id=state.instance_id)
+
     async def watch(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
-        """The ``WatchConfig`` handler."""
+        """``WatchConfig``: one manager's push stream, until it ends."""
         self.loop = asyncio.get_running_loop()
-        first = await context.read()
-        if first is EOF:
+        raw = await context.read()
+        if raw is EOF:
             return
+        first = await _parse(pb.LighthouseConfigRequest, raw, context)
         job = first.job or DEFAULT_JOB
-        state = self.jobs.get(job) or await self._serve_job(first.job, context)
+        state = await self._state(first.job, context)
         stream = _Stream(first, context.peer())
         streams = self._streams[job]
         streams.add(stream)
@@ -117,8 +146,12 @@ class WatchService:
             if opened:
                 state.watched(stream.replica, -1)
 
-    async def _serve_job(self, job: str, context: grpc.aio.ServicerContext) -> LighthouseState:
-        """A job this lighthouse does not hold yet (opened from the store, off the loop), or abort."""
+    async def _state(self, job: str, context: grpc.aio.ServicerContext) -> LighthouseState:
+        """The job's state; one this lighthouse does not hold yet is served (empty) from now on,
+        opened from the store off the loop, or the call is refused (a bad id, too many jobs)."""
+        state = self.jobs.get(job or DEFAULT_JOB)
+        if state is not None:
+            return state
         try:
             return await asyncio.get_running_loop().run_in_executor(None, self.jobs.serve, job)
         except InvalidJobId as exc:
@@ -131,9 +164,14 @@ class WatchService:
         """The manager's requests, queued for the stream; its end (or a broken stream) closes it."""
         try:
             while True:
-                request = await context.read()
-                if request is EOF:
+                raw = await context.read()
+                if raw is EOF:
                     break
+                try:
+                    request = pb.LighthouseConfigRequest.FromString(raw)
+                except DecodeError:
+                    logger.warning("push stream of %s: a malformed request, ignored", stream.replica)
+                    continue
                 stream.requests.append(request)
                 del stream.requests[:-MAX_QUEUED_REQUESTS]
                 stream.wake.set()
@@ -154,14 +192,39 @@ class WatchService:
         if not requests and not changed and not stream.keepalive_due:
             return None
         stream.keepalive_due = False
-        answer = partial(
-            state.answer, stream.sent[0], stream.sent[1], stream.step, stream.request, stream.peer
-        )
-        reply = answer()
-        if reply is None:  # the lease needs a wait (a first ceiling write, a commit): not on the loop
-            reply = await asyncio.get_running_loop().run_in_executor(
-                None, partial(answer, wait=MAX_LEASE_WAIT)
-            )
-        if reply is not None:
-            stream.sent = (reply[1], state.store.state_id)
+        reply = await _answer(state, *stream.sent, stream.step, stream.request, stream.peer)
+        stream.sent = (reply[1], state.store.state_id)
         return reply
+
+
+M = TypeVar("M", pb.LighthouseConfigRequest, pb.LighthouseHeartbeatRequest)
+
+
+async def _parse(kind: type[M], raw: bytes, context: grpc.aio.ServicerContext) -> M:
+    """A request parsed here, so junk bytes get INVALID_ARGUMENT and say why (a deserializer that
+    fails gives the caller only UNKNOWN)."""
+    try:
+        return kind.FromString(raw)
+    except DecodeError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {kind.__name__}: {exc}")
+    raise AssertionError("context.abort raises")
+
+
+async def _answer(
+    state: LighthouseState,
+    known_version: int,
+    known_state_id: str,
+    step: int,
+    request: pb.LighthouseConfigRequest,
+    peer: str,
+    context: grpc.aio.ServicerContext | None = None,
+) -> tuple[bytes, int]:
+    """``state.answer`` on the loop; when its step lease needs a wait (the job's first ceiling write,
+    a commit under way), on a thread, waiting at most half the call's remaining time."""
+    answer = partial(state.answer, known_version, known_state_id, step, request, peer)
+    reply = answer()
+    if reply is None:
+        wait = lease_wait(context.time_remaining() if context is not None else None)
+        reply = await asyncio.get_running_loop().run_in_executor(None, partial(answer, wait=wait))
+    assert reply is not None  # with a wait, always an answer
+    return reply
