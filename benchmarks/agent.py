@@ -13,6 +13,9 @@ Roles (``python -m benchmarks.agent ROLE ...``):
   real manager's refresh loop does (scale). ``--jobs A,B,...`` spreads them over
   jobs in turn (``--offset``: this process's first global index), and
   ``--lighthouse A,B,C`` over lighthouses by replica id, as managers do.
+  ``--steps-per-call K`` moves each sim's step K steps a call (its group steps);
+  ``--metrics N`` adds to each status the group's summaries of N metrics for
+  those K steps, as a manager forwards its ranks' reports.
 * ``streams``: many simulated pushed managers on one ``grpc.aio`` event loop, each
   a ``WatchConfig`` stream opened with a first request carrying its replica id, as
   ``manager serve`` opens it; ``--per-connection`` of them share one HTTP/2
@@ -184,10 +187,46 @@ def serve_managers(lighthouse: str, count: int, ttl: float, prefix: str) -> None
 
 
 # ------------------------------------------------------------------- sims
-def serve_sims(lighthouse: str, count: int, ttl: float, prefix: str, jobs: list[str], offset: int) -> None:
+def reported_metrics(names: int, steps: int) -> Callable[[int], list[Any]]:
+    """``summaries(first_step)``: a group's summaries of ``names`` metrics over ``steps`` steps from
+    ``first_step`` (two ranks a step), packed as a manager packs them."""
+    from array import array
+
+    from protos import lighthouse_config_pb2 as pb
+    from protos.metrics import pack
+
+    values = array("d", (1.0 + 0.001 * i for i in range(steps)))
+    columns = {
+        "count": pack(array("I", [2]) * steps),
+        "nonfinite": pack(array("I", [0]) * steps),
+        "sum": pack(array("d", (2 * v for v in values))),
+        "min": pack(values),
+        "max": pack(values),
+    }
+    names_ = ["loss", "grad_norm", "tokens_per_s", "lr_applied", *(f"metric_{i}" for i in range(4, names))]
+
+    def summaries(first: int) -> list[Any]:
+        steps_ = pack(array("q", range(first, first + steps)))
+        return [pb.MetricSummaries(name=name, steps=steps_, **columns) for name in names_[:names]]
+
+    return summaries
+
+
+def serve_sims(
+    lighthouse: str,
+    count: int,
+    ttl: float,
+    prefix: str,
+    jobs: list[str],
+    offset: int,
+    steps_per_call: int = 0,
+    metrics: int = 0,
+) -> None:
     from lighthouse.client import LighthouseClient
     from protos import lighthouse_config_pb2 as pb
     from protos.jobs import DEFAULT_JOB
+
+    summaries = reported_metrics(metrics, steps_per_call) if metrics and steps_per_call else None
 
     stop = threading.Event()
     records: list[list[tuple[float, float, bool]]] = [[] for _ in range(count)]
@@ -197,7 +236,7 @@ def serve_sims(lighthouse: str, count: int, ttl: float, prefix: str, jobs: list[
 
     def sim(i: int) -> None:
         client = LighthouseClient(lighthouse, job=job_of[i], spread_key=f"{prefix}-{i}")
-        version, state_id, requests = 0, "", 0
+        version, state_id, requests, step, batch = 0, "", 0, 0, 0
         t = time.monotonic() + ttl * random.random()
         try:
             while not stop.wait(max(0.0, t - time.monotonic())):
@@ -208,8 +247,13 @@ def serve_sims(lighthouse: str, count: int, ttl: float, prefix: str, jobs: list[
                     version=version,
                     requests=requests,
                     cache_hits=requests - 1,
-                    step=-1,
+                    step=step + steps_per_call - 1,
                 )
+                if summaries is not None:
+                    batch += 1
+                    status.metrics.extend(summaries(step))
+                    status.metrics_batch = batch
+                step += steps_per_call
                 t0 = in_flight[i] = time.monotonic()
                 try:
                     reply = client.fetch(
@@ -415,6 +459,10 @@ def main() -> None:
     parser.add_argument("--jobs", default="", help="sims: comma-separated jobs, taken in turn")
     parser.add_argument("--offset", type=int, default=0, help="sims: global index of this process's first")
     parser.add_argument("--per-connection", type=int, default=1, help="streams: per HTTP/2 connection")
+    parser.add_argument("--steps-per-call", type=int, default=0, help="sims: steps a group makes per call")
+    parser.add_argument(
+        "--metrics", type=int, default=0, help="sims: metrics reported for each of those steps"
+    )
     args = parser.parse_args()
     if args.role == "workers":
         serve_workers()
@@ -424,7 +472,16 @@ def main() -> None:
         asyncio.run(serve_streams(args.lighthouse, args.prefix, args.per_connection))
     else:
         jobs = [j for j in args.jobs.split(",") if j]
-        serve_sims(args.lighthouse, args.count, args.ttl, args.prefix, jobs, args.offset)
+        serve_sims(
+            args.lighthouse,
+            args.count,
+            args.ttl,
+            args.prefix,
+            jobs,
+            args.offset,
+            args.steps_per_call,
+            args.metrics,
+        )
 
 
 if __name__ == "__main__":

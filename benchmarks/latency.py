@@ -125,7 +125,8 @@ def lighthouse_case(lighthouse_addr: str) -> Case:
 
 
 class PrefetchBatch:
-    """A training loop: ``work_s`` of work (sleep: GPU work releases the GIL), then the timed step call.
+    """A training loop: ``work_s`` of work (sleep: GPU work releases the GIL), then the timed step call
+    (with ``metrics``, followed by ``report(step, **metrics)``: the two are the step's critical path).
 
     A fresh client per batch, closed after it, so its background thread does not
     run while the other cases are timed. The steps of the first ``WARMUP_S`` only
@@ -135,10 +136,13 @@ class PrefetchBatch:
 
     WARMUP_S = 0.2
 
-    def __init__(self, addr: str, steps: StepCounter, work_s: float) -> None:
+    def __init__(
+        self, addr: str, steps: StepCounter, work_s: float, metrics: dict[str, float] | None = None
+    ) -> None:
         self.addr = addr
         self.steps = steps
         self.work_s = work_s
+        self.metrics = metrics
         self.stats: dict[str, Any] = {"calls": 0, "from_memory": 0, "wrong_step": 0, "not_pinned": 0}
 
     def run(self, n: int) -> list[float]:
@@ -154,6 +158,8 @@ class PrefetchBatch:
                 ready = prefetcher is not None and step in prefetcher.ready
                 started = clock()
                 cfg = client.get_config(step=step)
+                if self.metrics is not None:
+                    client.report(step, **self.metrics)
                 elapsed = (clock() - started) / 1000
                 if i < warmup:
                     continue

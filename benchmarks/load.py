@@ -337,7 +337,9 @@ class SimFleet(AgentGroup):
     """``count`` simulated managers (``agent sims``) over ``processes`` processes; stopped on exit.
 
     ``lighthouse`` may list several (``A,B,C``): each sim starts on one picked by its
-    replica id, as a manager does. ``jobs`` are taken in turn over all the sims.
+    replica id, as a manager does. ``jobs`` are taken in turn over all the sims. With
+    ``steps_per_call`` each group steps that many steps a call; with ``metrics`` too, its
+    status carries that many metrics' summaries for those steps.
     """
 
     def __init__(
@@ -349,6 +351,8 @@ class SimFleet(AgentGroup):
         processes: int,
         ttl: float,
         jobs: list[str] | None = None,
+        steps_per_call: int = 0,
+        metrics: int = 0,
     ) -> None:
         super().__init__(children)
         offset = 0
@@ -358,7 +362,8 @@ class SimFleet(AgentGroup):
                 args = [
                     "-m", "benchmarks.agent", "sims", "--lighthouse", lighthouse, "--count", str(n),
                     "--ttl", str(ttl), "--prefix", f"{name}-{i}", "--jobs", ",".join(jobs or []),
-                    "--offset", str(offset),
+                    "--offset", str(offset), "--steps-per-call", str(steps_per_call),
+                    "--metrics", str(metrics),
                 ]  # fmt: skip
                 self.agents.append(children.python(f"{name}-{i}", *args))
                 offset += n

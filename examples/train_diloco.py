@@ -11,6 +11,10 @@ with ``subprocess``: never fork a process that holds a gRPC channel) and calls
   every rank of the group, so it only works because all ranks agree on
   ``sync_every`` at every step, which is what step pinning guarantees.
 
+Each rank reports its loss (``client.report(step, loss=loss)``): the dashboard
+charts it against the config changes, and ``examples/adaptive_sync.py`` tunes
+``sync_every`` from it while the job runs.
+
 The model is a small linear regression: PyTorch on the CPU when importable,
 otherwise NumPy (``--backend``). By default the script starts its own
 lighthouse and managers; ``--lighthouse ADDR`` uses a running lighthouse
@@ -156,6 +160,7 @@ def run_rank(args: argparse.Namespace) -> None:
             sync_every = cfg.get_int("sync_every", DEFAULT_SYNC_EVERY)
             idx = rng.integers(0, len(x_all), size=BATCH)
             loss = model.train_step(x_all[idx], y_all[idx], lr)
+            client.report(step, loss=loss)  # a memory append: it rides on the next step's get_config
             synced = sync_every > 0 and (step + 1) % sync_every == 0
             if synced:
                 average_in_group(model, Path(args.sync_dir), group, rank, step)
@@ -279,6 +284,7 @@ def launch(args: argparse.Namespace) -> int:
         records: list[dict[str, Any]] = []
         backends: set[str] = set()
         last_lr: dict[tuple[int, int], float] = {}
+        last_sync: dict[tuple[int, int], int] = {}
         running = len(ranks)
         while running:
             rec = out.get()
@@ -291,11 +297,15 @@ def launch(args: argparse.Namespace) -> int:
                 rank_id = (rec["g"], rec["r"])
                 changed = rank_id in last_lr and last_lr[rank_id] != rec["lr"]
                 last_lr[rank_id] = rec["lr"]
-                if rec["step"] % args.print_every == 0 or changed:  # every lr change is shown
+                resynced = rank_id in last_sync and last_sync[rank_id] != rec["sync_every"]
+                last_sync[rank_id] = rec["sync_every"]
+                if rec["step"] % args.print_every == 0 or changed or resynced:  # every change is shown
                     sync = " sync" if rec["synced"] else ""
+                    note = " <- lr changed" if changed else ""
+                    note += f" <- sync_every {rec['sync_every']}" if resynced else ""
                     print(
                         f"group{rec['g']}/r{rec['r']} step {rec['step']:5d} v{rec['v']} lr {rec['lr']:<8g}"
-                        f" loss {rec['loss']:.5f}{sync}{' <- lr changed' if changed else ''}"
+                        f" loss {rec['loss']:.5f}{sync}{note}"
                     )
         codes = [p.wait() for p in ranks]
         print(f"backend: {', '.join(sorted(backends))}")

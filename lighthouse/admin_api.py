@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import ipaddress
+import math
 import re
 import socket
 import threading
@@ -22,6 +23,7 @@ from importlib import resources
 from typing import Any
 
 from lighthouse.access import Access
+from lighthouse.guards import GuardSpec, JobGuards
 from lighthouse.http_messages import (
     HttpError,
     Request,
@@ -43,6 +45,7 @@ MAX_AUTHOR_CHARS = 64
 MAX_COMMENT_CHARS = 500
 DEFAULT_HISTORY_LIMIT = 100
 MAX_HISTORY_LIMIT = 100_000
+MAX_METRIC_POINTS = 10_000
 # Blocking history queries (?after=V&wait=S, what `config watch` follows): each holds a thread.
 MAX_WAIT_SECONDS = 60.0
 MAX_WAITING_REQUESTS = 64
@@ -103,6 +106,9 @@ class AdminApi:
             (r"/api/config/at-step/([^/]+)", {"GET": self.at_step}),
             (r"/api/config/timeline", {"GET": self.timeline}),
             (r"/api/managers", {"GET": self.managers}),
+            (r"/api/metrics", {"GET": self.training_metrics}),
+            (r"/api/config/guards", {"GET": self.guards}),
+            (r"/api/config/guards/([^/]+)", {"DELETE": self.cancel_guard}),
         ]
         self.routes = [Route(re.compile(p), m) for p, m in table]
         self._job_routes = [
@@ -271,6 +277,34 @@ class AdminApi:
         state = self.state(req)
         return json_response({"managers": state.managers(), "version": state.store.head})
 
+    def training_metrics(self, req: Request) -> Response:
+        """GET /api/metrics?name=loss&from_step=A&to_step=B[&max_points=N][&groups=1]: the job's
+        reported metrics per step (``name`` repeatable; none: every metric)."""
+        names = [n for value in req.query.get("name", []) for n in value.split(",") if n] or None
+        first = req.int_arg("from_step") or 0
+        last = req.int_arg("to_step")
+        max_points = req.int_arg("max_points", minimum=1)
+        answer = self.state(req).series.query(
+            names,
+            first,
+            2**62 if last is None else last,
+            min(max_points, MAX_METRIC_POINTS) if max_points is not None else None,
+            groups=_flag(req, "groups"),
+        )
+        return json_response(answer)
+
+    def guards(self, req: Request) -> Response:
+        return json_response({"guards": self.state(req).guards.list()})
+
+    def cancel_guard(self, req: Request) -> Response:
+        author = self.authorize(req)
+        version = parse_int(req.params[0], "version", minimum=1)
+        try:
+            guard = self.state(req).guards.cancel(version, author)
+        except ConfigError as exc:  # passed or triggered already
+            raise HttpError(409, str(exc)) from None
+        return json_response({"guard": guard})
+
     def metrics(self, req: Request) -> Response:
         lines: list[str] = []
         states = self.jobs.states()
@@ -363,6 +397,24 @@ class AdminApi:
             "Seconds since each manager was last heard from.",
             [(labels, round(max(0.0, wall - m["seen_at"]), 3)) for labels, m in per_manager],
         )
+        # What training reports: each metric at its newest step (NaN when none of its values was finite).
+        last = [
+            (f'{{job="{_label(st.job)}",name="{name}"}}', value)
+            for st in states
+            for name, value in sorted(st.series.last_values().items())
+        ]
+        metric(
+            "lighthouse_training_metric",
+            "gauge",
+            "Mean across replica groups of a reported metric at its newest step.",
+            [(labels, v.mean if v.mean is not None else math.nan) for labels, v in last],
+        )
+        metric(
+            "lighthouse_training_metric_step",
+            "gauge",
+            "Newest step a metric was reported for.",
+            [(labels, v.step) for labels, v in last],
+        )
         body = ("\n".join(lines) + "\n").encode()
         return Response(200, body, METRICS_TYPE, {"Cache-Control": "no-store"})
 
@@ -379,18 +431,42 @@ class AdminApi:
         if_match = if_match_version(req.headers.get("If-Match"))
         comment = self._comment(req)
         dry_run = _flag(req, "dry_run")
+        spec = self._guard_spec(req)
         body = req.json_body()
-        plan = self.state_to_change(req).change(
-            op,
-            body,
-            source="api",
-            author=author,
-            comment=comment,
-            effective_step=effective_step,
-            if_match=if_match,
-            dry_run=dry_run,
+        state = self.state_to_change(req)
+
+        def change(dry_run: bool) -> Plan:
+            return state.change(
+                op,
+                body,
+                source="api",
+                author=author,
+                comment=comment,
+                effective_step=effective_step,
+                if_match=if_match,
+                dry_run=dry_run,
+            )
+
+        if spec is None:
+            return self._changed(req, change(dry_run), dry_run)
+        JobGuards.draft(change(True), spec, author)  # refused before anything is stored
+        plan = change(dry_run)
+        guard = JobGuards.draft(plan, spec, author)
+        if not dry_run:
+            state.guards.add(guard)
+        return self._changed(req, plan, dry_run, guard)
+
+    @staticmethod
+    def _guard_spec(req: Request) -> GuardSpec | None:
+        """``?guard=loss:1.5[&guard_steps=200][&guard_window=10]`` (None without ``guard``)."""
+        text = req.arg("guard")
+        if text is None:
+            if req.arg("guard_steps") is not None or req.arg("guard_window") is not None:
+                raise HttpError(400, "guard_steps and guard_window go with guard=METRIC:FACTOR")
+            return None
+        return GuardSpec.parse(
+            text, req.int_arg("guard_steps", minimum=1), req.int_arg("guard_window", minimum=1)
         )
-        return self._changed(req, plan, dry_run)
 
     def rollback(self, req: Request) -> Response:
         author = self.authorize(req)
@@ -448,9 +524,12 @@ class AdminApi:
     def _comment(req: Request) -> str:
         return clean_text(req.arg("comment") or req.headers.get("X-Change-Comment") or "", MAX_COMMENT_CHARS)
 
-    def _changed(self, req: Request, plan: Plan, dry_run: bool = False) -> Response:
+    def _changed(
+        self, req: Request, plan: Plan, dry_run: bool = False, guard: dict[str, Any] | None = None
+    ) -> Response:
         """The answer to a change, real or dry run alike: built from the one plan both use."""
         row = plan.row
+        extra = {"guard": guard} if guard is not None else {}
         return json_response(
             {
                 "job": req.job,
@@ -465,6 +544,7 @@ class AdminApi:
                 "author": row.author,
                 "comment": row.comment,
                 "dry_run": dry_run,
+                **extra,
             }
         )
 

@@ -17,6 +17,7 @@ import click
 
 from lighthouse import admin_tables
 from lighthouse.admin_client import DEFAULT_URL, AdminClient, AdminError
+from lighthouse.guard_options import describe_guard, guard_options
 from lighthouse.values import ConfigError, config_changes, decode_cli_value, parse_config, parse_json
 from protos.cli_options import client_tls_options, job_option
 from protos.cli_output import JSON, echo_lines, fail, output_option, print_json, with_iso_times
@@ -76,6 +77,12 @@ def emit(output: str, answer: Any, lines: Callable[[], list[str]]) -> None:
         echo_lines(lines())
 
 
+def change_lines(answer: dict[str, Any]) -> list[str]:
+    """A change's lines (``admin_tables.change_lines``), and what guards it when it is guarded."""
+    guard = answer.get("guard")
+    return [*admin_tables.change_lines(answer), *([describe_guard(guard)] if guard else [])]
+
+
 def parse_assignments(assignments: tuple[str, ...]) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     for item in assignments:
@@ -118,6 +125,7 @@ def show(client: AdminClient, output: str) -> None:
 @comment_option
 @click.option("--if-match", type=int, default=None, help="Refuse the change unless VERSION is still live.")
 @dry_run_option
+@guard_options
 @connection_options
 def set_(
     client: AdminClient,
@@ -127,6 +135,7 @@ def set_(
     comment: str | None,
     if_match: int | None,
     dry_run: bool,
+    guard: dict[str, Any],
 ) -> None:
     """Change keys, keeping the others.
 
@@ -140,8 +149,9 @@ def set_(
         effective_step=at_step,
         comment=comment,
         dry_run=dry_run,
+        **guard,
     )
-    emit(output, answer, lambda: admin_tables.change_lines(answer))
+    emit(output, answer, lambda: change_lines(answer))
 
 
 @config.command()
@@ -150,6 +160,7 @@ def set_(
 @comment_option
 @click.option("--if-match", type=int, default=None, help="Refuse the change unless VERSION is still live.")
 @dry_run_option
+@guard_options
 @connection_options
 def load(
     client: AdminClient,
@@ -159,6 +170,7 @@ def load(
     comment: str | None,
     if_match: int | None,
     dry_run: bool,
+    guard: dict[str, Any],
 ) -> None:
     """Replace the whole config with FILE's JSON object."""
     try:
@@ -168,9 +180,9 @@ def load(
     except OSError as exc:
         fail(f"{file}: {exc.strerror or exc}")
     answer = client.put(
-        new, if_match=if_match, effective_step=at_step, comment=comment or str(file), dry_run=dry_run
+        new, if_match=if_match, effective_step=at_step, comment=comment or str(file), dry_run=dry_run, **guard
     )
-    emit(output, answer, lambda: admin_tables.change_lines(answer))
+    emit(output, answer, lambda: change_lines(answer))
 
 
 @config.command()

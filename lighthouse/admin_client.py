@@ -1,7 +1,20 @@
 """A small client for the lighthouse admin API (stdlib urllib: nothing to install on a login node).
 
-Given several lighthouses (``"http://A:29511,http://B:29511"``, lighthouses on one
-store), it uses the first that answers and stays with it.
+It is what the ``lighthouse config`` commands use, and what a controller (a
+process that reads a job's metrics and changes its config: see
+``examples/adaptive_sync.py``) uses too::
+
+    from lighthouse.admin_client import AdminClient
+
+    admin = AdminClient("http://lh-host:29511", token=TOKEN, job="llama-70b", author="my-controller")
+    loss = admin.metrics("loss", from_step=1000)["metrics"]["loss"]   # [{"step", "mean", ...}, ...]
+    admin.patch({"lr": 2e-4}, comment="controller: loss plateaued", guard="loss:1.5", guard_steps=200)
+    admin.guards()["guards"]                                          # active, passed, triggered
+
+Every method returns the decoded JSON answer and raises ``AdminError`` (with the
+HTTP status, 0 when the lighthouse cannot be reached) on a refusal. Given several
+lighthouses (``"http://A:29511,http://B:29511"``, lighthouses on one store), it uses
+the first that answers and stays with it.
 """
 
 from __future__ import annotations
@@ -74,7 +87,8 @@ class AdminClient:
     when it does not answer in time; a change only when it was never sent, so it is
     never applied twice). An ``https://`` URL verifies the lighthouse against
     ``tls.ca`` (the system's roots without one) and presents ``tls.cert`` when
-    mutual TLS asks for it.
+    mutual TLS asks for it. ``author`` names who makes the changes in the history
+    (a controller's name).
     """
 
     def __init__(
@@ -85,9 +99,11 @@ class AdminClient:
         *,
         tls: TLSConfig | None = None,
         job: str = DEFAULT_JOB,
+        author: str | None = None,
     ) -> None:
         self.urls = split_urls(url)
         self._current = 0
+        self.author = author  # recorded with every change (X-Author), e.g. the controller's name
         self.job = check_job_id(job)
         # The job default keeps the unprefixed routes: they work on every lighthouse release.
         self._api = "/api" if self.job == DEFAULT_JOB else f"/api/jobs/{self.job}"
@@ -162,6 +178,38 @@ class AdminClient:
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/healthz")
 
+    def metrics(
+        self,
+        *names: str,
+        from_step: int | None = None,
+        to_step: int | None = None,
+        max_points: int | None = None,
+        groups: bool = False,
+    ) -> dict[str, Any]:
+        """The job's reported metrics (``names``, or every one) per step:
+        ``{"metrics": {"loss": [{"step", "mean", "min", "max", "count", "nonfinite"}, ...]}}``.
+
+        Older steps come as buckets (``to_step`` says up to where); ``max_points`` merges
+        neighbours down to that many points; ``groups`` adds each group's recent steps.
+        """
+        query: dict[str, Any] = {
+            "name": ",".join(names) or None,
+            "from_step": from_step,
+            "to_step": to_step,
+            "max_points": max_points,
+            "groups": 1 if groups else None,
+        }
+        return self._call("GET", f"{self._api}/metrics", query=query)
+
+    def guards(self) -> dict[str, Any]:
+        """The job's guarded changes, newest first, each with its status: active, passed,
+        triggered (with the rollback version and the reason) or cancelled."""
+        return self._call("GET", f"{self._api}/config/guards")
+
+    def cancel_guard(self, version: int) -> dict[str, Any]:
+        """Stop guarding version ``version``: its change stays, nothing rolls it back."""
+        return self._call("DELETE", f"{self._api}/config/guards/{int(version)}")
+
     def schema(self) -> dict[str, Any]:
         return self._call("GET", f"{self._api}/config/schema")
 
@@ -183,9 +231,20 @@ class AdminClient:
         effective_step: int | None = None,
         comment: str | None = None,
         dry_run: bool = False,
+        *,
+        guard: str | None = None,
+        guard_steps: int | None = None,
+        guard_window: int | None = None,
     ) -> dict[str, Any]:
-        """Replace the whole config (at ``effective_step`` if given); ``dry_run`` stores nothing."""
-        return self._change("PUT", config, if_match, effective_step, comment, dry_run)
+        """Replace the whole config (at ``effective_step`` if given); ``dry_run`` stores nothing.
+
+        ``guard="loss:1.5"`` makes it a guarded change: the lighthouse rolls it back if, in the
+        ``guard_steps`` steps (default 200) after it takes effect, the loss smoothed over
+        ``guard_window`` steps (default 10) exceeds 1.5 times its mean before, or is not finite
+        (see ``lighthouse.guards``). The answer's ``guard`` describes it.
+        """
+        query = {"guard": guard, "guard_steps": guard_steps, "guard_window": guard_window}
+        return self._change("PUT", config, if_match, effective_step, comment, dry_run, query)
 
     def patch(
         self,
@@ -194,9 +253,14 @@ class AdminClient:
         effective_step: int | None = None,
         comment: str | None = None,
         dry_run: bool = False,
+        *,
+        guard: str | None = None,
+        guard_steps: int | None = None,
+        guard_window: int | None = None,
     ) -> dict[str, Any]:
-        """Merge ``changes`` into the config; a ``None`` value deletes the key."""
-        return self._change("PATCH", changes, if_match, effective_step, comment, dry_run)
+        """Merge ``changes`` into the config; a ``None`` value deletes the key. ``guard``: as ``put``."""
+        query = {"guard": guard, "guard_steps": guard_steps, "guard_window": guard_window}
+        return self._change("PATCH", changes, if_match, effective_step, comment, dry_run, query)
 
     def rollback(self, version: int, comment: str | None = None, dry_run: bool = False) -> dict[str, Any]:
         query = {"comment": comment, "dry_run": 1 if dry_run else None}
@@ -214,10 +278,11 @@ class AdminClient:
         effective_step: int | None,
         comment: str | None,
         dry_run: bool,
+        guard: dict[str, Any],
     ) -> dict[str, Any]:
         headers = {"If-Match": str(if_match)} if if_match is not None else {}
         query = {"effective_step": effective_step, "comment": comment, "dry_run": 1 if dry_run else None}
-        return self._call(method, f"{self._api}/config", body=body, query=query, headers=headers)
+        return self._call(method, f"{self._api}/config", body=body, query={**query, **guard}, headers=headers)
 
     def _call(
         self,
@@ -268,6 +333,8 @@ class AdminClient:
             sent["Content-Type"] = "application/json"
         if self.token:
             sent["Authorization"] = f"Bearer {self.token}"
+        if self.author and method != "GET":
+            sent["X-Author"] = self.author
         request = urllib.request.Request(url, data=data, method=method, headers=sent)
         try:
             with self._opener.open(request, timeout=timeout) as response:

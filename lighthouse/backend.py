@@ -147,13 +147,21 @@ class StoreBackend(Protocol):
         """The job's schema changes, newest first, each with an increasing ``id``."""
         ...
 
+    def save_guard(self, job: str, record: dict[str, Any]) -> None:
+        """Store a guarded change's guard (``record["version"]`` is its id), replacing an older state."""
+        ...
+
+    def guards(self, job: str) -> list[dict[str, Any]]:
+        """The job's guards, by version."""
+        ...
+
     def prune(self, job: str, gone: set[int], meta: dict[str, str], oldest_kept: int) -> None:
         """Delete versions ``gone`` and store ``meta``; drop switches to versions before
         ``oldest_kept`` except each group's latest one (it still says what the group served)."""
         ...
 
     def delete_job(self, job: str) -> None:
-        """Forget the job: its versions, meta and switches."""
+        """Forget the job: its versions, meta, switches, schemas and guards."""
         ...
 
     def close(self) -> None: ...

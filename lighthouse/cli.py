@@ -11,7 +11,9 @@ import click
 
 from lighthouse.access import load_job_tokens
 from lighthouse.admin_cli import config, jobs
+from lighthouse.guards_cli import guards
 from lighthouse.leases import LeasePolicy
+from lighthouse.metrics_cli import metrics
 from lighthouse.migrate import migrate_command
 from lighthouse.values import ConfigError
 from protos.cli_options import server_tls_options
@@ -224,6 +226,8 @@ def serve(
     server.shutdown()
 
 
+config.add_command(guards)
 main.add_command(config)
 main.add_command(jobs)
+main.add_command(metrics)
 main.add_command(migrate_command)

@@ -10,6 +10,7 @@ digits so keys sort by number)::
     {p}/jobs/{job}/meta/lease_ceiling/{owner}         a lighthouse life's step-lease ceiling
     {p}/jobs/{job}/sw/{replica}/{step}/{version}      previous_step of a step switch
     {p}/jobs/{job}/schema/{time_ns}                   one schema change as JSON (id: create revision)
+    {p}/jobs/{job}/guards/{version}                   a guarded change's guard as JSON
 
 An append is one transaction comparing the job's head, so two lighthouses never
 both commit a version and ``If-Match`` conflicts hold across lighthouses. A row
@@ -353,6 +354,16 @@ class EtcdBackend:
         out = [{**json.loads(kv.value), "id": kv.create_revision} for kv in kvs]
         return sorted(out, key=lambda r: r["id"], reverse=True)[:limit]
 
+    def save_guard(self, job: str, record: dict[str, Any]) -> None:
+        key = self._job(job) + "guards/" + _num(int(record["version"]))
+        with _mapped():
+            self.client.put(key, json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+
+    def guards(self, job: str) -> list[dict[str, Any]]:
+        with _mapped():
+            kvs = self.client.get(self._job(job) + "guards/", prefix=True).kvs
+        return [json.loads(kv.value) for kv in kvs]
+
     def set_meta(self, job: str, items: dict[str, str]) -> None:
         """``current_step`` is queued (max of every lighthouse's); anything else is written now."""
         items = dict(items)
@@ -519,8 +530,8 @@ class EtcdBackend:
                     ceilings.append((job, sub[len("meta/") :], int(event.kv.value), event.revision))
                 elif sub == "meta/base" and event.revision != self._base_revision.get(job):
                     pruned.add(job)  # another lighthouse pruned: reload the folded base
-                elif sub.startswith("schema/"):
-                    pruned.add(job)  # a schema change (maybe another lighthouse's): reload it
+                elif sub.startswith(("schema/", "guards/")):
+                    pruned.add(job)  # a schema or guard change (maybe another lighthouse's): reload
             for job in pruned:
                 heads[job] = -1
             for job, step in steps.items():

@@ -68,6 +68,8 @@ def migrate(source: StoreBackend, target: MigrationTarget) -> list[CopiedJob]:
         target.append(job, [last], records.meta, expected_head=head)
         for schema in reversed(source.schemas(job, ALL)):  # oldest first: the newest stays in force
             target.add_schema(job, {k: v for k, v in schema.items() if k != "id"})
+        for guard in source.guards(job):
+            target.save_guard(job, guard)
         copied.append(CopiedJob(job, len(records.rows), records.rows[0].version, last.version, len(switches)))
     check(source, target)
     return copied
@@ -88,6 +90,8 @@ def check(source: StoreBackend, target: StoreBackend) -> None:
             raise CopyMismatch(f"job {job}: the target's step switches differ from the source's")
         if _without_ids(target.schemas(job, ALL)) != _without_ids(source.schemas(job, ALL)):
             raise CopyMismatch(f"job {job}: the target's schema history differs from the source's")
+        if target.guards(job) != source.guards(job):
+            raise CopyMismatch(f"job {job}: the target's guards differ from the source's")
 
 
 def _without_ids(schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:

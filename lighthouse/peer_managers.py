@@ -3,11 +3,8 @@
 A manager talks to one lighthouse, but an operator may open any lighthouse's
 dashboard. So each lighthouse publishes, per job, one summary of the managers
 it hears from under ``{prefix}/peers/{job}/{instance}``, attached to its own
-etcd lease, and watches ``{prefix}/peers/`` for the others' summaries. The
-writes are batched: at most one etcd transaction per interval per lighthouse,
-carrying only the jobs whose managers changed, however many manager calls came
-in. A lighthouse that dies stops refreshing its lease, and etcd deletes its
-summaries when the lease expires.
+etcd lease, and watches ``{prefix}/peers/`` for the others' summaries (see
+``etcd_share``). A round writes only the jobs whose managers changed.
 
 Ages cross hosts as wall-clock ``seen_at`` times: the monotonic clock of one
 process means nothing to another (so a remote manager's ``last_seen_s`` is as
@@ -22,19 +19,9 @@ import threading
 import time
 from typing import Any
 
-from lighthouse import backend
-from lighthouse.etcd_client import (
-    Delete,
-    EtcdClient,
-    EtcdError,
-    Event,
-    KeepAlive,
-    Put,
-    StoreUnavailable,
-    Watch,
-)
-from lighthouse.jobs import JobRegistry, TooManyJobs
-from protos.jobs import InvalidJobId, check_job_id
+from lighthouse.etcd_client import Delete, EtcdClient, Event, Put
+from lighthouse.etcd_share import EtcdShare, batches, hold_job
+from lighthouse.jobs import JobRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +29,6 @@ PEERS_DIR = "peers"
 PUBLISH_INTERVAL = 1.0
 LEASE_TTL = 5.0
 SEEN_SLACK = 0.5  # a newer seen_at alone is worth a write once it moved this much
-MAX_TXN_OPS = 100  # etcd refuses a transaction of more than 128 operations by default
-MAX_TXN_BYTES = 1 << 20  # and a request over 1.5 MiB
 
 
 def _without_seen(managers: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -57,7 +42,7 @@ def _changed(old: list[dict[str, Any]] | None, new: list[dict[str, Any]]) -> boo
     return any(n["seen_at"] - o["seen_at"] >= SEEN_SLACK for o, n in zip(old, new, strict=True))
 
 
-class PeerManagers:
+class PeerManagers(EtcdShare):
     """Publishes this lighthouse's managers per job and merges in every other lighthouse's.
 
     ``start()`` hooks it into ``registry`` (every job's ``managers()`` then lists the
@@ -76,24 +61,14 @@ class PeerManagers:
         interval: float = PUBLISH_INTERVAL,
         ttl: float = LEASE_TTL,
     ) -> None:
-        self.client = client
-        self.root = f"{prefix.rstrip('/')}/{PEERS_DIR}/"
-        self.instance_id = instance_id
+        root = f"{prefix.rstrip('/')}/{PEERS_DIR}/"
+        super().__init__(client, root, instance_id, interval=interval, ttl=ttl, what="the managers table")
         self.address = lighthouse_address
         self.registry = registry
-        self.interval = interval
-        self.ttl = ttl
         self._lock = threading.Lock()
         # job -> instance -> (its lighthouse's address, its managers as published)
         self._remote: dict[str, dict[str, tuple[str, list[dict[str, Any]]]]] = {}
         self._published: dict[str, list[dict[str, Any]]] = {}  # job -> what our key holds
-        self._lease = 0
-        self._lease_lost = threading.Event()
-        self._keepalive: KeepAlive | None = None
-        self._watch: Watch | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="peer-managers", daemon=True)
-        self.puts = 0  # etcd writes made (one transaction counts once)
 
     # ------------------------------------------------------------ reading
     def remote(self, job: str) -> list[dict[str, Any]]:
@@ -144,16 +119,7 @@ class PeerManagers:
         """Hold a job whose managers all talk to other lighthouses, so this one lists it too."""
         for job in jobs:
             if self.registry.get(job) is None:
-                try:
-                    self.registry.serve(check_job_id(job))
-                except (
-                    InvalidJobId,
-                    TooManyJobs,
-                    StoreUnavailable,
-                    backend.StoreUnavailable,
-                    EtcdError,
-                ) as exc:
-                    logger.warning("not holding job %r seen on a peer: %s", job, exc)
+                hold_job(self.registry, job)
 
     def _on_events(self, events: list[Event]) -> None:
         new = [self._take(e.kv.key, e.kv.value if e.type == "put" else None) for e in events]
@@ -169,23 +135,15 @@ class PeerManagers:
         return result.revision
 
     # ------------------------------------------------------------ publishing
-    def _ensure_lease(self) -> None:
-        if self._lease and not self._lease_lost.is_set():
-            return
-        if self._keepalive is not None:
-            self._keepalive.stop()
-            self._keepalive = None
-        self._lease_lost.clear()
-        self._lease = self.client.lease_grant(self.ttl)
+    def _lease_taken(self) -> None:
         self._published.clear()  # the old lease's keys are gone (or going): write everything again
-        self._keepalive = self.client.keep_alive(self._lease, self.ttl, self._lease_lost.set)
 
     def _key(self, job: str) -> str:
         return f"{self.root}{job}/{self.instance_id}"
 
     def publish(self) -> None:
         """One round: write the summaries that changed, delete those of jobs without managers here."""
-        self._ensure_lease()
+        lease = self._ensure_lease()
         current = {state.job: state.local_managers() for state in self.registry.states()}
         current = {job: managers for job, managers in current.items() if managers}
         ops: list[tuple[str, Put | Delete]] = [
@@ -194,76 +152,18 @@ class PeerManagers:
         for job, managers in current.items():
             if _changed(self._published.get(job), managers):
                 value = json.dumps({"lighthouse": self.address, "managers": managers}, separators=(",", ":"))
-                ops.append((job, Put(self._key(job), value, lease=self._lease)))
-        batch: list[tuple[str, Put | Delete]] = []
-        size = 0
-        for job, op in ops:
-            op_size = len(op.value) if isinstance(op, Put) else 0
-            if batch and (len(batch) >= MAX_TXN_OPS or size + op_size > MAX_TXN_BYTES):
-                self._write(batch, current)
-                batch, size = [], 0
-            batch.append((job, op))
-            size += op_size
-        if batch:
-            self._write(batch, current)
-
-    def _write(self, batch: list[tuple[str, Put | Delete]], current: dict[str, list[dict[str, Any]]]) -> None:
-        try:
-            self.client.txn([], [op for _, op in batch], timeout=self.interval * 2)
-        except EtcdError as exc:
-            if "lease not found" in exc.details:  # it expired while etcd was out of reach
-                logger.warning("managers summary lease expired; taking a new one")
-                self._lease_lost.set()
-            else:
-                logger.warning("publishing managers failed: %s", exc)
-            return
-        self.puts += 1
-        for job, op in batch:
-            if isinstance(op, Put):
-                self._published[job] = current[job]
-            else:
-                self._published.pop(job, None)
+                ops.append((job, Put(self._key(job), value, lease=lease)))
+        for batch in batches(ops):
+            if not self._txn([op for _, op in batch]):
+                return
+            for job, op in batch:
+                if isinstance(op, Put):
+                    self._published[job] = current[job]
+                else:
+                    self._published.pop(job, None)
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Merge peers into the registry's tables now; load, watch and publish in the background."""
         self.registry.set_peers(self.remote, self.address)
-        self._thread.start()
-
-    def _run(self) -> None:
-        failing = False  # log a failure once, and the recovery, not every round
-        while not self._stop.is_set():
-            try:
-                if self._watch is None:
-                    revision = self._load()
-                    self._watch = self.client.watch(
-                        self.root,
-                        start_revision=revision + 1,
-                        on_events=self._on_events,
-                        on_compacted=self._load,
-                    )
-                self.publish()
-            except (StoreUnavailable, EtcdError) as exc:
-                if not failing:
-                    logger.warning("cannot share the managers table through etcd: %s", exc)
-                failing = True
-            else:
-                if failing:
-                    logger.info("sharing the managers table through etcd again")
-                failing = False
-            self._stop.wait(self.interval)
-
-    def stop(self) -> None:
-        """Stop publishing and watching, and withdraw this lighthouse's summaries."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
-        if self._watch is not None:
-            self._watch.stop()
-        if self._keepalive is not None:
-            self._keepalive.stop()
-        if self._lease:
-            try:
-                self.client.lease_revoke(self._lease, timeout=1.0)
-            except (StoreUnavailable, EtcdError) as exc:
-                logger.info("managers summary left to expire with its lease: %s", exc)
+        super().start()

@@ -11,9 +11,11 @@ import grpc
 
 from lighthouse.backend import StoreBackend
 from lighthouse.config_file import ConfigDirWatcher, FileContent, FileWatcher, read_schema_file
+from lighthouse.guards import GuardWatch
 from lighthouse.jobs import JobRegistry
 from lighthouse.leases import LeasePolicy
 from lighthouse.peer_managers import PeerManagers
+from lighthouse.peer_series import PeerSeries
 from lighthouse.service import LighthouseService
 from lighthouse.sqlite_backend import SqliteBackend
 from lighthouse.state import LighthouseState
@@ -69,6 +71,8 @@ class LighthouseServer:
         self._http = None
         self._server: AioServer | None = None
         self._peers: PeerManagers | None = None
+        self._peer_series: PeerSeries | None = None
+        self._guards: GuardWatch | None = None
         # SERVING from the end of start-up (every job loaded, the dashboard up) until shutdown starts.
         self._probes = Probes(LIGHTHOUSE_SERVICE)
         self.jobs = JobRegistry(
@@ -134,6 +138,8 @@ class LighthouseServer:
                 )
             for watcher in self._watchers:
                 watcher.start()
+            self._guards = GuardWatch(self.jobs.states)
+            self._guards.start()
         except BaseException:
             self.shutdown()
             raise
@@ -146,12 +152,16 @@ class LighthouseServer:
         )
 
     def _start_peers(self) -> None:
-        """On a store shared by several lighthouses (etcd), share the managers table with the others."""
+        """On a store shared by several lighthouses (etcd), share the managers table and the reported
+        metrics with the others."""
         backend = self.jobs.backend
         client, prefix = getattr(backend, "client", None), getattr(backend, "prefix", None)
         if client is not None and prefix is not None:
-            self._peers = PeerManagers(client, prefix, uuid.uuid4().hex, self._address, self.jobs)
+            instance = uuid.uuid4().hex
+            self._peers = PeerManagers(client, prefix, instance, self._address, self.jobs)
             self._peers.start()
+            self._peer_series = PeerSeries(client, prefix, instance, self.jobs)
+            self._peer_series.start()
 
     @property
     def state(self) -> LighthouseState:
@@ -187,6 +197,12 @@ class LighthouseServer:
         if self._server is not None:
             self._server.stop(grace)
             self._server = None
+        if self._guards is not None:
+            self._guards.stop()
+            self._guards = None
+        if self._peer_series is not None:
+            self._peer_series.stop()
+            self._peer_series = None
         if self._peers is not None:
             self._peers.stop()
             self._peers = None

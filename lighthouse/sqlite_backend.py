@@ -65,6 +65,9 @@ CREATE TABLE IF NOT EXISTS job_schemas (
     author TEXT NOT NULL,
     comment TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS job_guards (
+    job TEXT NOT NULL, version INTEGER NOT NULL, record TEXT NOT NULL, PRIMARY KEY (job, version)
+);
 CREATE TABLE IF NOT EXISTS job_switches (
     job TEXT NOT NULL,
     replica_id TEXT NOT NULL,
@@ -190,7 +193,7 @@ class SqliteBackend:
         with self._lock:
             return not any(
                 self._db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone()
-                for table in ("job_versions", "job_meta", "job_switches")
+                for table in ("job_versions", "job_meta", "job_switches", "job_guards")
             )
 
     def switches(self, job: str) -> list[Switch]:
@@ -347,6 +350,20 @@ class SqliteBackend:
         keys = ("id", "schema", "created_at", "source", "author", "comment")
         return [{**dict(zip(keys, r, strict=True)), "schema": json.loads(r[1])} for r in rows]
 
+    def save_guard(self, job: str, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO job_guards VALUES (?, ?, ?)",
+                (job, int(record["version"]), json.dumps(record, ensure_ascii=False)),
+            )
+
+    def guards(self, job: str) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT record FROM job_guards WHERE job = ? ORDER BY version", (job,)
+            ).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
     def prune(self, job: str, gone: set[int], meta: dict[str, str], oldest_kept: int) -> None:
         self._flush_steps()  # queued switches first: the pruning below decides which to keep
         with self._lock, self._db:
@@ -368,7 +385,7 @@ class SqliteBackend:
             self._pending_switches = [sw for sw in self._pending_switches if sw[0] != job]
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            for table in ("job_versions", "job_meta", "job_switches", "job_schemas"):
+            for table in ("job_versions", "job_meta", "job_switches", "job_schemas", "job_guards"):
                 self._db.execute(f"DELETE FROM {table} WHERE job = ?", (job,))
 
     def close(self) -> None:

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from lighthouse.config_file import FileContent, load_initial, read_schema_file
+from lighthouse.guards import JobGuards
 from lighthouse.job_schema import JobSchema
 from lighthouse.leases import NO_LEASE
+from lighthouse.series import JobSeries
 from lighthouse.store import ConfigStore, Edit, Plan, Segment
 from lighthouse.values import ConfigError, encode_config, validate_object
 from protos import lighthouse_config_pb2 as pb
@@ -105,6 +107,10 @@ class LighthouseState:
         self.config_path = config_path.resolve() if config_path is not None else None
         self.file_error: str | None = None
         self.schema = JobSchema(store, schema_path)  # checks every commit below
+        self.series = JobSeries(self.job)  # what the job's ranks report (ManagerClient.report)
+        if store.backend.shared:
+            self.series.share()  # other lighthouses take what this one's managers send (peer_series)
+        self.guards = JobGuards(self)  # changes that roll themselves back when a metric regresses
         self.get_config_calls = 0
         self.heartbeat_calls = 0
         self._get_config_count = itertools.count(1)  # next() is atomic: no call lost across threads
@@ -297,6 +303,8 @@ class LighthouseState:
             record.fetches += int(fetch)
         if rate > 0:
             self.store.leases.observe_rate(rate)
+        if status.metrics or status.metrics_dropped:
+            self.series.take_status(replica_id, status)
         if status.switches:
             self.store.record_switches(
                 replica_id, [(s.version, s.step, s.previous_step) for s in status.switches]
@@ -321,6 +329,7 @@ class LighthouseState:
         """Serve what the store holds now (another lighthouse on the same store changed the job)."""
         self.store.reload()
         self.schema.reload()
+        self.guards.reload()
         self._step_field = varint_field(_CURRENT_STEP, self.store.current_step)
         self.refresh()
 

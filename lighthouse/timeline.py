@@ -37,6 +37,8 @@ def timeline(store: ConfigStore, limit: int = DEFAULT_SEGMENTS) -> dict[str, Any
                 "source": row.source,
                 "author": row.author,
                 "comment": row.comment,
+                "op": row.op,  # with the change: what the version did (the charts' markers say it)
+                "change": row.change,
             }
         )
     late = [

@@ -3,7 +3,8 @@
 The lighthouse's load stays proportional to the number of groups: workers'
 calls are answered from the cache (see ``upstream``), pinned per step (see
 ``pinning``), and a background loop refreshes the cache just before it expires,
-carrying the manager's heartbeat on the same call.
+carrying the manager's heartbeat on the same call. The ranks' reported metrics
+ride on that status too (see ``metrics``), on the push stream as on a fetch.
 
 Step leases (see ``lighthouse.leases``): each answer of the lighthouse promises
 its config for every step up to a horizon H. A worker's call for a step up to H
@@ -27,6 +28,7 @@ import time
 import grpc
 
 from lighthouse.client import LighthouseClient
+from manager.metrics import GroupMetrics
 from manager.pinning import StepPins
 from manager.push import PushStream
 from manager.snapshot import CACHE, FALLBACK, STALE, Snapshot
@@ -40,6 +42,7 @@ from protos.tls import ServerCertificates, ServerTLS, TLSConfig, explain_rpc_err
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL = 1.0
+FINAL_REPORTS = 4  # heartbeats at shutdown, at most, to hand over the metrics still held
 
 
 _STABLE_THROUGH = pb.ManagerConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
@@ -91,6 +94,7 @@ class ManagerServer:
         self._request_count = itertools.count(1)
         self._hit_count = itertools.count(1)
         self._pins = StepPins(step_window)
+        self._metrics = GroupMetrics()
         credentials = ServerCertificates(tls).grpc_credentials() if tls is not None else None
         # Several lighthouses ("A,B,C"): start at one picked by the replica id, so groups spread.
         self._lighthouse = LighthouseClient(
@@ -112,6 +116,7 @@ class ManagerServer:
         self._push_base = -1  # the step the last request on the push stream asked a lease for
         self._push_asked: float | None = None  # when a request on the stream went out unanswered
         self._push_switches: list[tuple[int, int, int]] = []  # step switches sent on the stream
+        self._push_metrics = 0  # the metrics batch sent on the stream, not acknowledged yet
         self._reported: tuple[int, ...] = ()  # what the last report on the stream said
         self._reported_at = float("-inf")
         self._cache = UpstreamCache(
@@ -163,6 +168,8 @@ class ManagerServer:
     # --------------------------------------------------------- worker calls
     def _get_config(self, request: pb.ManagerConfigRequest, context: grpc.ServicerContext) -> bytes:
         self.requests = next(self._request_count)  # atomic: no increment lost across threads
+        if request.metrics or request.metrics_dropped:  # the rank's reports ride on its calls
+            self._metrics.add(request.metrics, request.metrics_dropped)
         if not request.HasField("step"):
             answer = self._cache.get()
             snapshot = answer.snapshot
@@ -218,8 +225,12 @@ class ManagerServer:
         return self._cache.fallback(), False
 
     # ------------------------------------------------------------ upstream
-    def _status(self) -> pb.ManagerStatus:
+    def _status(self, final: bool = False, metrics: bool = True) -> pb.ManagerStatus:
+        """What the lighthouse learns of this group with each call: also the ranks' metrics, so
+        whatever carries the status (a fetch, a heartbeat, the push stream) carries them.
+        ``final``: the last one (every metric held goes); ``metrics=False``: none (a look)."""
         switches = self._pins.take_switches()
+        batch, batch_id = self._metrics.take(everything=final) if metrics else ([], 0)
         return pb.ManagerStatus(
             replica_id=self.replica_id,
             address=self._address,
@@ -231,6 +242,9 @@ class ManagerServer:
             job=self.job,
             lease_through_step=self.lease_through_step(),
             steps_past_lease=self.steps_past_lease,
+            metrics=batch,
+            metrics_batch=batch_id,
+            metrics_dropped=self._metrics.dropped,
         )
 
     def lease_through_step(self) -> int:
@@ -287,7 +301,7 @@ class ManagerServer:
             reply = self._lighthouse.get(request, timeout=self.lighthouse_timeout)
         except grpc.RpcError as exc:
             raise FetchFailed(explain_rpc_error(exc, self._lighthouse.tls is not None)) from None
-        self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in request.status.switches])
+        self._acked(request.status)
         with self._take_lock:
             snapshot = self._take_reply(reply, self._cache.good or held)
             self._take_lease(reply, snapshot, base)
@@ -298,6 +312,7 @@ class ManagerServer:
         """A request for the push stream: its first one (the version held), a report, a renewal."""
         request, self._push_base = self._request(self._cache.good)
         self._push_switches += [(w.version, w.step, w.previous_step) for w in request.status.switches]
+        self._push_metrics = request.status.metrics_batch or self._push_metrics
         self._reported = self._report_key(request.status)
         self._reported_at = time.monotonic()
         return request
@@ -311,6 +326,7 @@ class ManagerServer:
         self._push_asked = None
         sent, self._push_switches = self._push_switches, []
         self._pins.ack_switches(sent)
+        self._metrics.ack(self._push_metrics)
         self._probes.set_serving(True)
 
     def _push_down(self, why: str) -> None:
@@ -333,7 +349,8 @@ class ManagerServer:
             push.reset(f"silent for {push.silent_for():.1f}s (keep-alive every {push.keepalive:g}s)")
             return 0.0
         renew = self._lease is not None and self._pins.max_step >= self._renew_at
-        changed = self._report_key(self._status()) != self._reported
+        changed = self._report_key(self._status(metrics=False)) != self._reported
+        changed = changed or self._metrics.pending
         due = renew or (changed and now - self._reported_at >= HEARTBEAT_INTERVAL)
         if asked is None and due and push.send(self._push_request()):
             self._push_asked = now
@@ -412,20 +429,27 @@ class ManagerServer:
                 self._renew.wait(refresh_in if cache.failing else min(refresh_in, heartbeat_in))
                 self._renew.clear()
 
-    def _heartbeat(self, timeout: float | None = None) -> None:
-        status = self._status()
+    def _heartbeat(self, timeout: float | None = None, final: bool = False) -> bool:
+        status = self._status(final)
         try:
             self._lighthouse.heartbeat(status, timeout=timeout or self.lighthouse_timeout)
         except grpc.RpcError:
             self._last_contact = time.monotonic()  # retried in a heartbeat interval; the fetch logs outages
-            return
-        self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
+            return False
+        self._acked(status)
         self._last_contact = self._last_answer = time.monotonic()
+        return True
+
+    def _acked(self, status: pb.ManagerStatus) -> None:
+        """The lighthouse received ``status``: its switches and metrics need not be sent again."""
+        self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
+        self._metrics.ack(status.metrics_batch)
 
     def stats(self) -> dict[str, int]:
         return {
             "lease_through_step": self.lease_through_step(),
             "steps_past_lease": self.steps_past_lease,
+            "metrics_dropped": self._metrics.dropped,
             "requests": self.requests,
             "cache_hits": self.cache_hits,
             "upstream_fetches": self._cache.fetches,
@@ -489,7 +513,10 @@ class ManagerServer:
             self._server = None
         self._loop.join(timeout=self.lighthouse_timeout + 1)
         if first and not self._cache.failing:
-            self._heartbeat(timeout=min(self.lighthouse_timeout, 0.5))
+            for _ in range(FINAL_REPORTS):  # the last steps' metrics too (a batch is bounded)
+                sent = self._heartbeat(timeout=min(self.lighthouse_timeout, 0.5), final=True)
+                if not sent or not self._metrics.pending:
+                    break
         self._lighthouse.close()
 
     def __enter__(self) -> ManagerServer:

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ManagerStatus(_message.Message):
-    __slots__ = ("replica_id", "address", "version", "requests", "cache_hits", "step", "switches", "job", "lease_through_step", "steps_past_lease")
+    __slots__ = ("replica_id", "address", "version", "requests", "cache_hits", "step", "switches", "job", "lease_through_step", "steps_past_lease", "metrics", "metrics_batch", "metrics_dropped")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,9 @@ class ManagerStatus(_message.Message):
     JOB_FIELD_NUMBER: _ClassVar[int]
     LEASE_THROUGH_STEP_FIELD_NUMBER: _ClassVar[int]
     STEPS_PAST_LEASE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_BATCH_FIELD_NUMBER: _ClassVar[int]
+    METRICS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     version: int
@@ -28,7 +31,42 @@ class ManagerStatus(_message.Message):
     job: str
     lease_through_step: int
     steps_past_lease: int
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[int] = ..., requests: _Optional[int] = ..., cache_hits: _Optional[int] = ..., step: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[StepSwitch, _Mapping]]] = ..., job: _Optional[str] = ..., lease_through_step: _Optional[int] = ..., steps_past_lease: _Optional[int] = ...) -> None: ...
+    metrics: _containers.RepeatedCompositeFieldContainer[MetricSummaries]
+    metrics_batch: int
+    metrics_dropped: int
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[int] = ..., requests: _Optional[int] = ..., cache_hits: _Optional[int] = ..., step: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[StepSwitch, _Mapping]]] = ..., job: _Optional[str] = ..., lease_through_step: _Optional[int] = ..., steps_past_lease: _Optional[int] = ..., metrics: _Optional[_Iterable[_Union[MetricSummaries, _Mapping]]] = ..., metrics_batch: _Optional[int] = ..., metrics_dropped: _Optional[int] = ...) -> None: ...
+
+class MetricSummaries(_message.Message):
+    __slots__ = ("name", "steps", "count", "nonfinite", "sum", "min", "max")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    NONFINITE_FIELD_NUMBER: _ClassVar[int]
+    SUM_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    steps: bytes
+    count: bytes
+    nonfinite: bytes
+    sum: bytes
+    min: bytes
+    max: bytes
+    def __init__(self, name: _Optional[str] = ..., steps: _Optional[bytes] = ..., count: _Optional[bytes] = ..., nonfinite: _Optional[bytes] = ..., sum: _Optional[bytes] = ..., min: _Optional[bytes] = ..., max: _Optional[bytes] = ...) -> None: ...
+
+class MetricGroupSummaries(_message.Message):
+    __slots__ = ("replica_id", "metrics")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    metrics: _containers.RepeatedCompositeFieldContainer[MetricSummaries]
+    def __init__(self, replica_id: _Optional[str] = ..., metrics: _Optional[_Iterable[_Union[MetricSummaries, _Mapping]]] = ...) -> None: ...
+
+class MetricPeerBatch(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[MetricGroupSummaries]
+    def __init__(self, groups: _Optional[_Iterable[_Union[MetricGroupSummaries, _Mapping]]] = ...) -> None: ...
 
 class StepSwitch(_message.Message):
     __slots__ = ("version", "step", "previous_step")
@@ -117,16 +155,35 @@ class LighthouseHeartbeatResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class ManagerConfigRequest(_message.Message):
-    __slots__ = ("group_rank", "step", "known_version", "peek")
+    __slots__ = ("group_rank", "step", "known_version", "peek", "metrics", "metrics_dropped")
     GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
     PEEK_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     group_rank: int
     step: int
     known_version: int
     peek: bool
-    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., known_version: _Optional[int] = ..., peek: _Optional[bool] = ...) -> None: ...
+    metrics: _containers.RepeatedCompositeFieldContainer[StepMetrics]
+    metrics_dropped: int
+    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., known_version: _Optional[int] = ..., peek: _Optional[bool] = ..., metrics: _Optional[_Iterable[_Union[StepMetrics, _Mapping]]] = ..., metrics_dropped: _Optional[int] = ...) -> None: ...
+
+class StepMetrics(_message.Message):
+    __slots__ = ("step", "values")
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    values: _containers.ScalarMap[str, float]
+    def __init__(self, step: _Optional[int] = ..., values: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ManagerConfigResponse(_message.Message):
     __slots__ = ("config_data", "version", "source", "pinned", "job", "stable_through_step")

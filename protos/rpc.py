@@ -27,7 +27,9 @@ LIGHTHOUSE_WATCH = f"/{LIGHTHOUSE_SERVICE}/WatchConfig"
 MANAGER_GET_CONFIG = f"/{MANAGER_SERVICE}/GetConfig"
 MANAGER_GET_STATUS = f"/{MANAGER_SERVICE}/GetStatus"
 
-# Requests are tiny (ids, counters); anything bigger is junk and refused by gRPC.
+# Requests carry ids, counters and reported metrics, which their senders keep well under this
+# (a worker's call about 64 KiB, a manager's status about 108 KB); anything bigger is junk and
+# refused by gRPC.
 MAX_REQUEST_BYTES = 256 * 1024
 # Replies carry the config (at most ~1 MiB of JSON) and, rarely, a few step segments.
 MAX_REPLY_BYTES = 64 * 1024 * 1024

@@ -100,3 +100,14 @@ def run_quick(name: str, out_dir: Path) -> tuple[subprocess.CompletedProcess[str
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out, json.loads((out_dir / f"{name}.json").read_text())
+
+
+def test_reporting_benchmark_runs(tmp_path: Path) -> None:
+    out, results = run_quick("reporting", tmp_path)
+    path = results["critical_path"]
+    assert all(path[case]["n"] > 0 for case in ("floor", "prefetch", "prefetch_report", "memory_read"))
+    assert set(results["lighthouse_cpu"]["cpu_pct"]) == {"silent", "reporting", "reporting_dashboard"}
+    assert all(w["errors"] == 0 and w["client_calls"] > 0 for w in results["lighthouse_cpu"]["windows"])
+    memory = results["memory"]
+    assert memory["entries"]["loss"]["trail_steps"] > 0 and len(memory["checkpoints"]) == 2
+    assert "report() on the critical path" in out.stdout

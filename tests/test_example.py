@@ -9,6 +9,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.http_steps import call
 from tests.http_util import wait_healthy
@@ -20,9 +21,9 @@ STEP_LINE = re.compile(
 )
 
 
-def run_example(*args: str, timeout: float = 90) -> str:
+def run_example(*args: str, timeout: float = 90, script: Path = EXAMPLE) -> str:
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), *args],
+        [sys.executable, str(script), *args],
         cwd=ROOT,
         env=child_env(),
         stdin=subprocess.DEVNULL,
@@ -97,3 +98,41 @@ def test_example_numpy_path_with_a_drop_scheduled_from_the_cli(procs: ProcessPoo
         s for s in call(lh.url, "GET", "/api/config/scheduled")["scheduled"] if s["status"] != "in_effect"
     ]
     assert pending == []
+
+
+def test_adaptive_sync_tunes_sync_every_of_a_running_job(procs: ProcessPool) -> None:
+    """``examples/adaptive_sync.py``, its own process, changes ``sync_every`` of a running
+    ``train_diloco.py`` from the loss its ranks report; every change is guarded and says why."""
+    lh = procs.lighthouse({"lr": 0.05, "sync_every": 4})
+    wait_healthy(lh.url)
+    train_args = [
+        "--lighthouse",
+        lh.address,
+        "--steps",
+        "600",
+        "--step-interval",
+        "0.01",
+        "--backend",
+        "numpy",
+    ]
+    train = procs.spawn([sys.executable, str(EXAMPLE), *train_args, "--print-every", "100"], "train_diloco")
+    controller_args = ["--url", lh.url, "--window", "20", "--interval", "0.3", "--idle", "5"]
+    controller = run_example(*controller_args, timeout=300, script=ROOT / "examples" / "adaptive_sync.py")
+    assert train.wait(60) == 0, train.stderr()
+    out = "\n".join(train.lines())
+    decisions = [line for line in controller.splitlines() if "sync_every" in line]
+    assert decisions, controller
+    versions = call(lh.url, "GET", "/api/config/history")["versions"]
+    made = [v for v in versions if v["author"] == "adaptive_sync"]
+    assert len(made) == len(decisions)
+    for version in made:
+        assert version["comment"].startswith("adaptive_sync: loss ") and set(version["change"]) == {
+            "sync_every"
+        }
+    guarded = {g["version"] for g in call(lh.url, "GET", "/api/config/guards")["guards"]}
+    assert {v["version"] for v in made} <= guarded
+    # Every rank trained with the new interval, and the ranks of a group always agreed on it.
+    switched = {m[1] for m in re.finditer(r"^(group\d/r\d) step .* <- sync_every \d+$", out, re.MULTILINE)}
+    assert switched == {"group0/r0", "group0/r1", "group1/r0", "group1/r1"}, out[-3000:]
+    for g in (0, 1):
+        assert f"group{g}: 600 steps, ranks agreed on (version, lr, sync_every) at every step: yes" in out

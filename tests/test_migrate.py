@@ -20,8 +20,8 @@ from tests.procs import ProcessPool, child_env
 
 def make_state(state_dir: Path) -> Path:
     """Two jobs: 'default' with a pruned history (folded base, a pruned cancel), a pending scheduled
-    change, a job step, step switches and a file hash; 'llm' with its own versions, switches and
-    two schema changes."""
+    change, a job step, step switches and a file hash; 'llm' with its own versions, switches,
+    two schema changes and a guarded change's guard."""
     db = state_dir / "lighthouse.db"
     backend = SqliteBackend(db)
     s = ConfigStore(job="default", backend=backend, history_limit=3)
@@ -46,6 +46,7 @@ def make_state(state_dir: Path) -> Path:
     llm.set_schema({"type": "object"}, source="api", author="carol")
     llm.set_schema({"type": "object", "required": ["lr"]}, source="file", comment="llm.schema.json")
     llm.close()
+    backend.save_guard("llm", {"version": 2, "metric": "loss", "factor": 1.5, "status": "passed"})
     meta = backend.load("default").meta
     assert [r.version for r in backend.load("default").rows] == [6, 7, 8]  # the first 5 were pruned
     assert meta["pruned_cancels"] == "[4]" and "base" in meta
@@ -63,6 +64,7 @@ def test_migrate_copies_every_job_exactly(tmp_path: Path) -> None:
     for job in ("default", "llm"):
         assert target.load(job) == source.load(job)  # rows (version numbers included) and meta
         assert target.switches(job) == source.switches(job)
+        assert target.guards(job) == source.guards(job)
         before, after = ConfigStore(job=job, backend=source), ConfigStore(job=job, backend=target)
         assert after.history() == before.history()
         assert after.segments() == before.segments() and after.scheduled() == before.scheduled()
@@ -84,6 +86,7 @@ def test_check_finds_a_record_that_differs(tmp_path: Path) -> None:
         (lambda b: b.set_meta("llm", {"current_step": "13"}), r"meta differs.*\(current_step\)"),
         (lambda b: b.add_switches("llm", [("w9", 2, 11, 10)]), "step switches differ"),
         (lambda b: b.prune("default", {6}, {}, 7), "versions differ"),
+        (lambda b: b.save_guard("llm", {"version": 2, "status": "active"}), "guards differ"),
     ):
         target = SqliteBackend(None)
         migrate(source, target)
@@ -105,6 +108,8 @@ def test_check_accepts_a_row_whose_config_the_target_left_out(tmp_path: Path) ->
     target.add_switches("llm", source.switches("llm"))
     for schema in reversed(source.schemas("llm", 10)):
         target.add_schema("llm", {k: v for k, v in schema.items() if k != "id"})
+    for guard in source.guards("llm"):
+        target.save_guard("llm", guard)
     check(source, target)
 
 

@@ -3,17 +3,28 @@
 Prints ``ready`` once the client exists, then ``{"group", "rank", "step",
 "version", "source", "pinned", "stable_through_step", "config", "elapsed", "t"}`` per
 step, then ``done``.
+
+With ``--report`` it also reports a loss known in advance after each step
+(``known_loss``: NaN at the ``--nan-at`` steps, three times as much while the
+config's ``lr`` is above ``--hot-lr``, as a bad learning rate makes it) and adds
+``lr`` and ``loss`` to its records; ``done`` comes once ``close()`` sent them all.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
 from protos.tls import TLSConfig
 from worker_client import Config, ConfigUnavailable, ManagerClient
+
+
+def known_loss(group: str, rank: int, step: int) -> float:
+    """The loss a reporting worker reports: ``group`` is ``g<N>``."""
+    return 1 + 0.5 * int(group.lstrip("g")) + 0.25 * rank + step / 1000
 
 
 def main() -> None:
@@ -29,6 +40,9 @@ def main() -> None:
     parser.add_argument("--no-step", action="store_true", help="call get_config() without a step")
     parser.add_argument("--tls-ca", default=None, help="dial the manager over TLS, trusting this CA")
     parser.add_argument("--strict", action="store_true", help="strict client: ConfigUnavailable is recorded")
+    parser.add_argument("--report", action="store_true", help="report known_loss() every step")
+    parser.add_argument("--nan-at", type=int, action="append", default=[], help="report NaN at this step")
+    parser.add_argument("--hot-lr", type=float, default=None, help="loss x3 while lr is above this")
     args = parser.parse_args()
     tls = TLSConfig(ca=args.tls_ca) if args.tls_ca else None
     client = ManagerClient(
@@ -60,6 +74,12 @@ def main() -> None:
             "elapsed": elapsed,
             "t": time.time(),
         }
+        if args.report:
+            lr = cfg.get_float("lr", 0.0)
+            loss = math.nan if step in args.nan_at else known_loss(args.group, args.rank, step)
+            loss *= 3 if args.hot_lr is not None and lr > args.hot_lr else 1
+            client.report(step, loss=loss, tokens=100.0 * (args.rank + 1))
+            record.update({"lr": lr, "loss": loss})
         sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")
         sys.stdout.flush()
         if args.interval:

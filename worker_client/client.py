@@ -28,11 +28,13 @@ from protos import lighthouse_config_pb2 as pb
 from protos.rpc import MANAGER_GET_CONFIG, make_channel, seconds
 from protos.tls import TLSConfig, tls_failure, tls_for
 from worker_client.config import Config
+from worker_client.reports import ReportBuffer
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 5.0
 MAX_STRIDE = 16  # largest step increment the prefetcher follows
+CLOSE_FLUSH_TIMEOUT = 2.0  # close() sends the reports still waiting, within this (or the client's) deadline
 
 _Request = pb.ManagerConfigRequest
 _Response = pb.ManagerConfigResponse
@@ -157,11 +159,13 @@ class _Prefetcher:
         return min(self.MAX_POLL, max(self.MIN_POLL, step_time / 8))
 
     def _start(self, client: ManagerClient, step: int) -> None:
+        request = _Request(group_rank=client.group_rank, step=step)
+        reports = client._reports
+        reports.drain_into(request)  # the rank's reports ride on the fetch of a following step
         try:
-            fut = client._call.future(
-                _Request(group_rank=client.group_rank, step=step), timeout=client.timeout
-            )
+            fut = client._call.future(request, timeout=client.timeout)
         except Exception:  # channel closed or the like: the direct path reports it
+            reports.failed(request)
             return
         self.in_flight[step] = fut
         decode = client._decode
@@ -169,6 +173,7 @@ class _Prefetcher:
         def done(f: grpc.Future, step: int = step) -> None:
             self.in_flight.pop(step, None)
             if f.cancelled() or f.exception() is not None:
+                reports.failed(request)
                 return
             self.ready[step] = decode(f.result(), step)
             consumed = self.consumed
@@ -195,6 +200,7 @@ class ManagerClient:
     ``prefetch`` fetches step N+1 in the background after step N is asked for;
     ``tls`` dials a manager serving TLS (plaintext by default: same host or pod; an
     ``https://`` address speaks TLS trusting the system's roots).
+    ``report`` hands the rank's training metrics to the group's manager (see ``report``).
     """
 
     def __init__(
@@ -219,6 +225,7 @@ class ManagerClient:
             response_deserializer=None,  # raw bytes: _Decoder skips the parse when they repeat
         )
         self._decode = _Decoder()
+        self._reports = ReportBuffer()
         self._outage_logged = False
         self._forked = False
         _live_clients.add(self)
@@ -259,7 +266,13 @@ class ManagerClient:
                 request = _Request(group_rank=self.group_rank, peek=peek)
                 if step is not None:
                     request.step = step
-                raw = self._call(request, timeout=deadline)
+                if not peek:
+                    self._reports.drain_into(request)
+                try:
+                    raw = self._call(request, timeout=deadline)
+                except grpc.RpcError:
+                    self._reports.failed(request)
+                    raise
         except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError) as exc:
             return self._unavailable(_describe(exc, self.tls is not None), strict)
         if self._outage_logged:
@@ -277,6 +290,26 @@ class ManagerClient:
             config,
         )
 
+    def report(self, step: int, **metrics: float) -> None:
+        """Report this rank's values for ``step``, e.g. ``client.report(step, loss=0.71, grad_norm=1.3)``.
+
+        A memory append: it never blocks, makes no call and never raises. The reports ride on
+        this client's next call to its manager (the next ``get_config``, or with ``prefetch=True``
+        its background fetch), which aggregates the group's ranks per step (mean, min, max,
+        count, non-finite) and forwards them to the lighthouse with its status; ``close()`` sends
+        what is left. At most ``MAX_PENDING`` (4,096) reports wait: beyond, the oldest are
+        dropped and counted (``reports_dropped``). Names are ``[A-Za-z_][A-Za-z0-9_]*`` (at most
+        64 characters, 32 metrics a report) and values are converted with ``float()`` when the
+        report is sent: a report that breaks a rule is dropped, counted and logged. Pass Python
+        numbers (``loss.item()``): converting a GPU tensor would wait for the GPU.
+        """
+        self._reports.add(step, metrics)
+
+    @property
+    def reports_dropped(self) -> int:
+        """Reports this client dropped (buffer full) or lost with a failed call, so far."""
+        return self._reports.dropped
+
     def _unavailable(self, why: str, strict: bool) -> Config:
         if strict:
             raise ConfigUnavailable(f"config manager {self.addr} unavailable: {why}")
@@ -286,8 +319,19 @@ class ManagerClient:
         return Config(version=0, source="fallback")
 
     def close(self) -> None:
+        """Send the reports still waiting (one call, bounded by a short deadline), then close."""
         if self._prefetch is not None:
             self._prefetch.stop()
+        deadline = time.monotonic() + min(self.timeout, CLOSE_FLUSH_TIMEOUT)
+        while len(self._reports) and not self._forked and time.monotonic() < deadline:
+            request = _Request(group_rank=self.group_rank, peek=True)  # pins nothing, moves no step
+            self._reports.drain_into(request)
+            try:
+                self._call(request, timeout=max(0.001, deadline - time.monotonic()))
+            except grpc.RpcError as exc:
+                self._reports.failed(request)
+                logger.info("reports not sent before closing: %s", _describe(exc, self.tls is not None))
+                break
         self._channel.close()
 
     def __enter__(self) -> ManagerClient:

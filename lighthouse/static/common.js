@@ -14,7 +14,8 @@ const LH = (() => {
 
   // The per-job API routes of the page's job: /api/config... -> /api/jobs/{job}/config...
   function jobPath(path) {
-    if (JOB === null || !(path.startsWith("/api/config") || path.startsWith("/api/managers"))) return path;
+    const perJob = ["/api/config", "/api/managers", "/api/metrics"].some((p) => path.startsWith(p));
+    if (JOB === null || !perJob) return path;
     return `/api/jobs/${encodeURIComponent(JOB)}${path.slice(4)}`;
   }
 

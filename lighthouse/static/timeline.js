@@ -4,7 +4,7 @@
 "use strict";
 
 const LHTimeline = (() => {
-  const NS = "http://www.w3.org/2000/svg";
+  const { svg, title, ticks, short } = LHSvg;
   const LABEL_W = 170; // left column: version and author
   const PAD_R = 24;
   const TOP = 34; // room for the "now" and scheduled labels
@@ -12,35 +12,6 @@ const LHTimeline = (() => {
   const BAR_H = 14;
   const AXIS_H = 40;
   const MAX_LATE_ROWS = 8;
-
-  function svg(tag, attrs = {}, ...children) {
-    const node = document.createElementNS(NS, tag);
-    for (const [name, value] of Object.entries(attrs)) {
-      if (value !== undefined && value !== null && value !== false) node.setAttribute(name, String(value));
-    }
-    for (const child of children.flat()) {
-      if (child === undefined || child === null || child === false) continue;
-      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-    }
-    return node;
-  }
-
-  const title = (text) => svg("title", {}, text);
-
-  // Round numbers for the axis: 1, 2, 5 x 10^k, about `count` of them.
-  function ticks(max, count) {
-    const raw = max / count;
-    const mag = 10 ** Math.floor(Math.log10(raw));
-    const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw);
-    const out = [];
-    for (let t = 0; t <= max; t += step) out.push(t);
-    return out;
-  }
-
-  function short(text, n) {
-    const s = String(text ?? "");
-    return s.length > n ? s.slice(0, n - 1) + "…" : s;
-  }
 
   function describe(data) {
     const segs = data.segments;
@@ -94,7 +65,7 @@ const LHTimeline = (() => {
     // Grid and axis.
     const axisY = TOP + rowCount * ROW_H + 6;
     const axis = svg("g", { class: "tl-axis" });
-    for (const t of ticks(end, Math.max(2, Math.floor(plotW / 110)))) {
+    for (const t of ticks(0, end, Math.max(2, Math.floor(plotW / 110)))) {
       axis.append(
         svg("line", { class: "tl-grid", x1: x(t), x2: x(t), y1: TOP - 4, y2: axisY }),
         svg("text", { x: x(t), y: axisY + 16, "text-anchor": "middle" }, t.toLocaleString("en-US")),

@@ -1,0 +1,100 @@
+"""The metric charts of a job's dashboard in real Chromium: one marker per version at its step, the
+scheduled change ahead, a non-finite value, a guarded change, and the per-group lines on demand.
+
+The lighthouse is a real ``lighthouse serve``; the job's two replica groups report through the
+lighthouse's gRPC API as managers do (``LighthouseClient.heartbeat`` carrying their summaries),
+so the steps and the versions' steps are known exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from pathlib import Path
+
+from playwright.sync_api import Page, expect
+
+from lighthouse import LighthouseClient
+from protos import lighthouse_config_pb2 as pb
+from protos.metrics import pack
+from tests.helpers_lighthouse import LighthouseProc, start_lighthouse
+from tests.test_jobs_browser import watch_csp
+
+NAN_STEP = 50
+
+
+def report(client: LighthouseClient, replica: str, batch: int, steps: range) -> None:
+    """Group ``replica`` reports ``steps`` (2 ranks each; one NaN of group g1 at NAN_STEP), and its step."""
+    loss = [2.0 - s / 200 + (0.1 if replica == "g1" else 0.0) for s in steps]
+    nonfinite = [int(replica == "g1" and s == NAN_STEP) for s in steps]
+    summaries = pb.MetricSummaries(
+        name="loss",
+        steps=pack(array("q", steps)),
+        count=pack(array("I", [2] * len(steps))),
+        nonfinite=pack(array("I", nonfinite)),
+        sum=pack(array("d", [v * (2 - bad) for v, bad in zip(loss, nonfinite, strict=True)])),
+        min=pack(array("d", loss)),
+        max=pack(array("d", loss)),
+    )
+    status = pb.ManagerStatus(
+        replica_id=replica, address="127.0.0.1:1", step=steps[-1], metrics=[summaries], metrics_batch=batch
+    )
+    client.heartbeat(status, timeout=10)
+
+
+def change(lh: LighthouseProc, path: str, body: dict[str, object]) -> int:
+    answer = lh.http("PATCH", path, body, headers={"X-Author": "alice"})
+    assert answer.status == 200, answer.body
+    return int(answer.json["version"])
+
+
+def test_the_chart_marks_every_version_at_its_step(page: Page, tmp_path: Path) -> None:
+    with start_lighthouse(tmp_path, config={"lr": 0.01}) as lh, LighthouseClient(lh.grpc_addr) as client:
+        expected = {1: 0}  # version -> step of its marker: the config file's, before any step
+        for batch, steps in enumerate((range(0, 100), range(100, 200), range(200, 300)), start=1):
+            for replica in ("g0", "g1"):
+                report(client, replica, batch, steps)
+            if batch == 1:
+                expected[change(lh, "/api/config", {"lr": 0.02})] = 99  # made now: the job's step
+            elif batch == 2:
+                guarded = change(lh, "/api/config?guard=loss:1.5&guard_steps=50", {"batch_size": 64})
+                expected[guarded] = 199
+        scheduled = change(lh, "/api/config?effective_step=400", {"lr": 0.005})
+        expected[scheduled] = 400
+
+        csp = watch_csp(page)
+        page.goto(lh.url)
+        chart = page.locator('svg.chart[data-metric="loss"]')
+        expect(chart).to_have_count(1)
+        markers = chart.locator(".ch-version")
+        expect(markers).to_have_count(len(expected))
+        s0, s1 = (float(chart.get_attribute(a) or "nan") for a in ("data-step-from", "data-step-to"))
+        left, right = (float(chart.get_attribute(a) or "nan") for a in ("data-plot-left", "data-plot-right"))
+        assert (s0, s1) == (0, 400 + math.ceil(400 * 0.02))
+        seen = {}
+        for i in range(markers.count()):
+            marker = markers.nth(i)
+            version, step = (
+                int(marker.get_attribute("data-version") or 0),
+                int(marker.get_attribute("data-step") or -1),
+            )
+            x = float(marker.locator("line").get_attribute("x1") or "nan")
+            assert x == left + (step - s0) / (s1 - s0) * (right - left), (version, step, x)
+            seen[version] = step
+        assert seen == expected
+        expect(chart.locator(f'.ch-version.ch-scheduled[data-version="{scheduled}"]')).to_have_count(1)
+        tip = chart.locator(f'.ch-version[data-version="{guarded - 1}"] title').text_content() or ""
+        assert "lr = 0.02" in tip and "alice via api" in tip, tip
+        expect(chart.locator(f'.ch-nonfinite[data-step="{NAN_STEP}"]')).to_have_count(1)
+        expect(chart.locator(".ch-nonfinite")).to_have_count(1)
+        expect(chart.locator(f'.ch-guard[data-version="{guarded}"]')).to_have_count(1)
+        assert (chart.locator(".ch-mean").get_attribute("d") or "").count("L") >= 200
+
+        expect(chart.locator(".ch-group")).to_have_count(0)
+        page.check("#chart-groups")
+        expect(chart.locator(".ch-group")).to_have_count(2)
+        assert {chart.locator(".ch-group").nth(i).get_attribute("data-replica") for i in range(2)} == {
+            "g0",
+            "g1",
+        }
+        assert csp == []
