@@ -11,7 +11,11 @@ by round so machine noise hits both alike:
 
 Every job gets a config through ``PUT /api/jobs/{job}/config`` first, so calls
 get real configs. The simulated managers are ``benchmarks.agent sims`` (threads
-in several processes calling ``LighthouseClient.fetch`` once per TTL).
+in several processes calling ``LighthouseClient.fetch`` once per TTL), and their
+groups step (``--steps-per-call``, 100 by default: 100 steps a second at a 1 s TTL):
+every call reports a new job step and gets a step lease, so the lighthouse does
+what training makes it do (job steps queued for the store's writer, lease grants,
+lease ceilings stored).
 """
 
 from __future__ import annotations
@@ -62,7 +66,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         lighthouse = [(lh, url)]
 
         def jobs_fleet(r: int) -> None:
-            with SimFleet(children, "jobs", addr, managers, args.processes, args.ttl, jobs) as fleet:
+            with SimFleet(
+                children, "jobs", addr, managers, args.processes, args.ttl, jobs, args.steps_per_call
+            ) as fleet:
                 cases = ["jobs", "jobs_edited"] if r % 2 == 0 else ["jobs_edited", "jobs"]
                 for case in cases:
                     during = edits(url, jobs[0], args.edit_rate) if case == "jobs_edited" else None
@@ -70,7 +76,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     windows.append({"case": case, "round": r, **w})
 
         def one_job_fleet(r: int) -> None:
-            with SimFleet(children, "one", addr, managers, args.processes, args.ttl, ["single"]) as fleet:
+            with SimFleet(
+                children, "one", addr, managers, args.processes, args.ttl, ["single"], args.steps_per_call
+            ) as fleet:
                 w = measure_window(fleet, lighthouse, args.ttl, args.duration)
                 windows.append({"case": "one_job", "round": r, **w})
 
@@ -82,6 +90,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "managers_per_job": args.managers_per_job,
         "managers": managers,
         "ttl_s": args.ttl,
+        "steps_per_call": args.steps_per_call,
         "edit_rate_per_s": args.edit_rate,
         "machine_before": load_before,
         "machine_after": machine_load(),
@@ -173,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per timed window")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--edit-rate", type=float, default=10.0, help="PATCHes per second to job-000")
+    parser.add_argument(
+        "--steps-per-call", type=int, default=100, help="steps each group makes between two calls (0: none)"
+    )
     quick = {"jobs": 5, "managers_per_job": 4, "ttl": 0.5, "duration": 1.0, "rounds": 1, "processes": 2}
     return run_standalone("many_jobs", parser, argv, quick, run, render)
 
