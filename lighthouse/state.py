@@ -32,7 +32,7 @@ MAX_STEP_LEAP = 1_000_000  # steps between two reports of one manager that count
 MAX_LEASE_WAIT = 1.0  # seconds a call may wait for a lease (a first ceiling write, a commit)
 # A group's step rate is measured over at least this many seconds of its reports: two reports
 # close together (a renewal right after a fetch) would give a rate far off.
-RATE_WINDOW = 0.5
+RATE_WINDOW = 0.25
 PAST_LEASE_SHOWN = 30.0  # seconds a group that served steps past its lease stays marked so
 _CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
 _STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER

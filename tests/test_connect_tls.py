@@ -54,7 +54,7 @@ def test_connect_reaches_a_mutual_tls_lighthouse_on_a_torchrun_job(procs: Proces
         "LIGHTHOUSE_KEY": str(pki.client.key),
     }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    cmd += [str(CONFIG_PROC), "--steps", "20", "--interval", "0.02", "--timeout", "5"]
+    cmd += [str(CONFIG_PROC), "--steps", "20", "--interval", "0.02", "--timeout", "5", "--hold-manager"]
     job = procs.spawn(cmd, "group0", env=env)
     assert job.wait(timeout=120) == 0, job.stderr()
     records = [json.loads(line) for line in job.lines() if line.startswith("{")]

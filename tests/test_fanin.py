@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.http_util import call
-from tests.procs import Proc, ProcessPool, metric, records_so_far, wait_ready
+from tests.procs import Proc, ProcessPool, metric, poll, records_so_far, wait_ready
 
 TTL = 0.2
 T = 2.0  # seconds each phase runs
@@ -36,6 +36,12 @@ def run_phase(
         while not records_so_far(w):
             assert time.monotonic() < deadline, w.stderr()
             time.sleep(0.02)
+
+    def leases_sized_by_the_rate() -> bool:  # until then leases are a few steps: renewed every few steps
+        rows = call(url, "GET", "/api/managers").json["managers"]
+        return len(rows) == MANAGERS and all(m["lease_through_step"] - m["step"] >= 10 for m in rows)
+
+    poll(leases_sized_by_the_rate, 20, what="the job's step rate known to the lighthouse")
     seen_before = [len(records_so_far(w)) for w in workers]
     before = lighthouse_requests(url)
     started = time.monotonic()

@@ -220,7 +220,7 @@ def test_connect_reads_the_job_and_a_lighthouse_list_and_alone_imports_torch(pro
     http_steps.call(lighthouse.url, "PUT", "/api/jobs/alpha/config", NEW)
     nothing_there = f"127.0.0.1:{free_port()}"
     env = {"TORCHFT_LIGHTHOUSE": f"{nothing_there},{lighthouse.address}", "LIGHTHOUSE_JOB": "alpha"}
-    group = torchrun(procs, 0, CONFIG_PROC, ["--steps", "20", "--interval", "0.02"], env)
+    group = torchrun(procs, 0, CONFIG_PROC, ["--steps", "20", "--interval", "0.02", "--hold-manager"], env)
     try:
         code = group.wait(RUN_TIMEOUT)
     except Exception:

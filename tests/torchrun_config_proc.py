@@ -19,12 +19,37 @@ import time
 from worker_client import connect
 
 
+def everyone_done(rank: int) -> None:
+    """Count this rank done in torchrun's store; rank 0 waits until every rank is."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=60),
+    )
+    store.add("config_proc_done", 1)
+    if rank == 0:
+        world = int(os.environ["WORLD_SIZE"])
+        deadline = time.monotonic() + 60
+        while store.add("config_proc_done", 0) < world and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--interval", type=float, default=0.05)
     parser.add_argument("--timeout", type=float, default=2.0, help="deadline of each call")
     parser.add_argument("--connect-timeout", type=float, default=20.0, help="room for rank 0 to start it")
+    parser.add_argument(
+        "--hold-manager",
+        action="store_true",
+        help="rank 0 (and its manager) stays until every rank is done (else a rank may outlive it)",
+    )
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
     torch_before = "torch" in sys.modules
@@ -42,6 +67,8 @@ def main() -> None:
         sys.stdout.write(json.dumps({**record, "lr": cfg.get("lr"), "elapsed": elapsed}) + "\n")
         sys.stdout.flush()
         time.sleep(args.interval)
+    if args.hold_manager:
+        everyone_done(rank)
     print("done", flush=True)
 
 
