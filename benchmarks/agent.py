@@ -5,7 +5,9 @@ Roles (``python -m benchmarks.agent ROLE ...``):
 * ``workers``: simulated worker ranks. ``run`` hammers an address with N threads
   (throughput), ``loop`` steps N workers at a fixed step time across managers
   (fan-in), ``watch`` steps N workers and records when each config version is
-  first seen (propagation). Clients are ``ManagerClient``s made in this process.
+  first seen (propagation), ``lockstep`` steps one replica group's ranks at the
+  moments every group shares and records which change each step used (step
+  leases). Clients are ``ManagerClient``s made in this process.
 * ``managers``: hosts several ``ManagerServer``s in one process (fan-in with up to
   64 managers without 64 interpreter start-ups); prints their addresses.
 * ``sims``: many lightweight simulated managers, each a loop calling
@@ -27,6 +29,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from benchmarks.report import summarize
 
 MAX_LATENCIES = 4000  # per command: enough for a p99, small enough for one stdout line
 
@@ -141,6 +145,52 @@ class Workers:
             return seen
 
         return {"seen": _threads(threads, loop)}
+
+    def lockstep(
+        self, addr: str, ranks: int, start: float, step_s: float, steps: int, key: str
+    ) -> list[dict[str, Any]]:
+        """The ranks of one replica group, in lockstep with the other groups as torchft's quorum
+        keeps them: step k starts at ``start + k * step_s`` in every group (a late step starts at
+        once). Per rank: when each step started (seconds after ``start``), the steps at which the
+        integer value of ``key`` changed (-1: missing, as in a fallback), the answers' sources,
+        how far ahead of its step each answer was promised, and the per-call latency."""
+        clients = [self._make(addr, timeout=5.0) for _ in range(ranks)]
+        for client in clients:
+            client.get_config()  # connected before the first step (no step: nothing pinned)
+
+        def rank(i: int) -> dict[str, Any]:
+            client = clients[i]
+            started: list[float] = []
+            switches: list[list[int]] = []
+            sources: dict[str, int] = {}
+            ahead: list[int] = []  # stable_through_step - step; -1: not promised
+            lat: list[float] = []
+            marker = None
+            for step in range(steps):
+                _sleep_until(start + step * step_s)
+                t0 = time.monotonic()
+                cfg = client.get_config(step=step)
+                lat.append((time.monotonic() - t0) * 1e6)
+                started.append(round(t0 - start, 5))
+                value = int(cfg.get(key, "-1"))
+                if value != marker:
+                    switches.append([step, value])
+                    marker = value
+                sources[cfg.source] = sources.get(cfg.source, 0) + 1
+                through = cfg.stable_through_step
+                ahead.append(through - step if through is not None and through >= step else -1)
+            client.close()
+            lat_summary = summarize(lat)
+            return {
+                "started": started,
+                "switches": switches,
+                "sources": sources,
+                "unleased": ahead.count(-1),
+                "lease_ahead_max": max(ahead, default=-1),
+                "lat_us": {q: lat_summary[q] for q in ("p50", "p99", "max")},
+            }
+
+        return _threads(ranks, rank)
 
 
 def serve_workers() -> None:

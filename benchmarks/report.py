@@ -176,6 +176,12 @@ def render(results: dict[str, Any]) -> str:
                 f"  prefetch: {pre['from_memory']}/{pre['calls']} steps answered from memory, "
                 f"{pre['wrong_step']} of another step, {pre['not_pinned']} not pinned"
             )
+        mgr = lat.get("manager")
+        if mgr:
+            parts.append(
+                f"  manager: {mgr['waited']:,} of {mgr['calls']:,} calls waited for the lighthouse; "
+                f"step lease through step {mgr['lease_through_step']:,} at step {mgr['last_step']:,}"
+            )
     tp = results.get("throughput")
     if tp:
         rows = []
