@@ -28,7 +28,11 @@ logger = logging.getLogger(__name__)
 
 MAX_STEP_LEAP = 1_000_000  # steps between two reports of one manager that count at once
 MAX_LEASE_WAIT = 1.0  # seconds a call may wait for a lease (a first ceiling write, a commit)
-MIN_RATE_INTERVAL = 0.01  # seconds between two reports of a manager for a step-rate sample
+# Seconds of a manager's reports one step-rate sample spans at least. Over a few milliseconds, one
+# step more, or a report a busy machine delayed, reads as a burst of several times the real rate,
+# and the job's rate is its highest sample, decaying slowly: leases (and the wait for a change made
+# now) would grow as much.
+RATE_SPAN = 0.5
 PAST_LEASE_SHOWN = 30.0  # seconds a group that served steps past its lease stays marked so
 _CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
 _STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
@@ -50,7 +54,8 @@ class ManagerRecord:
     steps_past_lease: int = 0  # steps it served without a confirmed config (it reports them)
     past_lease: bool = False  # at its last report: at a step past its lease
     past_lease_at: float = float("-inf")  # when a report last showed more steps served past the lease
-    rate: float = 0.0  # its steps per second, between its last two reports
+    rate: float = 0.0  # its steps per second, over at least RATE_SPAN of its reports
+    rate_from: tuple[int, float] = (-1, 0.0)  # the report (step, time) the next rate sample starts at
 
     def to_json(self, now: float) -> dict[str, Any]:
         return {
@@ -218,9 +223,12 @@ class LighthouseState:
             if status.steps_past_lease > record.steps_past_lease:
                 record.past_lease_at = now
             record.steps_past_lease = status.steps_past_lease
-            elapsed = now - record.last_seen
-            if plausible and 0 <= previous < status.step and elapsed >= MIN_RATE_INTERVAL:
-                rate = record.rate = (status.step - previous) / elapsed
+            first_step, since = record.rate_from
+            if not plausible or not 0 <= first_step <= status.step:
+                record.rate_from = (status.step if plausible else -1, now)  # a new span starts here
+            elif now - since >= RATE_SPAN:
+                rate = record.rate = (status.step - first_step) / (now - since)
+                record.rate_from = (status.step, now)
             record.last_seen = now
             record.fetches += int(fetch)
         if rate > 0:
