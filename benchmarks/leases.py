@@ -3,11 +3,12 @@
 * ``first_use``: a change made now, to its first use in every replica group. One
   ``lighthouse serve``; per case (cache TTL x step time) a fresh job, ``--groups``
   ``manager serve`` processes and one worker process per group (``--ranks`` ranks
-  each), the groups in lockstep as torchft's quorum keeps them (step k starts at the
-  same moment in every group). ``PATCH`` at random moments; for each, the effective
-  step E of its reply, the job's step when it was sent (the highest step any group
-  had begun), and the step at which each rank first used it, and when. The goal
-  (issue 16): every group uses it within one TTL plus 3 steps at the p99, at exactly E.
+  each), coupled by a step barrier as torchft's all-reduce couples them (no group
+  starts step k+1 before every group finished step k). ``PATCH`` at random moments;
+  for each, the effective step E of its reply, the job's step when it was sent (the
+  highest step any group had begun), and the step at which each rank first used it,
+  and when. The goal (issue 16): every group uses it within one TTL plus 3 steps at
+  the p99, at exactly E.
 * ``writes``: the store writes leases cost at 10 ms steps, per job per minute, on
   SQLite (``--lease-ceiling-ahead`` 10 s by default) and on a 3-member etcd (1 s).
   Ceiling writes from ``/metrics``; every SQLite commit from the WAL index's change
@@ -23,9 +24,9 @@ import argparse
 import bisect
 import itertools
 import json
-import math
 import random
 import shlex
+import socket
 import struct
 import sys
 import threading
@@ -37,7 +38,7 @@ from typing import Any
 from benchmarks.etcd_store import start_etcd_lighthouse
 from benchmarks.load import WorkerPool
 from benchmarks.procs import Child, Children
-from benchmarks.report import machine_line, machine_load, run_standalone, summarize
+from benchmarks.report import machine_line, machine_load, run_standalone, summarize, table
 from benchmarks.stack import CONFIG, read_metrics, start_lighthouse, start_manager
 from lighthouse.admin_client import AdminClient
 from lighthouse.etcd_client import EtcdClient, Event
@@ -62,27 +63,75 @@ def start_groups(
     return managers, [m.readline() for m in managers]
 
 
-def step_workers(pool: WorkerPool, addrs: list[str], ranks: int, step_s: float, seconds: float) -> float:
-    """Start every group's ranks stepping in lockstep for ``seconds``; returns the moment of step 0."""
-    start = time.monotonic() + 1.0  # every agent has its command well before step 0
-    steps = math.ceil(seconds / step_s)
-    for agent, addr in zip(pool.agents, addrs, strict=True):
-        command = {
-            "addr": addr,
-            "ranks": ranks,
-            "start": start,
-            "step_s": step_s,
-            "steps": steps,
-            "key": MARKER,
-        }
-        agent.send(json.dumps({"op": "lockstep", **command}))
-    return start
+class StepBarrier:
+    """The all-reduce of a training step, for the worker processes: no rank starts step k+1 before
+    every rank of every group finished step k, as torchft's groups are coupled (a stalled group
+    holds the others back; none makes up for lost time with steps back to back, which would show
+    the lighthouse a step rate the job does not have). After ``end`` (``time.monotonic()``) every
+    rank is told to stop after the same step."""
+
+    def __init__(self, parties: int, end: float) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._server.getsockname()[1]}"
+        self._end = end
+        self._go = True
+        self._barrier = threading.Barrier(parties, action=self._decide)
+        self.errors: list[BaseException] = []  # from the serving threads, raised by close()
+        self._threads = [threading.Thread(target=self._serve, daemon=True) for _ in range(parties)]
+        for thread in self._threads:
+            thread.start()
+
+    def _decide(self) -> None:  # once per step, before any rank is released
+        self._go = time.monotonic() < self._end
+
+    def _serve(self) -> None:
+        """One rank's connection: each step, wait for its arrival and every other's, then answer."""
+        try:
+            conn, _ = self._server.accept()
+            with conn:
+                while conn.recv(1) == b"s":
+                    self._barrier.wait()
+                    conn.sendall(b"g" if self._go else b"e")
+                    if not self._go:
+                        return
+                raise ConnectionError("a rank left the step barrier before the end")
+        except threading.BrokenBarrierError:
+            pass  # another rank's failure, recorded by its own thread
+        except BaseException as exc:
+            self.errors.append(exc)
+            self._barrier.abort()  # the other ranks are told to stop: nobody waits forever
+
+    def close(self) -> None:
+        self._barrier.abort()
+        self._server.close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        if self.errors:
+            raise RuntimeError(f"step barrier: {self.errors[0]!r}") from self.errors[0]
 
 
-def collect_groups(pool: WorkerPool, start: float, seconds: float) -> list[list[dict[str, Any]]]:
-    """Each group's ranks' records, once they stepped to the end."""
-    timeout = start + seconds - time.monotonic() + 60.0
-    return [json.loads(agent.readline(timeout)) for agent in pool.agents]
+class Lockstep:
+    """Every group's ranks (one worker process per group) stepping for ``seconds``, coupled by a
+    ``StepBarrier``; ``start`` is when step 0 starts (``time.monotonic()``, shared by processes)."""
+
+    def __init__(self, pool: WorkerPool, addrs: list[str], ranks: int, step_s: float, seconds: float) -> None:
+        self._pool = pool
+        self.start = time.monotonic() + 1.0  # every agent has its command well before step 0
+        self.end = self.start + seconds
+        self._barrier = StepBarrier(len(addrs) * ranks, self.end)
+        for agent, addr in zip(pool.agents, addrs, strict=True):
+            command = {"addr": addr, "ranks": ranks, "barrier": self._barrier.address, "start": self.start,
+                       "step_s": step_s, "key": MARKER}  # fmt: skip
+            agent.send(json.dumps({"op": "lockstep", **command}))
+
+    def ranks(self) -> list[dict[str, Any]]:
+        """Every rank's records (group by group), once they stepped to the end."""
+        try:
+            timeout = self.end - time.monotonic() + 60.0
+            groups = [json.loads(agent.readline(timeout)) for agent in self._pool.agents]
+        finally:
+            self._barrier.close()
+        return [rank for group in groups for rank in group]
 
 
 def first_use(
@@ -102,11 +151,12 @@ def first_use(
     admin.put(CONFIG)
     managers, addrs = start_groups(children, addr, job, len(pool.agents), ttl)
     try:
-        bound = ttl + GOAL_EXTRA_STEPS * step_s
         warmup = max(2.0, 4 * ttl)  # the lighthouse has measured the step rate; leases are held
-        gaps = [bound * rng.uniform(0.3, 1.7) for _ in range(changes)]  # random phases of the leases
+        mean_gap = ttl + GOAL_EXTRA_STEPS * step_s
+        gaps = [mean_gap * rng.uniform(0.3, 1.7) for _ in range(changes)]  # random phases of the leases
         seconds = warmup + sum(gaps) + 2 * ttl + 20 * step_s + 0.5  # the last change is used too
-        start = step_workers(pool, addrs, ranks, step_s, seconds)
+        stepping = Lockstep(pool, addrs, ranks, step_s, seconds)
+        start = stepping.start
         sent = []
         due = start + warmup
         time.sleep(max(0.0, due - time.monotonic()))
@@ -121,19 +171,22 @@ def first_use(
                  "sent": t0 - start, "acked": t1 - start}
             )  # fmt: skip
             due += gap
-        groups = collect_groups(pool, start, seconds)
+        ranks_flat = stepping.ranks()
         after = [manager_info(a, timeout=5.0) for a in addrs]
     finally:
         for m in managers:
             children.stop(m)
-    ranks_flat = [r for g in groups for r in g]
+    started = ranks_flat[0]["started"]
+    period = (started[-1] - started[0]) / (len(started) - 1)
     return {
         "job": job,
         "ttl_s": ttl,
         "step_s": step_s,
-        "groups": len(groups),
+        "groups": len(addrs),
         "ranks": ranks,
-        "bound_s": bound,
+        # the goal's bound, with the job's real step time (the step's work, its call and the barrier)
+        "step_period_s": period,
+        "bound_s": ttl + GOAL_EXTRA_STEPS * period,
         **analyse(sent, ranks_flat, ttl),
         "steps_per_rank": min(len(r["started"]) for r in ranks_flat),
         "sources": dict(sum((Counter(r["sources"]) for r in ranks_flat), Counter())),
@@ -247,12 +300,12 @@ def store_window(
     try:
         warmup = 5.0
         seconds = warmup + window + 1.0
-        start = step_workers(pool, addrs, 1, WRITES_STEP_S, seconds)
-        time.sleep(max(0.0, start + warmup - time.monotonic()))
+        stepping = Lockstep(pool, addrs, 1, WRITES_STEP_S, seconds)
+        time.sleep(max(0.0, stepping.start + warmup - time.monotonic()))
         before, commits_before, t0 = read_metrics(url), commits(), time.monotonic()
         time.sleep(window)
         after, commits_after, t1 = read_metrics(url), commits(), time.monotonic()
-        groups = collect_groups(pool, start, seconds)
+        ranks = stepping.ranks()
     finally:
         for m in managers:
             children.stop(m)
@@ -261,7 +314,6 @@ def store_window(
     def delta(name: str) -> float:
         return after[name + label] - before[name + label]
 
-    ranks = [r for g in groups for r in g]
     return {
         "window_s": t1 - t0,
         "ceiling_writes": delta("lighthouse_lease_ceiling_writes_total"),
@@ -377,43 +429,55 @@ def render(results: dict[str, Any]) -> str:
     lines = []
     if cases:
         c0 = cases[0]
-        lines += [
-            f"First use of a change made now: {c0['groups']} groups x {c0['ranks']} rank(s) in lockstep, "
-            f"{c0['changes']} PATCHes per case at random moments; lighthouse flags: "
-            f"{results['lease_flags'] or '(defaults)'}",
-            f"{'TTL s':>5} {'step ms':>7} {'exact':>7} {'to E steps':>11} {'to E xTTL':>10} "
-            f"{'every group steps':>18} {'every group xTTL':>17} {'bound xTTL':>10} {'lease':>5} "
-            f"{'fallbacks':>9} {'waits':>5}",
-            f"{'':>5} {'':>7} {'':>7} {'p50/p99':>11} {'p50/p99':>10} {'p50/p99':>18} {'p50/p99':>17}",
+        headers = ["TTL s", "step ms", "real ms", "exact", "to E steps", "to E xTTL", "every group steps",
+                   "every group xTTL", "bound xTTL", "lease", "fallbacks", "waits"]  # fmt: skip
+        rows = [
+            [
+                f"{c['ttl_s']:g}",
+                f"{c['step_s'] * 1e3:g}",
+                f"{c['step_period_s'] * 1e3:.1f}",
+                f"{c['exact']}/{c['changes']}",
+                f"{_f(c['steps_to_e']['p50'], 0)} / {_f(c['steps_to_e']['p99'], 0)}",
+                f"{_f(c['ttls_to_e']['p50'])} / {_f(c['ttls_to_e']['p99'])}",
+                f"{_f(c['steps_to_every']['p50'], 0)} / {_f(c['steps_to_every']['p99'], 0)}",
+                f"{_f(c['ttls_to_every']['p50'])} / {_f(c['ttls_to_every']['p99'])}",
+                f"{c['bound_s'] / c['ttl_s']:.2f}",
+                str(c["lease_ahead_max"]),
+                str(c["sources"].get("fallback", 0) + c["sources"].get("stale", 0)),
+                str(c["manager_waits"]),
+            ]
+            for c in cases
         ]
-        for c in cases:
-            fallbacks = c["sources"].get("fallback", 0) + c["sources"].get("stale", 0)
-            lines.append(
-                f"{c['ttl_s']:5g} {c['step_s'] * 1e3:7g} {c['exact']:>3}/{c['changes']:<3} "
-                f"{_f(c['steps_to_e']['p50'], 0):>5}/{_f(c['steps_to_e']['p99'], 0):<5} "
-                f"{_f(c['ttls_to_e']['p50']):>4}/{_f(c['ttls_to_e']['p99']):<5} "
-                f"{_f(c['steps_to_every']['p50'], 0):>8}/{_f(c['steps_to_every']['p99'], 0):<9} "
-                f"{_f(c['ttls_to_every']['p50']):>8}/{_f(c['ttls_to_every']['p99']):<8} "
-                f"{c['bound_s'] / c['ttl_s']:10.2f} {c['lease_ahead_max']:5d} {fallbacks:9d} "
-                f"{c['manager_waits']:5d}"
-            )
-        lines.append(
-            "  exact: changes whose first use was step E in every rank; lease: the longest promise seen, "
-            "in steps ahead; waits: worker calls a manager answered only after asking the lighthouse"
-        )
+        lines += [
+            f"First use of a change made now: {c0['groups']} groups x {c0['ranks']} rank(s) coupled by a "
+            f"step barrier, {c0['changes']} PATCHes per case at random moments; p50 / p99; lighthouse flags: "
+            f"{results['lease_flags'] or '(defaults)'}",
+            table(headers, rows),
+            "  real: the mean step time (work, call, barrier); exact: changes first used at step E in every "
+            "rank; bound: TTL + 3 real steps;",
+            "  lease: the longest promise seen, in steps ahead; waits: worker calls (from the first change "
+            "on) a manager answered only after asking the lighthouse",
+        ]
+    rows = [
+        [
+            w["store"],
+            f"{w['ceiling_ahead_s']:g}",
+            f"{w['ceiling_writes_per_min']:.1f}",
+            f"{w['job_step_writes_per_min']:.1f}",
+            f"{w['all_writes_per_min']:.1f}",
+            f"{w['window_s']:.1f}",
+            f"{w['horizon_steps_per_s']:.1f}",
+        ]
+        for w in results["writes"]
+    ]
+    headers = ["store", "ceiling ahead s", "ceiling writes", "job-step writes", "all writes", "window s",
+               "horizon steps/s"]  # fmt: skip
     lines += [
         "",
         f"Store writes of one job, {WRITES_STEP_S * 1e3:g} ms steps, managers at TTL {WRITES_TTL:g} s, "
         "per minute",
-        f"{'store':7} {'ceiling ahead s':>15} {'ceiling writes':>14} {'job-step writes':>15} "
-        f"{'all writes':>10} {'window s':>8} {'horizon steps/s':>15}",
+        table(headers, rows),
     ]
-    for w in results["writes"]:
-        lines.append(
-            f"{w['store']:7} {w['ceiling_ahead_s']:15g} {w['ceiling_writes_per_min']:14.1f} "
-            f"{w['job_step_writes_per_min']:15.1f} {w['all_writes_per_min']:10.1f} {w['window_s']:8.1f} "
-            f"{w['horizon_steps_per_s']:15.1f}"
-        )
     lines += ["", "Goals (issue 16)"]
     for g in results["goals"]:
         verdict = "MET" if g["met"] else "NOT MET"
