@@ -203,6 +203,23 @@ def first_use(
     }
 
 
+def first_use_of(switches: list[list[int]], change: int, e: int | None) -> tuple[int | None, str]:
+    """The step at which a rank first used ``change`` (``switches``: [step, value] where the value
+    it was given changed; -1: none) and how: "at E"; "after a fallback" (from E until then it had
+    no confirmed config: the documented answer past a lease); "not used"; or "wrong" (it used the
+    change before E, or an older config at E or after it)."""
+    first = next((s for s, value in switches if value >= change), None)
+    if first is None or e is None:
+        return first, "not used"
+    if first == e:
+        return first, "at E"
+    if first < e:
+        return first, "wrong"
+    ends = [s for s, _ in switches[1:]] + [first]
+    used = {value for (s, value), end in zip(switches, ends, strict=True) if s < first and end > e}
+    return first, "after a fallback" if used == {-1} else "wrong"
+
+
 def analyse(sent: list[dict[str, Any]], ranks: list[dict[str, Any]], ttl: float) -> dict[str, Any]:
     """Per change: steps and seconds from the job's step when it was sent to E, and to the step at
     which every rank had used it; whether each rank's first use was exactly E."""
@@ -210,10 +227,12 @@ def analyse(sent: list[dict[str, Any]], ranks: list[dict[str, Any]], ttl: float)
     for change in sent:
         i, e = change["change"], change["effective_step"]
         job_step = max(bisect.bisect_right(r["started"], change["sent"]) - 1 for r in ranks)
-        firsts = [next((s for s, value in r["switches"] if value >= i), None) for r in ranks]
-        row: dict[str, Any] = {**change, "job_step": job_step, "first_use": firsts}
-        row["exact"] = e is not None and all(f == e for f in firsts)
-        if e is not None and all(f is not None for f in firsts):
+        uses = [first_use_of(r["switches"], i, e) for r in ranks]
+        firsts = [f for f, _ in uses]
+        hows = {how for _, how in uses}
+        how = next(h for h in ("wrong", "not used", "after a fallback", "at E") if h in hows)
+        row: dict[str, Any] = {**change, "job_step": job_step, "first_use": firsts, "how": how}
+        if e is not None and how != "not used":
             every = max(f for f in firsts if f is not None)
             row["steps_to_e"] = e - job_step
             row["steps_to_every"] = every - job_step
@@ -230,14 +249,19 @@ def analyse(sent: list[dict[str, Any]], ranks: list[dict[str, Any]], ttl: float)
 
     return {
         "changes": len(rows),
-        "exact": sum(r["exact"] for r in rows),
-        "not_used": len(rows) - len(done),
-        # a rank that went back to an older change (or the empty fallback) after a newer one
-        "went_back": sum(1 for r in ranks for (_, a), (_, b) in itertools.pairwise(r["switches"]) if b < a),
+        "exact": sum(r["how"] == "at E" for r in rows),
+        "after_fallback": sum(r["how"] == "after a fallback" for r in rows),
+        "wrong": sum(r["how"] == "wrong" for r in rows),
+        "not_used": sum(r["how"] == "not used" for r in rows),
+        # a rank given an older change's value after a newer one's (the fallback is not counted)
+        "went_back": sum(
+            1 for r in ranks for (_, a), (_, b) in itertools.pairwise(r["switches"]) if 0 <= b < a
+        ),
         "steps_to_e": stat("steps_to_e"),
         "steps_to_every": stat("steps_to_every"),
         "ttls_to_e": stat("s_to_e", ttl),
         "ttls_to_every": stat("s_to_every", ttl),
+        "switches": [r["switches"] for r in ranks],  # to check the verdicts again from the JSON
         "rows": rows,
     }
 
@@ -421,10 +445,12 @@ def goals(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "bound_steps": bound_steps,
                 "met_ttls": p99 is not None and p99 <= bound,
                 "met_steps": p99_steps is not None and p99_steps <= bound_steps,
-                "exact": c["exact"] == c["changes"],
+                "exact": c["exact"],
+                "after_fallback": c["after_fallback"],
+                "wrong": c["wrong"] + c["not_used"],
             }
         )
-        out[-1]["met"] = out[-1]["met_ttls"] and out[-1]["met_steps"] and out[-1]["exact"]
+        out[-1]["met"] = out[-1]["met_ttls"] and out[-1]["met_steps"] and out[-1]["wrong"] == 0
     return out
 
 
@@ -437,15 +463,15 @@ def render(results: dict[str, Any]) -> str:
     lines = []
     if cases:
         c0 = cases[0]
-        headers = ["TTL s", "step ms", "real ms", "exact", "to E steps", "to E xTTL", "every group steps",
-                   "every group xTTL", "bound steps", "bound xTTL", "lease", "fallbacks",
+        headers = ["TTL s", "step ms", "real ms", "at E/fb/wrong", "to E steps", "to E xTTL",
+                   "every group steps", "every group xTTL", "bound steps", "bound xTTL", "lease", "fallbacks",
                    "waits"]  # fmt: skip
         rows = [
             [
                 f"{c['ttl_s']:g}",
                 f"{c['step_s'] * 1e3:g}",
                 f"{c['step_period_s'] * 1e3:.1f}",
-                f"{c['exact']}/{c['changes']}",
+                f"{c['exact']}/{c['after_fallback']}/{c['wrong'] + c['not_used']}",
                 f"{_f(c['steps_to_e']['p50'], 0)} / {_f(c['steps_to_e']['p99'], 0)}",
                 f"{_f(c['ttls_to_e']['p50'])} / {_f(c['ttls_to_e']['p99'])}",
                 f"{_f(c['steps_to_every']['p50'], 0)} / {_f(c['steps_to_every']['p99'], 0)}",
@@ -463,10 +489,12 @@ def render(results: dict[str, Any]) -> str:
             f"step barrier, {c0['changes']} PATCHes per case at random moments; p50 / p99; lighthouse flags: "
             f"{results['lease_flags'] or '(defaults)'}",
             table(headers, rows),
-            "  real: the mean step time (work, call, barrier); exact: changes first used at step E in every "
-            "rank; bound: TTL + 3 real steps (TTL / real + 3 in steps);",
-            "  lease: the longest promise seen, in steps ahead; waits: worker calls (from the first change "
-            "on) a manager answered only after asking the lighthouse",
+            "  real: the mean step time (work, call, barrier); at E/fb/wrong: changes first used at step E "
+            "in every rank / by some rank only after the fallback at E / wrong or never used;",
+            "  bound: TTL + 3 real steps (TTL / real + 3 in steps); lease: the longest promise seen, in "
+            "steps ahead;",
+            "  waits: worker calls (from the first change on) a manager answered only after asking the "
+            "lighthouse",
         ]
     rows = [
         [
@@ -494,7 +522,8 @@ def render(results: dict[str, Any]) -> str:
         lines.append(
             f"  [{verdict:>7}] {g['case']}: every group used a change made now at p99 "
             f"{_f(g['p99_steps'], 0)} steps (bound {g['bound_steps']:.1f}) and {_f(g['p99_ttls'])}x TTL "
-            f"(bound {g['bound_ttls']:.2f}x); first use at E: {'always' if g['exact'] else 'NOT always'}"
+            f"(bound {g['bound_ttls']:.2f}x); first used at E: {g['exact']}, after a fallback: "
+            f"{g['after_fallback']}, wrong or not used: {g['wrong']}"
         )
     lines.append(machine_line(results["machine_before"], results["machine_after"]))
     return "\n".join(lines)

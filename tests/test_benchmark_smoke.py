@@ -69,13 +69,16 @@ def test_leases_benchmark_runs(tmp_path: Path) -> None:
     assert [(c["ttl_s"], c["step_s"]) for c in cases] == [(0.25, 0.01), (0.25, 0.1)]
     for case in cases:
         assert case["changes"] == len(case["rows"]) == 4 and case["not_used"] == 0
-        assert case["exact"] == 4, case["rows"]  # every rank first used each change at its E
-        assert case["went_back"] == 0 and set(case["sources"]) <= {"cache", "lighthouse"}
+        # Every rank first used each change at its E (or, on a machine too busy for the lighthouse
+        # to renew a lease in time, got the documented fallback from E until it did): never another.
+        assert case["wrong"] == 0 and case["exact"] + case["after_fallback"] == 4, case["rows"]
+        assert case["went_back"] == 0
         for row in case["rows"]:
             assert row["effective_step"] > row["job_step"] >= 0  # above the step the job was at
-            assert row["steps_to_every"] == row["steps_to_e"] and row["s_to_every"] >= row["s_to_e"] > 0
+            assert row["steps_to_every"] >= row["steps_to_e"] and row["s_to_every"] >= row["s_to_e"] > 0
         assert 0 < case["ttls_to_e"]["p50"] <= case["ttls_to_every"]["p99"]
-        assert case["lease_ahead_max"] > 0 and case["unleased_steps"] == 0
+        fallbacks = case["sources"].get("fallback", 0)
+        assert case["lease_ahead_max"] > 0 and case["unleased_steps"] == fallbacks  # the rest were promised
     sqlite, etcd = results["writes"]
     assert (sqlite["store"], etcd["store"]) == ("sqlite", "etcd")
     for writes in (sqlite, etcd):
