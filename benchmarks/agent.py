@@ -5,7 +5,9 @@ Roles (``python -m benchmarks.agent ROLE ...``):
 * ``workers``: simulated worker ranks. ``run`` hammers an address with N threads
   (throughput), ``loop`` steps N workers at a fixed step time across managers
   (fan-in), ``watch`` steps N workers and records when each config version is
-  first seen (propagation). Clients are ``ManagerClient``s made in this process.
+  first seen (propagation), ``lockstep`` steps one replica group's ranks,
+  coupled to the other groups by a step barrier, and records which change each
+  step used (step leases). Clients are ``ManagerClient``s made in this process.
 * ``managers``: hosts several ``ManagerServer``s in one process (fan-in with up to
   64 managers without 64 interpreter start-ups); prints their addresses.
 * ``sims``: many lightweight simulated managers, each a loop calling
@@ -29,14 +31,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import resource
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from benchmarks.report import summarize
 
 MAX_LATENCIES = 4000  # per command: enough for a p99, small enough for one stdout line
 
@@ -154,6 +160,64 @@ class Workers:
             return seen
 
         return {"seen": _threads(threads, loop)}
+
+    def lockstep(
+        self, addr: str, ranks: int, barrier: str, start: float, step_s: float, key: str
+    ) -> list[dict[str, Any]]:
+        """The ranks of one replica group, coupled to the other groups as torchft's all-reduce
+        couples them: a step is its ``get_config(step=N)``, work until ``step_s`` has passed, then
+        the step barrier at ``barrier`` (``host:port``), which every rank of every group must reach
+        before any starts the next step; it says when to stop. Step 0 starts at ``start``.
+        Per rank: when each step started (seconds after ``start``), the steps at which the integer
+        value of ``key`` changed (-1: missing, as in a fallback), the answers' sources, how far
+        ahead of its step each answer was promised, and the per-call latency."""
+        host, _, port = barrier.rpartition(":")
+        clients = [self._make(addr, timeout=5.0) for _ in range(ranks)]
+        links = [socket.create_connection((host, int(port))) for _ in range(ranks)]
+        for client in clients:
+            client.get_config()  # connected before the first step (no step: nothing pinned)
+
+        def rank(i: int) -> dict[str, Any]:
+            client, link = clients[i], links[i]
+            started: list[float] = []
+            switches: list[list[int]] = []
+            sources: dict[str, int] = {}
+            unleased, ahead_max = 0, -1  # answers not promised through their step; the longest promise
+            lat: list[float] = []
+            marker = None
+            _sleep_until(start)
+            for step in itertools.count():
+                t0 = time.monotonic()
+                cfg = client.get_config(step=step)
+                lat.append((time.monotonic() - t0) * 1e6)
+                started.append(round(t0 - start, 5))
+                value = int(cfg.get(key, "-1"))
+                if value != marker:
+                    switches.append([step, value])
+                    marker = value
+                sources[cfg.source] = sources.get(cfg.source, 0) + 1
+                through = cfg.stable_through_step
+                if through is None or through < step:
+                    unleased += 1
+                else:
+                    ahead_max = max(ahead_max, through - step)
+                _sleep_until(t0 + step_s)  # the step's work
+                link.sendall(b"s")
+                if link.recv(1) != b"g":  # the barrier says stop (or is gone)
+                    break
+            client.close()
+            link.close()
+            lat_summary = summarize(lat)
+            return {
+                "started": started,
+                "switches": switches,
+                "sources": sources,
+                "unleased": unleased,
+                "lease_ahead_max": ahead_max,
+                "lat_us": {q: lat_summary[q] for q in ("p50", "p99", "max")},
+            }
+
+        return _threads(ranks, rank)
 
 
 def serve_workers() -> None:

@@ -42,7 +42,7 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
+def table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     line = "  ".join(
         h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths, strict=True))
@@ -167,7 +167,7 @@ def render(results: dict[str, Any]) -> str:
             f"Per-call latency, one client, interleaved "
             f"({lat['rounds']} rounds x {lat['batch']} calls per case), us"
         )
-        parts.append(_table(["case", "p50", "p90", "p99", "p50/floor", "p99/floor", "what"], rows))
+        parts.append(table(["case", "p50", "p90", "p99", "p50/floor", "p99/floor", "what"], rows))
         for name, why in lat.get("skipped", {}).items():
             parts.append(f"  skipped {name}: {why}")
         pre = lat.get("prefetch_stats")
@@ -175,6 +175,12 @@ def render(results: dict[str, Any]) -> str:
             parts.append(
                 f"  prefetch: {pre['from_memory']}/{pre['calls']} steps answered from memory, "
                 f"{pre['wrong_step']} of another step, {pre['not_pinned']} not pinned"
+            )
+        mgr = lat.get("manager")
+        if mgr:
+            parts.append(
+                f"  manager: {mgr['waited']:,} of {mgr['calls']:,} calls waited for the lighthouse; "
+                f"step lease through step {mgr['lease_through_step']:,} at step {mgr['last_step']:,}"
             )
     tp = results.get("throughput")
     if tp:
@@ -194,7 +200,7 @@ def render(results: dict[str, Any]) -> str:
         parts.append(
             "\nThroughput of one manager vs the floor server (ManagerClient workers, threads over processes)"
         )
-        parts.append(_table(["workers", "manager/s", "floor/s", "ratio", "mgr p99 us", "floor p99 us"], rows))
+        parts.append(table(["workers", "manager/s", "floor/s", "ratio", "mgr p99 us", "floor p99 us"], rows))
     fan = results.get("fan_in")
     if fan:
         rows = [
@@ -211,7 +217,7 @@ def render(results: dict[str, Any]) -> str:
         ]
         parts.append(f"\nFan-in: lighthouse calls/s at TTL {fan['ttl_s']:g}s (expected = managers / TTL)")
         parts.append(
-            _table(["sweep", "managers", "workers", "lighthouse/s", "expected/s", "worker calls/s"], rows)
+            table(["sweep", "managers", "workers", "lighthouse/s", "expected/s", "worker calls/s"], rows)
         )
     prop = results.get("propagation")
     if prop:
@@ -228,7 +234,7 @@ def render(results: dict[str, Any]) -> str:
             for p in prop
         ]
         parts.append("\nPropagation: acknowledged PATCH -> every worker (prefetch on) has seen it")
-        parts.append(_table(["TTL s", "changes", "workers", "p50 ms", "p99 ms", "bound ms", "missed"], rows))
+        parts.append(table(["TTL s", "changes", "workers", "p50 ms", "p99 ms", "bound ms", "missed"], rows))
     out_ = results.get("outage")
     if out_:
         waited = out_["first_deadline_max_us"]
@@ -254,7 +260,7 @@ def render(results: dict[str, Any]) -> str:
             for s in sc
         ]
         parts.append(f"\nScale: one lighthouse process, simulated managers at TTL {sc[0]['ttl_s']:g}s")
-        parts.append(_table(["managers", "calls/s", "CPU % core", "p50 ms", "p99 ms", "errors"], rows))
+        parts.append(table(["managers", "calls/s", "CPU % core", "p50 ms", "p99 ms", "errors"], rows))
     parts.append("\nGoals (issue 6)")
     for g in results.get("goals", []):
         verdict = {True: "MET", False: "NOT MET", None: "n/a"}[g["met"]]

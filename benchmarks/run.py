@@ -23,6 +23,7 @@ from benchmarks import latency, load, report
 from benchmarks.peers import connect_peers, launch_peers
 from benchmarks.procs import ROOT, Children
 from benchmarks.stack import start_lighthouse, start_manager
+from manager.status_client import manager_info
 
 SECTIONS = ("latency", "throughput", "fanin", "propagation", "outage", "scale")
 
@@ -130,11 +131,13 @@ def run(profile: Profile, sections: list[str], out_dir: Path, work_ms: float, mo
             cases = latency.relay_cases(mgr_addr, floor_addr, work_ms / 1e3)
             cases.append(latency.lighthouse_case(lh_addr))
             cases += [latency.Case(p.name, p.label, latency.timed(p.call), p.close) for p in peers]
+            before = manager_info(mgr_addr, timeout=5.0)
             try:
                 samples = latency.run_interleaved(cases, profile.rounds, profile.batch, profile.warmup)
             finally:
                 for case in cases:
                     case.close()
+            after = manager_info(mgr_addr, timeout=5.0)
             prefetch_stats = next(c.extra for c in cases if c.name == "relay_prefetch")
             results["latency"] = {
                 "rounds": profile.rounds,
@@ -143,6 +146,14 @@ def run(profile: Profile, sections: list[str], out_dir: Path, work_ms: float, mo
                 "cases": {c.name: {"label": c.label, **report.summarize(samples[c.name])} for c in cases},
                 "skipped": skipped,
                 "prefetch_stats": prefetch_stats,
+                # Step leases: the manager renews in the background; a call that waited for the
+                # lighthouse (a renewal or refresh on its path) is not a cache hit.
+                "manager": {
+                    "calls": after.requests - before.requests,
+                    "waited": (after.requests - after.cache_hits) - (before.requests - before.cache_hits),
+                    "lease_through_step": after.lease_through_step,
+                    "last_step": after.last_pinned_step,
+                },
             }
             for name in ("tcpstore", "redis", "torchft"):
                 for child in list(children._started):

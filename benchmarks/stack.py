@@ -13,6 +13,7 @@ from typing import Any
 
 from benchmarks.procs import Child, Children
 from lighthouse.admin_client import AdminClient
+from protos.jobs import DEFAULT_JOB
 
 # A typical training config: ~30 keys, mostly scalars, a few small JSON values (~1 KiB encoded).
 CONFIG: dict[str, Any] = {
@@ -56,8 +57,11 @@ def encoded_config() -> dict[str, str]:
     return encode_config(CONFIG)
 
 
-def start_lighthouse(children: Children, work_dir: Path, name: str = "lighthouse") -> tuple[Child, str, str]:
-    """``lighthouse serve`` on loopback port 0; returns (child, gRPC address, dashboard URL)."""
+def start_lighthouse(
+    children: Children, work_dir: Path, name: str = "lighthouse", *flags: str
+) -> tuple[Child, str, str]:
+    """``lighthouse serve`` on loopback port 0, with ``flags``; returns (child, gRPC address, dashboard
+    URL)."""
     config_file = work_dir / f"{name}-config.json"
     config_file.write_text(json.dumps(CONFIG))
     child = children.python(
@@ -75,6 +79,7 @@ def start_lighthouse(children: Children, work_dir: Path, name: str = "lighthouse
         str(work_dir / f"{name}-state"),
         "--log-level",
         "warning",
+        *flags,
     )
     return child, child.readline(), child.readline().rstrip("/")
 
@@ -87,9 +92,10 @@ def start_manager(
     lighthouse_timeout: float = 1.0,
     backoff: float = 1.0,
     push: bool = True,
+    job: str = DEFAULT_JOB,
 ) -> Child:
-    """``manager serve`` (read its address with ``readline()``, so several can start in parallel);
-    ``push=False`` only polls every TTL (``--poll``)."""
+    """``manager serve`` of ``job`` (read its address with ``readline()``, so several can start in
+    parallel); ``push=False`` only polls every TTL (``--poll``)."""
     return children.python(
         name,
         "-m",
@@ -108,6 +114,8 @@ def start_manager(
         "--backoff",
         str(backoff),
         "--push" if push else "--poll",
+        "--job",
+        job,
         "--log-level",
         "warning",
     )
@@ -118,22 +126,30 @@ def patch_config(url: str, body: dict[str, Any], timeout: float = 10.0) -> int:
     return int(AdminClient(url, timeout=timeout).patch(body)["version"])
 
 
+def read_metrics(url: str, timeout: float = 10.0) -> dict[str, float]:
+    """The lighthouse's ``/metrics``: each sample by its name with labels (``name{job="a"}``)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=timeout) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
 def lighthouse_calls(url: str, timeout: float = 10.0) -> int:
     """GetConfig + Heartbeat calls so far, all jobs summed, from ``/metrics`` (or the managers' fetches)."""
     try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=timeout) as response:
-            text = response.read().decode()
-        total, found = 0.0, False
-        for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name.partition("{")[0] in (
-                "lighthouse_get_config_calls_total",
-                "lighthouse_heartbeat_calls_total",
-            ):
-                total += float(value)
-                found = True
-        if found:
-            return int(total)
+        samples = read_metrics(url, timeout)
+        calls = [
+            value
+            for name, value in samples.items()
+            if name.partition("{")[0]
+            in ("lighthouse_get_config_calls_total", "lighthouse_heartbeat_calls_total")
+        ]
+        if calls:
+            return int(sum(calls))
     except OSError:
         pass
     managers = AdminClient(url, timeout=timeout).managers()["managers"]

@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.latency import Case, run_interleaved, timed
 from benchmarks.procs import Child, Children
-from benchmarks.report import _table, summarize
+from benchmarks.report import summarize, table
 from benchmarks.stack import CONFIG
 from lighthouse.client import LighthouseClient
 from protos.tls import TLSConfig
@@ -115,7 +115,7 @@ def render(results: dict[str, Any]) -> str:
             ]
         )
     headers = ["case", "p50", "p90", "p99", "p50/plain", "p99/plain", "what"]
-    return "Per-call latency with and without TLS, one client, interleaved, us\n" + _table(headers, rows)
+    return "Per-call latency with and without TLS, one client, interleaved, us\n" + table(headers, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,14 +89,44 @@ def test_push_benchmark_runs(tmp_path: Path) -> None:
     assert "Goals (issue 17)" in out.stdout
 
 
-def run_quick(name: str, out_dir: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+def test_leases_benchmark_runs(tmp_path: Path) -> None:
+    out, results = run_quick("leases", tmp_path, timeout=180)
+    cases = results["first_use"]
+    assert [(c["ttl_s"], c["step_s"]) for c in cases] == [(0.25, 0.01), (0.25, 0.1)]
+    for case in cases:
+        assert case["changes"] == len(case["rows"]) == 4 and case["not_used"] == 0
+        # Every rank first used each change at its E (or, on a machine too busy for the lighthouse
+        # to renew a lease in time, got the documented fallback from E until it did): never another.
+        assert case["wrong"] == 0 and case["exact"] + case["after_fallback"] == 4, case["rows"]
+        assert case["went_back"] == 0
+        for row in case["rows"]:
+            assert row["effective_step"] > row["job_step"] >= 0  # above the step the job was at
+            assert row["steps_to_every"] >= row["steps_to_e"] and row["s_to_every"] >= row["s_to_e"] > 0
+        assert 0 < case["ttls_to_e"]["p50"] <= case["ttls_to_every"]["p99"]
+        fallbacks = case["sources"].get("fallback", 0)
+        assert case["lease_ahead_max"] > 0 and case["unleased_steps"] == fallbacks  # the rest were promised
+    sqlite, etcd = results["writes"]
+    assert (sqlite["store"], etcd["store"]) == ("sqlite", "etcd")
+    for writes in (sqlite, etcd):
+        assert writes["window_s"] > 0 and writes["fallbacks"] == 0
+        assert writes["horizon_steps_per_s"] > 0 and writes["job_step_writes_per_min"] > 0
+        assert 0 <= writes["ceiling_writes_per_min"] <= writes["all_writes_per_min"]
+    # etcd's own history and the lighthouse's counter agree (read a moment apart: one write may straddle)
+    assert abs(etcd["etcd_ceiling_puts"] - etcd["ceiling_writes"]) <= 1
+    assert [g["case"] for g in results["goals"]] == ["TTL 0.25 s, 10 ms steps", "TTL 0.25 s, 100 ms steps"]
+    assert "Goals (issue 16)" in out.stdout
+
+
+def run_quick(
+    name: str, out_dir: Path, timeout: float = 120
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     """``python -m benchmarks.NAME --quick``: it must exit 0; its stdout and JSON results."""
     out = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{name}", "--quick", "--out", str(out_dir)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out, json.loads((out_dir / f"{name}.json").read_text())

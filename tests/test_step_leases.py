@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ import pytest
 
 from lighthouse.leases import NO_LEASE, LeaseBook, LeasePolicy
 from lighthouse.sqlite_backend import SqliteBackend
+from lighthouse.state import RATE_SPAN, LighthouseState
 from lighthouse.store import ConfigStore, Edit, StepPromised
+from protos import lighthouse_config_pb2 as pb
 from tests.http_steps import call, change, scheduled
 from tests.http_util import call as http_call
 from tests.http_util import live, wait_healthy
@@ -84,6 +87,23 @@ def test_lease_length_follows_the_step_rate_and_the_managers_ttl() -> None:
     store.leases.observe_rate(100.0)  # steps per second of the fastest group
     assert grant(store, 1000, seconds=0.25) == 1000 + 25 + 2
     assert grant(store, 1000, seconds=1.0) == 1000 + 100 + 2
+
+
+def test_the_step_rate_is_measured_over_a_span_of_reports_not_between_two_close_ones() -> None:
+    """One step more a few milliseconds after a report (or a report a busy machine delayed) is no
+    burst: read alone it made a 10-steps-a-second job's rate 50/s for many seconds, and its leases
+    (the wait for a change made now) 5x too long (benchmarks.leases measured 21-step leases where
+    the rule gives 6)."""
+    state = LighthouseState(ConfigStore(None))
+    report = lambda step: state.observe(pb.ManagerStatus(replica_id="g", step=step), "peer")  # noqa: E731
+    report(0)
+    time.sleep(RATE_SPAN + 0.05)  # time must pass for a rate: a span of reports
+    report(10)
+    measured = state.store.leases.rate
+    assert 0 < measured <= 10 / RATE_SPAN
+    time.sleep(0.02)
+    report(11)
+    assert state.store.leases.rate <= measured
 
 
 def test_a_schedule_or_cancel_at_a_promised_step_is_refused_with_the_earliest_step() -> None:
