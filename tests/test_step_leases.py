@@ -18,7 +18,7 @@ import pytest
 
 from lighthouse.leases import NO_LEASE, LeaseBook, LeasePolicy
 from lighthouse.sqlite_backend import SqliteBackend
-from lighthouse.state import RATE_SPAN, LighthouseState
+from lighthouse.state import RATE_WINDOW, LighthouseState
 from lighthouse.store import ConfigStore, Edit, StepPromised
 from protos import lighthouse_config_pb2 as pb
 from tests.http_steps import call, change, scheduled
@@ -97,10 +97,10 @@ def test_the_step_rate_is_measured_over_a_span_of_reports_not_between_two_close_
     state = LighthouseState(ConfigStore(None))
     report = lambda step: state.observe(pb.ManagerStatus(replica_id="g", step=step), "peer")  # noqa: E731
     report(0)
-    time.sleep(RATE_SPAN + 0.05)  # time must pass for a rate: a span of reports
+    time.sleep(RATE_WINDOW + 0.05)  # time must pass for a rate: a span of reports
     report(10)
     measured = state.store.leases.rate
-    assert 0 < measured <= 10 / RATE_SPAN
+    assert 0 < measured <= 10 / RATE_WINDOW
     time.sleep(0.02)
     report(11)
     assert state.store.leases.rate <= measured
