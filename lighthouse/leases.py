@@ -20,8 +20,8 @@ Lease length, per job: ``L = max(min_steps, ceil(rate * seconds)) + extra_steps`
 ``rate`` is the job's step rate (steps per second of its fastest group, measured from the steps
 managers report) and ``seconds`` what the manager asks for (its cache TTL). A manager renews in
 the background once it is half-way through its lease, so an outage of half a TTL changes
-nothing its workers see, and E lies at most about one TTL plus ``extra_steps`` ahead of the
-fastest group.
+nothing its workers see, and E lies at most about one TTL plus ``extra_steps + 1`` steps ahead
+of the fastest group (``benchmarks.leases`` measures it).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ RATE_HALF_LIFE = 10.0  # seconds for a job's measured step rate to halve once it
 class LeasePolicy:
     """The lease-length rule and how far the stored ceiling runs ahead (``lighthouse serve`` flags)."""
 
-    min_steps: int = 4  # a lease is never shorter (the rate is unknown at a job's first steps)
-    extra_steps: int = 2  # on top of the steps the rate gives: slack for the renewal's round trip
+    min_steps: int = 3  # a lease is never shorter: a renewal at half of it has a step or more to arrive
+    extra_steps: int = 1  # on top of the steps the rate gives: the step the job may be ahead of its report
     default_seconds: float = 1.0  # for managers that do not say (releases without leases)
     # Seconds of steps the stored ceiling runs ahead of the promises: fewer store writes, but
     # after a restart, or when made through another lighthouse, a change waits up to this much

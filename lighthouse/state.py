@@ -33,6 +33,11 @@ MAX_LEASE_WAIT = 1.0  # seconds a call may wait for a lease (a first ceiling wri
 # A group's step rate is measured over at least this many seconds of its reports: two reports
 # close together (a renewal right after a fetch) would give a rate far off.
 RATE_WINDOW = 0.25
+# Each sample moves a group's rate this far towards it. The job's rate is the highest group rate
+# seen (decaying), so raw samples (a step more or less in a window, a report the machine delayed)
+# would read high by their noise, and leases, and the wait for a change made now, with them. Too
+# low a rate costs little: the manager renews at half its lease, whatever the lease's length.
+RATE_SMOOTHING = 0.3
 PAST_LEASE_SHOWN = 30.0  # seconds a group that served steps past its lease stays marked so
 _CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
 _STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
@@ -59,7 +64,7 @@ class ManagerRecord:
     steps_past_lease: int = 0  # steps it served without a confirmed config (it reports them)
     past_lease: bool = False  # at its last report: at a step past its lease
     past_lease_at: float = float("-inf")  # when a report last showed more steps served past the lease
-    rate: float = 0.0  # its steps per second, over its reports of the last RATE_WINDOW or more
+    rate: float = 0.0  # its steps per second: samples over RATE_WINDOW or more of its reports, smoothed
     rate_anchor: tuple[int, float] = (-1, 0.0)  # (step, time) the rate is measured from
     streams: int = 0  # its open push streams to this lighthouse (0: it polls)
 
@@ -297,7 +302,9 @@ class LighthouseState:
             if not plausible or status.step < anchor_step or anchor_step < 0:
                 record.rate_anchor = (status.step, now)  # (re)start measuring from here
             elif now - anchor_time >= RATE_WINDOW:
-                rate = record.rate = (status.step - anchor_step) / (now - anchor_time)
+                sample = (status.step - anchor_step) / (now - anchor_time)
+                smoothed = record.rate + RATE_SMOOTHING * (sample - record.rate) if record.rate else sample
+                rate = record.rate = smoothed
                 record.rate_anchor = (status.step, now)
             record.last_seen = now
             record.fetches += int(fetch)
