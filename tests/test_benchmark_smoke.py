@@ -12,9 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.procs import ROOT
 
 
+@pytest.mark.slow
 def test_quick_benchmark_run_reports_every_section(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(tmp_path)],
@@ -63,6 +66,7 @@ def test_etcd_fleet_benchmark_runs(tmp_path: Path) -> None:
     assert "longest gap after a kill" in out.stdout
 
 
+@pytest.mark.slow
 def test_push_benchmark_runs(tmp_path: Path) -> None:
     out, results = run_quick("push", tmp_path)
     workers = results["workers"]
@@ -89,6 +93,7 @@ def test_push_benchmark_runs(tmp_path: Path) -> None:
     assert "Goals (issue 17)" in out.stdout
 
 
+@pytest.mark.slow
 def test_leases_benchmark_runs(tmp_path: Path) -> None:
     out, results = run_quick("leases", tmp_path, timeout=180)
     cases = results["first_use"]
