@@ -9,7 +9,7 @@ import threading
 import time
 
 from tests.http_util import change
-from tests.procs import ROOT, ProcessPool, worker_records
+from tests.procs import ROOT, ProcessPool, poll, worker_records
 from worker_client import ManagerClient
 
 
@@ -53,6 +53,27 @@ def test_prefetched_answers_are_the_pinned_snapshot_of_their_own_step(procs: Pro
         assert others[step] == answer, f"step {step}: prefetched {answer}, direct rank got {others[step]}"
     assert len({v for v, _ in seen.values()}) > 5, "the config did not change during the run"
     assert prefetched > 0, "no step was ever answered from the prefetch"
+
+
+def test_the_stride_is_learned_from_every_ask_not_from_the_prefetchers_samples(procs: ProcessPool) -> None:
+    """The prefetch thread samples the worker's step; on a busy machine it saw every other step,
+    read a stride of 2 and fetched (and pinned) a step the worker skipped, never the next one."""
+    lh = procs.lighthouse({"lr": 0.1})
+    manager = procs.manager(lh.address, "g")
+    with ManagerClient(manager.address, timeout=5, prefetch=True) as client:
+        prefetcher = client._prefetch
+        assert prefetcher is not None
+        for step in range(0, 40, 2):  # a worker stepping by 2 (every other step, say): followed
+            client.get_config(step=step)
+        poll(lambda: 40 in prefetcher.ready, 10, what="step 40 prefetched for a stride of 2")
+        for step in range(100, 160, 2):  # now every step, two at a time: the thread sees every other
+            client.get_config(step=step)
+            client.get_config(step=step + 1)
+            time.sleep(0.06)
+        poll(lambda: 160 in prefetcher.ready, 10, what="the next step (160) prefetched")
+        time.sleep(0.2)  # the thread had time to fetch a wrong step too
+        assert 161 not in prefetcher.ready and 161 not in prefetcher.in_flight
+        assert client.get_config(step=160).step == 160
 
 
 def test_prefetch_client_is_safe_with_threads(procs: ProcessPool) -> None:

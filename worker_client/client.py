@@ -136,13 +136,21 @@ class _Prefetcher:
             del client
             wait = self._next_wait(now)
 
-    def _observe(self, previous: int | None, consumed: int, now: float) -> None:
-        if previous is not None and consumed > previous:
+    def asked(self, step: int) -> None:
+        """The worker asks for ``step`` (called on its thread, so that every ask counts: this
+        thread samples ``consumed`` and, on a busy machine, sees every other step only, which
+        would read as a stride of 2 and fetch a step the worker never asks for)."""
+        previous = self.consumed
+        if previous is not None and step > previous:
             # A regular stride (the same small jump twice) is followed; any other jump (a restore
             # from a checkpoint, say) must not make us fetch, and pin, a step far ahead.
-            delta = consumed - previous
+            delta = step - previous
             self._stride = delta if delta == self._last_delta and delta <= MAX_STRIDE else 1
             self._last_delta = delta
+        self.consumed = step
+
+    def _observe(self, previous: int | None, consumed: int, now: float) -> None:
+        if previous is not None and consumed > previous:
             interval = now - self._last_change
             self._step_time = interval if self._step_time is None else 0.8 * self._step_time + 0.2 * interval
         self._last_change = now
@@ -246,7 +254,7 @@ class ManagerClient:
         strict = self.strict if strict is None else strict
         if prefetch is not None and step is not None and not self._forked and not peek:
             ready = prefetch.ready.pop(step, None)  # with prefetch, usually the step's whole cost
-            prefetch.consumed = step
+            prefetch.asked(step)
             if ready is not None:
                 return self._unconfirmed(ready) if strict and ready.source in UNCONFIRMED else ready
         if self._forked:
