@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -95,7 +96,9 @@ class PushStream:
                 continue
             answered = self._stream_once()
             retry = RETRY_MIN if answered else min(retry * 2, RETRY_MAX)
-            self._stopped.wait(retry)
+            # Jittered: when a lighthouse restarts, its thousands of managers lost their streams
+            # at the same moment and would otherwise all come back at the same moments too.
+            self._stopped.wait(retry * random.uniform(0.5, 1.0))
 
     def _stream_once(self) -> bool:
         """One stream, until it ends; whether the lighthouse answered on it."""
