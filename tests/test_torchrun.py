@@ -268,6 +268,7 @@ def test_rank0_killed_other_ranks_get_the_fallback_within_the_deadline(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # as the other torchft jobs: 800 steps and three torchruns on a busy machine
 def test_torchft_trains_across_a_kill_and_restart_of_one_group(
     procs: ProcessPool, lighthouse: LighthouseProc
 ) -> None:
