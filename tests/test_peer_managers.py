@@ -215,6 +215,8 @@ def test_nothing_new_nothing_written(lighthouses: list[Lighthouse]) -> None:
     a, b = lighthouses
     a.report("g0")
     poll(lambda: "g0" in b.managers(), VISIBLE_WITHIN + MARGIN, what="lh-b sees g0")
+    # lh-b's watch can deliver the write before lh-a's transaction call returns and counts it.
+    poll(lambda: a.peers.puts == 1, MARGIN, what="lh-a counted its one write")
     before = a.peers.puts
     time.sleep(3 * a.peers.interval)  # observing an absence: three publishing rounds pass
     assert a.peers.puts == before
