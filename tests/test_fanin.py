@@ -43,8 +43,10 @@ def run_phase(
 
     poll(leases_sized_by_the_rate, 20, what="the job's step rate known to the lighthouse")
     seen_before = [len(records_so_far(w)) for w in workers]
-    before = lighthouse_requests(url)
+    # The window counted is from some moment of the first read to some moment of the last: time
+    # it from before the first read starts, or a slow read (a loaded machine) is calls unaccounted.
     started = time.monotonic()
+    before = lighthouse_requests(url)
     time.sleep(T)  # the scenario: the workers train for T seconds
     after = lighthouse_requests(url)
     elapsed = time.monotonic() - started
