@@ -27,6 +27,9 @@ LIGHTHOUSE_TIMEOUT = 1.0  # the manager's --lighthouse-timeout in these tests (i
 # A hung lighthouse is asked once, and once more beside the next one when it has not answered
 # within the hedge delay (one that is only slow may still answer first).
 ASKED_TWICE = ["GetConfig", "GetConfig"]
+# When the next one is live, that second ask races its answer and is cancelled once it comes,
+# maybe before the stuck server has read it (then its handler never runs and records nothing).
+ASKED_ONCE_OR_TWICE = (["GetConfig"], ASKED_TWICE)
 
 
 class StuckLighthouse:
@@ -99,10 +102,10 @@ def test_a_hung_lighthouse_costs_one_hedge_then_nothing(
         assert elapsed >= HEDGE_FRACTION * timeout  # the stuck one was given its fraction first
         assert elapsed < timeout  # and the answer came within the same deadline
         assert client.current == lh.address
-        assert hung.calls == ASKED_TWICE
+        assert hung.calls in ASKED_ONCE_OR_TWICE
         for _ in range(5):  # it stays on the lighthouse that answered: the stuck one is not asked again
             assert client.get_config(timeout=timeout) == {"lr": "0.25"}
-        assert hung.calls == ASKED_TWICE
+        assert hung.calls in ASKED_ONCE_OR_TWICE  # each call asking it first would add one
 
 
 def test_each_hung_lighthouse_gets_a_fraction_of_the_deadline(
@@ -157,7 +160,7 @@ def test_a_manager_starting_on_a_hung_lighthouse_serves_the_live_config(
     assert len(records) == 150
     assert {r["source"] for r in records} <= {"lighthouse", "cache"}
     assert all(r["config"] == {"lr": "0.25"} for r in records)
-    assert hung.calls == ASKED_TWICE  # then never again
+    assert hung.calls in ASKED_ONCE_OR_TWICE  # then never again (each ask would add one)
     assert f"now using lighthouse {lh.address}" in m.stderr()
 
 
