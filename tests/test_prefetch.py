@@ -106,8 +106,8 @@ def test_prefetch_keeps_the_deadline_when_the_manager_hangs(procs: ProcessPool) 
     lh = procs.lighthouse({"lr": 0.1})
     manager = procs.manager(lh.address, "g")
     with ManagerClient(manager.address, timeout=0.5, prefetch=True) as client:
-        for step in range(20):
-            assert client.get_config(step=step).source != "fallback"
+        for step in range(20):  # the start of a run (leases of a few steps): a generous deadline
+            assert client.get_config(step=step, timeout=5.0).source != "fallback"
             time.sleep(0.005)
         manager.signal(signal.SIGSTOP)
         try:
