@@ -91,6 +91,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 req.query = parse_qs(parts.query, keep_blank_values=True, max_num_fields=50)
             except ValueError:
                 raise HttpError(400, "too many query parameters (max 50)") from None
+            req.content_length()  # a malformed one is a 400 whatever the route (the framing is unknown)
             resp = self.server.api.dispatch(req)
         except HttpError as exc:
             resp = error_response(exc)

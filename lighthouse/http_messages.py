@@ -81,12 +81,9 @@ class Request:
             raise HttpError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
         if self.headers.get("Transfer-Encoding"):
             raise HttpError(411, "chunked bodies are not accepted: send Content-Length")
-        lengths = set(self.headers.get_all("Content-Length") or [])
-        if not lengths:
+        length = self.content_length()
+        if length is None:
             raise HttpError(411, "Content-Length is required")
-        if len(lengths) > 1 or not re.fullmatch(r"[0-9]{1,18}", next(iter(lengths)).strip()):
-            raise HttpError(400, "invalid Content-Length")
-        length = int(next(iter(lengths)))
         if length > MAX_BODY_BYTES:
             raise HttpError(413, f"body is {length} bytes (max {MAX_BODY_BYTES})")
         data = self.rfile.read(length)
@@ -95,10 +92,25 @@ class Request:
             raise HttpError(400, f"body ended after {len(data)} of {length} bytes")
         return parse_json(data, "body")
 
+    def content_length(self) -> int | None:
+        """The body's declared length, None without the header. Anything but one number in ASCII
+        digits is a 400 (RFC 9112, 6.3): ``str.isdigit`` and ``int`` also take "²" or "٣"."""
+        lengths = {value.strip() for value in self.headers.get_all("Content-Length") or []}
+        if not lengths:
+            return None
+        if len(lengths) > 1 or not re.fullmatch(r"[0-9]{1,18}", next(iter(lengths))):
+            raise HttpError(400, "invalid Content-Length")
+        return int(next(iter(lengths)))
+
     def has_unread_body(self) -> bool:
-        length = self.headers.get("Content-Length", "0").strip()
-        chunked = bool(self.headers.get("Transfer-Encoding"))
-        return not self.body_read and (chunked or (length.isdigit() and int(length) > 0))
+        if self.body_read:
+            return False
+        if self.headers.get("Transfer-Encoding"):
+            return True
+        try:
+            return (self.content_length() or 0) > 0
+        except HttpError:
+            return True  # no telling where its body ends: drain what comes, then close
 
 
 def parse_int(text: str, name: str, minimum: int = 0) -> int:

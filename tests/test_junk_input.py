@@ -203,6 +203,23 @@ def test_junk_bytes_to_http_port_get_an_answer(system: System) -> None:
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.parametrize("method", ["GET", "PUT"])
+def test_a_content_length_that_is_not_one_number_gets_400(system: System, method: str) -> None:
+    """Not ASCII digits ("²" and "³" pass ``str.isdigit``; ``int`` refuses them: the request got no
+    answer at all), or two different values: 400 and the connection closed (RFC 9112, 6.3)."""
+    host, port = http_util.host_port(system.lh.url)
+    head = f"{method} /api/config HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+    auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
+    for lengths in ([b"\xb2"], [b"\xb3"], [b"abc"], [b"+2"], [b"1_0"], [b"-1"], [b"2", b"3"]):
+        framing = b"".join(b"Content-Length: " + v + b"\r\n" for v in lengths)
+        answer = http_util.raw_exchange(host, port, head + auth + framing + b"\r\n{}", timeout=10)
+        status = _check_answer(method, answer, f"{method} with Content-Length {lengths}")
+        assert status == 400, answer[:300]
+        assert b"invalid Content-Length" in answer, answer[:300]
+        assert b"connection: close" in answer.lower(), answer[:300]
+    system.check_unchanged()
+
+
 # ------------------------------------------------------------------------------ gRPC
 
 
