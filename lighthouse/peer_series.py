@@ -99,7 +99,7 @@ class PeerSeries(EtcdShare):
     def _parse_key(self, key: bytes) -> tuple[str, str, int] | None:
         """(job, instance, seq) of another lighthouse's batch; None for ours or a malformed key."""
         parts = key.decode(errors="replace")[len(self.root) :].split("/")
-        if len(parts) != 3 or parts[1] == self.instance_id or not parts[2].isdigit():
+        if len(parts) != 3 or parts[1] == self.instance_id or not (parts[2].isascii() and parts[2].isdigit()):
             return None
         return parts[0], parts[1], int(parts[2])
 

@@ -11,6 +11,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from lighthouse.etcd_client import EtcdClient, Event, KeyValue
+from lighthouse.jobs import JobRegistry
+from lighthouse.peer_series import PeerSeries
+from lighthouse.sqlite_backend import SqliteBackend
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import call, get_json, history
 from tests.procs import LighthouseProc, ProcessPool, poll, wait_ready
@@ -77,3 +81,21 @@ def test_every_lighthouse_shows_the_whole_job_and_one_rolls_back(
         0.2,
         "one rollback, served by both",
     )
+
+
+def test_a_malformed_batch_key_is_ignored_not_retried_forever(etcd1: EtcdCluster) -> None:
+    """A key under ``series/`` whose sequence is not ASCII digits ("²" passes ``str.isdigit`` but
+    not ``int``) was a callback failure, and the watch resumes at the failed event: it stalled
+    every later batch. It is skipped like any other malformed key."""
+    prefix = f"/series-keys-{uuid.uuid4().hex[:8]}"
+    registry = JobRegistry(SqliteBackend(None))
+    with EtcdClient(etcd1.endpoints) as client:
+        series = PeerSeries(client, prefix, "me", registry)
+        root = f"{prefix}/series/".encode()
+        junk = KeyValue(root + "default/other/²".encode(), b"", 1, 1, 1, 0)
+        series._on_events([Event("put", junk)])  # raised ValueError before
+        assert series._parse_key(junk.key) is None
+        seq = f"{12:020d}".encode()  # as the publisher writes it
+        assert series._parse_key(root + b"default/other/" + seq) == ("default", "other", 12)
+        assert series._parse_key(root + b"default/me/" + seq) is None  # our own
+    registry.close()
