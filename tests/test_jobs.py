@@ -300,13 +300,17 @@ def test_an_edit_of_one_job_reaches_its_workers_only(procs: ProcessPool) -> None
     lh = procs.lighthouse({"lr": 0.1})
     for job, lr in (("alpha", 0.2), ("beta", 0.3)):
         assert call(lh.url, "PUT", f"api/jobs/{job}/config", {"lr": lr}).status == 200
-    workers = {}
-    for job in ("alpha", "beta"):
-        for group in ("group0", "group1"):
-            m = procs.manager(lh.address, group, cache_ttl=0.1, extra=["--job", job])
-            workers[job, group] = procs.worker(
-                m.address, group=group, rank=0, steps=150, step_interval=0.02, wait=False
-            )
+    # Every manager first, then the workers together: a worker started beside the managers that
+    # start after it could finish its run before the edit is made.
+    managers = {
+        (job, group): procs.manager(lh.address, group, cache_ttl=0.1, extra=["--job", job])
+        for job in ("alpha", "beta")
+        for group in ("group0", "group1")
+    }
+    workers = {
+        (job, group): procs.worker(m.address, group=group, rank=0, steps=300, step_interval=0.02, wait=False)
+        for (job, group), m in managers.items()
+    }
     wait_ready(list(workers.values()))
     poll(lambda: all(len(records_so_far(w)) > 10 for w in workers.values()), 30, what="workers stepping")
     assert call(lh.url, "PATCH", "api/jobs/alpha/config", {"lr": 0.9}).status == 200

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tests import http_util
-from tests.procs import ROOT, LighthouseProc, ProcessPool, child_env, poll
+from tests.procs import ROOT, LighthouseProc, ProcessPool, child_env, poll, records_so_far
 
 MANAGER_TIMEOUT = 0.5
 
@@ -105,6 +105,12 @@ def test_manager_never_goes_back_unless_state_reset(procs: ProcessPool, tmp_path
     assert http_util.live(lh.url)["version"] == 1
     poll(lambda: "state was reset" in m.stderr(), 15, 0.1, "manager logging the state reset")
     poll(lambda: _serving(m.address, 1, {"lr": "0.1"}), 15, 0.1, "manager serving the reset state")
+
+    def worker_on_the_reset_state() -> bool:  # its own output lags the manager's switch
+        records = records_so_far(worker)
+        return bool(records) and records[-1]["version"] == 1 and records[-1]["source"] != "fallback"
+
+    poll(worker_on_the_reset_state, 15, 0.05, "the worker served the reset state")
     reset_at_line = len(worker.lines())
 
     worker.signal(signal.SIGTERM)
