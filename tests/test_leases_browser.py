@@ -67,6 +67,7 @@ def test_the_managers_table_marks_a_group_that_ran_past_its_lease(page: Page, pr
     lease = page.locator('#managers tr[data-replica="g0"] td.lease')
     expect(lease).to_have_text(re.compile(r"^\d+$"))  # a step, no pill
     expect(lease.locator(".pill")).to_have_count(0)
+    poll(lambda: records_so_far(worker), 20, what="the worker's first records")
     lh.signal(signal.SIGSTOP)  # a hung lighthouse: the group runs past its lease (fallback)
     try:
         poll(lambda: records_so_far(worker)[-1]["source"] == "fallback", 20, what="the fallback served")

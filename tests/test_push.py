@@ -183,6 +183,7 @@ def test_a_new_manager_polls_a_lighthouse_without_push(procs: ProcessPool) -> No
         stepping = procs.worker(m.address, group="g0", rank=0, steps=10**6, step_interval=0.01)
         calling = no_step_workers(procs, [m.address])[0]
         poll(lambda: "has no push streams" in m.stderr(), 20, what="the manager falling back to polling")
+        poll(lambda: records_so_far(stepping) and records_so_far(calling), 20, what="the workers calling")
         old.set({"lr": "0.5"}, 2)
         for worker in (stepping, calling):
             poll(lambda w=worker: records_so_far(w)[-1]["config"] == {"lr": "0.5"}, 10, what="polled change")
@@ -219,6 +220,7 @@ def test_a_change_through_one_lighthouse_reaches_the_managers_of_another_by_push
     managers = [procs.manager(b.address, f"m{i}", cache_ttl=30.0).address for i in range(2)]
     workers = no_step_workers(procs, managers)
     poll(lambda: metric(b.url, "lighthouse_watch_streams") == 2, 30, what="2 streams on b")
+    poll(lambda: all(records_so_far(w) for w in workers), 20, what="the workers calling")
     answer = change(a.url, "PATCH", {"lr": 0.9})
     version = answer.json["version"]
     poll(
