@@ -12,7 +12,10 @@ and, at every step, ``get_config(step=step)``; it applies ``lr`` and
 ``momentum`` to its optimizer and all-reduces the values it used (MIN and MAX
 over the group). Ranks that applied different values at one step would
 silently diverge under DDP; here the script stops with an error naming the step.
-Every rank prints one JSON line per step (``"event": "step"``).
+Every rank prints one JSON line per step (``"event": "step"``). A ``steps`` key
+in the config overrides ``--steps`` while the job runs: every group reads it at
+the same step, so all of them stop together (a change made now, ``lighthouse
+config set steps=0``, stops the job at the step the CLI names).
 
 ``--checkpoint-dir DIR`` saves the group's state after every step and resumes
 from it, so a group killed and started again goes on at the step it reached
@@ -58,7 +61,7 @@ FEATURES, HIDDEN, BATCH = 8, 16, 32
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=200, help="train until this step")
+    p.add_argument("--steps", type=int, default=200, help="train until this step (or the config's steps)")
     p.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step (to watch it)")
     p.add_argument("--lr", type=float, default=0.01, help="lr while the config has none")
     p.add_argument("--momentum", type=float, default=0.0, help="momentum while the config has none")
@@ -96,22 +99,27 @@ class Knobs:
 
     def __init__(self, client: ManagerClient, args: argparse.Namespace) -> None:
         self.client, self.args = client, args
+        self.until = args.steps  # the config's ``steps`` as of the last step read: train below it
 
     def apply(self, step: int, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         cfg = self.client.get_config(step=step)
         lr = cfg.get_float("lr", self.args.lr)
         momentum = cfg.get_float("momentum", self.args.momentum)
+        until = cfg.get_int("steps", self.args.steps)
         for group in optimizer.param_groups:
             group["lr"], group["momentum"] = lr, momentum
         # MAX of (x, -x) gives the group's MAX and MIN in one collective.
-        used = torch.tensor([lr, -lr, momentum, -momentum], dtype=torch.float64)
+        used = torch.tensor([lr, -lr, momentum, -momentum, until, -until], dtype=torch.float64)
         dist.all_reduce(used, op=dist.ReduceOp.MAX)
-        lr_max, lr_min, m_max, m_min = used[0].item(), -used[1].item(), used[2].item(), -used[3].item()
-        if lr_min != lr_max or m_min != m_max:
+        maxes = used.tolist()
+        lr_max, lr_min, m_max, m_min = maxes[0], -maxes[1], maxes[2], -maxes[3]
+        u_max, u_min = maxes[4], -maxes[5]
+        if lr_min != lr_max or m_min != m_max or u_min != u_max:
             raise SystemExit(
-                f"step {step}: ranks of the group used different values "
-                f"(lr {lr_min}..{lr_max}, momentum {m_min}..{m_max}); stopping before they diverge"
+                f"step {step}: ranks of the group used different values (lr {lr_min}..{lr_max}, "
+                f"momentum {m_min}..{m_max}, steps {u_min:.0f}..{u_max:.0f}); stopping before they diverge"
             )
+        self.until = until
         return {"lr": lr, "momentum": momentum, "lr_min": lr_min, "lr_max": lr_max,
                 "version": cfg.version, "source": cfg.source, "pinned": cfg.pinned}  # fmt: skip
 
@@ -129,8 +137,11 @@ def train_plain(args: argparse.Namespace, group: str, rank: int, knobs: Knobs) -
         first = state["step"]
     ddp = nn.parallel.DistributedDataParallel(model)
     emit(event="start", group=group, rank=rank, pid=os.getpid(), first_step=first)
-    for step in range(first, args.steps):
+    step = first
+    while step < knobs.until:
         used = knobs.apply(step, optimizer)
+        if step >= knobs.until:
+            break
         x, y = batch(group, rank, step)
         optimizer.zero_grad()
         loss = nn.functional.mse_loss(ddp(x), y)
@@ -142,6 +153,7 @@ def train_plain(args: argparse.Namespace, group: str, rank: int, knobs: Knobs) -
             torch.save({"model": model.state_dict(), "optim": optimizer.state_dict(), "step": step + 1}, tmp)
             os.replace(tmp, path)
         time.sleep(args.step_time)
+        step += 1
 
 
 def params_hash(model: nn.Module) -> str:
@@ -200,7 +212,7 @@ def train_torchft(args: argparse.Namespace, group: str, rank: int, knobs: Knobs)
     optimizer = Optimizer(manager, inner)
     emit(event="start", group=group, rank=rank, pid=os.getpid(), first_step=manager.current_step())
     try:
-        while manager.current_step() < args.steps:
+        while manager.current_step() < knobs.until:
             optimizer.zero_grad()  # quorum; a restarted group is healed here and jumps to the live step
             step = manager.current_step()
             try:
@@ -208,6 +220,8 @@ def train_torchft(args: argparse.Namespace, group: str, rank: int, knobs: Knobs)
             except ConfigUnavailable as exc:  # stop; torchft heals the group when it is started again
                 emit(event="unconfirmed", group=group, rank=rank, step=step, error=str(exc))
                 raise SystemExit(f"step {step}: {exc}") from None
+            if step >= knobs.until:  # every group read this step's config: all stop here
+                break
             check_across_groups(manager, step, used)
             x, y = batch(group, rank, step)
             loss = nn.functional.mse_loss(ddp(x), y)

@@ -12,6 +12,11 @@ the groups and stops on a spread; here, from the records every rank prints:
   reply (or the history) names;
 * both groups end with the same parameters (a hash of them).
 
+The run does not end on a timer: once the operator is done and both groups have passed the
+last change's effective step, the test sets the config's ``steps`` to 0 (a change made now)
+and both groups stop at its effective step. So every change is reached however slow the
+machine, and the stop is one more change that every group applies at one step.
+
 Variants: the lighthouse SIGKILLed and restarted on its state directory halfway through;
 two lighthouses on one etcd prefix, one group on each, changes made through both.
 """
@@ -26,7 +31,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +138,11 @@ def step_values(recs: list[Record]) -> dict[int, set[tuple[float, float]]]:
     return out
 
 
+def file_change_key(values: Record) -> str:
+    """A file edit's values, to find its version in the history (a reload has no reply to read)."""
+    return json.dumps({"lr": values["lr"], "momentum": values["momentum"]}, sort_keys=True)
+
+
 def first_use(recs: list[Record], lr: float) -> int | None:
     steps = [r["step"] for r in recs if r["lr"] == lr]
     return min(steps) if steps else None
@@ -157,17 +167,15 @@ def check_run(
     assert not spread, f"steps at which the groups used different values: {spread[:5]}"
     # Each change switched every group at its effective step (a file edit's: from the history).
     by_version = {h["version"]: h for h in history}
-    file_versions = {
-        json.dumps(h["change"], sort_keys=True): h["version"] for h in history if h["source"] == "file"
-    }
+    file_versions = {file_change_key(h["change"]): h["version"] for h in history if h["source"] == "file"}
     checked = checked_after_fault = 0
+    unchecked: Counter[str] = Counter()
     last = min(max(v) for v in (a, b))
     for entry in operator.made:
         if entry["lr"] is None:
             continue  # a rollback's values were used before
         if entry["path"] == "file":
-            key = json.dumps({"lr": entry["lr"], "momentum": entry["momentum"]}, sort_keys=True)
-            version = file_versions[key]
+            version = file_versions[file_change_key(entry)]
         else:
             version = entry["version"]
             assert by_version[version]["effective_step"] == entry["effective_step"], entry
@@ -176,14 +184,18 @@ def check_run(
         later_same_step = [
             h for h in history if h["effective_step"] == at and h["version"] > version and h["op"] != "cancel"
         ]
-        if at > last or later_same_step or by_version[version]["cancelled"]:
-            continue  # not reached in the run, replaced at its step by a later change, or withdrawn
-            # (a rollback cancels pending changes made after its target, unless already promised)
+        # Not reached in the run, replaced at its step by a later change, or withdrawn (a rollback
+        # cancels pending changes made after its target, unless already promised):
+        skipped = "not reached" if at > last else "replaced" if later_same_step else ""
+        skipped = skipped or ("withdrawn" if by_version[version]["cancelled"] else "")
+        if skipped:
+            unchecked[skipped] += 1
+            continue
         for group, recs in groups.items():
             assert first_use(recs, entry["lr"]) == at, (group, entry, at)
         checked += 1
         checked_after_fault += entry["index"] >= operator.fault_at
-    assert checked >= min_checked, f"only {checked} changes took effect within the run"
+    assert checked >= min_checked, f"only {checked} changes were seen to take effect: {dict(unchecked)}"
     if operator.fault_at < CHANGES:
         assert checked_after_fault >= 2, f"only {checked_after_fault} changes after the fault took effect"
     hashes = set().union(*params.values())
@@ -200,10 +212,12 @@ def run_job(
     cache_ttl: float = 1.0,
     steps: int = STEPS,
 ) -> tuple[dict[str, list[Record]], dict[str, set[str]], Operator]:
+    """Train at least ``steps`` steps and until every change is reached, then stop both groups."""
     env = {"TORCHFT_LIGHTHOUSE": torchft_lighthouse(procs)}
     groups = {}
+    cap = str(20 * steps)  # reached only if the stop is not (the test then fails on the last step trained)
     for group, lighthouse in enumerate(lighthouses):
-        args = ["--torchft", "--lighthouse", lighthouse, "--steps", str(steps), "--cache-ttl", str(cache_ttl)]
+        args = ["--torchft", "--lighthouse", lighthouse, "--steps", cap, "--cache-ttl", str(cache_ttl)]
         args += ["--step-time", str(STEP_TIME), "--gloo-timeout", "10", "--timeout", "10"]
         groups[str(group)] = torchrun(procs, group, EXAMPLE, args, env)
     poll(lambda: all(max_step(p) >= 20 for p in groups.values()), 120, what="both groups training")
@@ -212,10 +226,36 @@ def run_job(
     editor.start()
     editor.join(timeout=240)
     assert not editor.is_alive(), "the operator did not finish its changes"
+    stop_at = stop_after_the_changes(groups, urls[0], operator, steps)
     done = {g: finish(p, timeout=240) for g, p in groups.items()}
+    for g, recs in done.items():  # both stopped at the stop's effective step, without training it
+        assert max(r["step"] for r in recs) == stop_at - 1, (g, stop_at)
     params = {g: {r["sha"] for r in records(p, "params")} for g, p in groups.items()}
     assert all(len(p) == 1 for p in params.values()), params  # ranks of a group agree
     return done, params, operator
+
+
+def stop_after_the_changes(groups: dict[str, Any], url: str, operator: Operator, steps: int) -> int:
+    """Once both groups have trained past every change made (and ``steps``), stop them with
+    ``steps: 0`` made now; return the step at which that takes effect."""
+
+    def effective_steps() -> list[int] | None:
+        """Of every change made; None while an edited file is not reloaded yet (on its own time)."""
+        reloaded = {
+            file_change_key(h["change"]): h["effective_step"] for h in history(url) if h["source"] == "file"
+        }
+        if any(file_change_key(e) not in reloaded for e in operator.made if e["path"] == "file"):
+            return None
+        return [
+            reloaded[file_change_key(e)] if e["path"] == "file" else e["effective_step"]
+            for e in operator.made
+        ]
+
+    changes: list[int] = poll(effective_steps, 30, what="every file edit reloaded")
+    past = max([steps, *changes])
+    poll(lambda: all(max_step(p) > past for p in groups.values()), 240, what="both groups past the changes")
+    stop_at: int = call(url, "PATCH", "/api/config", {"steps": 0})["effective_step"]
+    return stop_at
 
 
 def history(url: str) -> list[Record]:

@@ -25,6 +25,7 @@ import pytest
 
 from tests import http_steps
 from tests.etcd_cluster import free_port
+from tests.helpers_lighthouse import run_cli
 from tests.procs import LighthouseProc, Proc, ProcessPool, poll
 from tests.threads import CheckedThread
 from tests.torchrun_jobs import (
@@ -122,14 +123,20 @@ def lighthouse(procs: ProcessPool) -> LighthouseProc:
     return procs.lighthouse(OLD)
 
 
+def two_groups(procs: ProcessPool, lighthouse: LighthouseProc, args: list[str]) -> list[Proc]:
+    """Replica groups 0 and 1 of ``examples/train_ddp.py ARGS``, each its own torchrun."""
+    env = {"TORCHFT_LIGHTHOUSE": lighthouse.address}
+    return [torchrun(procs, g, EXAMPLE, args, env) for g in (0, 1)]
+
+
 @pytest.mark.slow
 def test_change_scheduled_at_a_step_switches_every_rank_of_both_groups_there(
     procs: ProcessPool, lighthouse: LighthouseProc
 ) -> None:
     steps = 200  # room for the switch ahead of both, also when one group's torch import lags seconds
-    env = {"TORCHFT_LIGHTHOUSE": lighthouse.address}
-    args = ["--steps", str(steps), "--step-time", "0.05", "--cache-ttl", "0.2"]
-    groups = [torchrun(procs, g, EXAMPLE, args, env) for g in (0, 1)]
+    groups = two_groups(
+        procs, lighthouse, ["--steps", str(steps), "--step-time", "0.05", "--cache-ttl", "0.2"]
+    )
     poll(lambda: all(max_step(g) >= 3 for g in groups), 60, what="both groups training")
     switch_at = max(max_step(g) for g in groups) + 25  # ahead of both, while they run
     assert switch_at < steps - 10
@@ -141,12 +148,27 @@ def test_change_scheduled_at_a_step_switches_every_rank_of_both_groups_there(
 
 
 @pytest.mark.slow
+def test_steps_set_now_from_the_cli_stops_both_groups_at_the_step_it_names(
+    procs: ProcessPool, lighthouse: LighthouseProc
+) -> None:
+    groups = two_groups(procs, lighthouse, ["--steps", "100000", "--step-time", "0.02", "--cache-ttl", "0.5"])
+    poll(lambda: all(max_step(g) >= 10 for g in groups), 60, what="both groups training")
+    out = run_cli("config", "set", "steps=0", "--url", lighthouse.url)
+    assert out.returncode == 0, out.stderr
+    found = re.search(r"takes effect at step ([\d,]+) in every group", out.stdout)
+    assert found, out.stdout
+    stop_at = int(found.group(1).replace(",", ""))
+    for g in groups:
+        recs = finish(g)
+        ranks_cover(recs, range(stop_at))  # every step below it trained by both ranks, none from it on
+        check_steps(recs, switch_at=stop_at)  # and the old values throughout
+
+
+@pytest.mark.slow
 def test_config_churn_every_few_ms_never_splits_a_group(
     procs: ProcessPool, lighthouse: LighthouseProc
 ) -> None:
-    env = {"TORCHFT_LIGHTHOUSE": lighthouse.address}
-    args = ["--steps", "40", "--step-time", "0.02", "--cache-ttl", "0.01"]
-    groups = [torchrun(procs, g, EXAMPLE, args, env) for g in (0, 1)]
+    groups = two_groups(procs, lighthouse, ["--steps", "40", "--step-time", "0.02", "--cache-ttl", "0.01"])
     stop = threading.Event()
     edits = [0]
 
