@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from manager.snapshot import Snapshot
 
 logger = logging.getLogger(__name__)
+MAX_REASONS_LOGGED = 8  # distinct reasons per outage (details can carry ports, times)
 
 
 class FetchFailed(Exception):
@@ -70,6 +71,9 @@ class UpstreamCache:
         self.fetches = 0
         self.failures = 0
         self.last_error = ""  # why the failing fetch failed (empty while fetches succeed)
+        # Each reason is logged once per outage: a first DEADLINE_EXCEEDED must not hide the TLS
+        # refusal or the refused connection that later retries find, nor every retry repeat it.
+        self._reasons_logged: set[str] = set()
 
     @property
     def good(self) -> Snapshot | None:
@@ -187,12 +191,16 @@ class UpstreamCache:
             with self._cond:
                 self.failures += 1
                 if not self._failing:
+                    self._reasons_logged = {str(exc)}
                     logger.warning(
                         "lighthouse unavailable (%s); serving %s, retrying every %.1fs",
                         exc,
                         "the last good config" if self.serve_stale and self._good else "an empty config",
                         self.backoff,
                     )
+                elif str(exc) not in self._reasons_logged and len(self._reasons_logged) < MAX_REASONS_LOGGED:
+                    self._reasons_logged.add(str(exc))
+                    logger.warning("lighthouse still unavailable, now: %s", exc)
                 self._failing = True
                 self.last_error = str(exc)
                 self._retry_at = self._clock() + self.backoff

@@ -39,6 +39,7 @@ class FakeLighthouse:
         self.held: list[Snapshot | None] = []
         self.version = 1
         self.down = False
+        self.reason = "UNAVAILABLE"  # what a failing fetch says
         self.clock = clock
         self.duration = duration  # fake time a fetch takes
 
@@ -48,7 +49,7 @@ class FakeLighthouse:
         if self.clock is not None:
             self.clock.advance(self.duration)
         if self.down:
-            raise FetchFailed("UNAVAILABLE")
+            raise FetchFailed(self.reason)
         if held is not None and held.version == self.version:
             return held  # not modified
         return snap(self.version)
@@ -233,6 +234,39 @@ def test_outage_is_logged_once_and_recovery_logged(caplog: pytest.LogCaptureFixt
     assert len(warnings) == 1 and "UNAVAILABLE" in warnings[0].getMessage()
     assert any("reachable again" in r.getMessage() for r in caplog.records)
     assert lh.calls == 5
+
+
+def test_a_new_reason_within_an_outage_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A first DEADLINE_EXCEEDED must not hide what later retries find (a TLS refusal, say)."""
+    clock = Clock()
+    lh = FakeLighthouse()
+    lh.down = True
+    cache = make(lh, clock, backoff=1.0)
+    reasons = [
+        "DEADLINE_EXCEEDED",
+        "UNAVAILABLE: TLS refused",
+        "DEADLINE_EXCEEDED",
+        "UNAVAILABLE: TLS refused",
+    ]
+    reasons += [f"UNAVAILABLE: port {port}" for port in range(20)]  # details that never repeat
+    with caplog.at_level(logging.WARNING, logger="manager.upstream"):
+        for reason in reasons:
+            lh.reason = reason
+            clock.advance(1.1)
+            cache.refresh()
+        lh.down = False
+        clock.advance(1.1)
+        cache.refresh()
+        lh.down, lh.reason = True, "DEADLINE_EXCEEDED"  # a new outage: its first reason again
+        clock.advance(1.1)
+        cache.refresh()
+    logged = [r.getMessage() for r in caplog.records]
+    assert lh.calls == len(reasons) + 2
+    assert "DEADLINE_EXCEEDED" in logged[0] and "lighthouse unavailable" in logged[0]
+    assert logged[1] == "lighthouse still unavailable, now: UNAVAILABLE: TLS refused"
+    assert logged[2:-1] == [f"lighthouse still unavailable, now: UNAVAILABLE: port {p}" for p in range(6)]
+    assert "lighthouse unavailable (DEADLINE_EXCEEDED)" in logged[-1]
+    assert cache.last_error == "DEADLINE_EXCEEDED"
 
 
 def test_unexpected_fetch_error_propagates_and_does_not_wedge_the_cache() -> None:
