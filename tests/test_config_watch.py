@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -87,8 +88,20 @@ def test_since_replays_the_versions_after_it(procs: ProcessPool) -> None:
     edit_three_times(lh.url)
     proc = watch(procs, lh, "--since", "2", "-o", "json")
     assert [json.loads(line)["version"] for line in read_until(proc, 2)] == [3, 4]
+    proc.signal(signal.SIGINT)  # while it waits in its next blocking query (30 s)
+    assert proc.wait(timeout=10) == 0 and "Traceback" not in proc.stderr()
+
+
+def test_a_sigint_ignored_by_its_parent_stays_ignored(procs: ProcessPool) -> None:
+    """A watch started where SIGINT is ignored (``nohup``, a script's background job) keeps on."""
+    lh = procs.lighthouse({"lr": 0.1})
+    command = f"trap '' INT; exec {shlex.quote(sys.executable)} -m lighthouse config watch --url {lh.url}"
+    proc = procs.spawn(["sh", "-c", command], "watch")
+    assert proc.readline().startswith("watching job default after version 1 at ")
     proc.signal(signal.SIGINT)
-    assert proc.wait(timeout=30) == 0 and "Traceback" not in proc.stderr()
+    call(lh.url, "PATCH", "api/config", {"lr": 0.2})
+    assert read_until(proc, 2)[1] == "    ~ lr: 0.1 -> 0.2"
+    assert proc.popen.poll() is None
 
 
 def history_after(lh: LighthouseProc, after: int, wait: float | None = None) -> Any:
