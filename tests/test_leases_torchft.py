@@ -2,14 +2,17 @@
 
 Two replica groups (one ``torchrun`` each, 2 ranks, gloo) train ``examples/train_ddp.py
 --torchft`` and average their gradients every step through torchft. Meanwhile an operator
-thread makes 40 changes of lr and momentum at random moments, through every path there is:
+thread makes 40 changes of lr and momentum, through every path there is:
 an API PATCH, a PUT with If-Match as the editor sends it, the CLI's ``config set``, a rollback
-and an edit of the config file. The example itself all-reduces the values it used across
+and an edit of the config file. Most come at random moments; every second one (every fourth
+after a restart) is isolated, so that nothing replaces it at its step (see ``Operator``). The
+example itself all-reduces the values it used across
 the groups and stops on a spread; here, from the records every rank prints:
 
 * at every step both groups ran, they used the same lr and momentum;
 * each change's new value is first used, in every group, at the effective step its
-  reply (or the history) names;
+  reply (or the history) names, unless a later change replaced it there; every isolated
+  change is seen so;
 * both groups end with the same parameters (a hash of them).
 
 The run does not end on a timer: once the operator is done and both groups have passed the
@@ -32,6 +35,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +69,25 @@ def torchft_lighthouse(procs: ProcessPool) -> str:
 
 
 class Operator:
-    """Makes the changes, each through the next path, at random moments; remembers each one."""
+    """Makes the changes, each through the next path, and remembers each one.
+
+    Most changes come at random moments, so several often fall within one lease and share an
+    effective step (the last one wins there). Every ``isolate_every``-th change is isolated
+    instead: made once every earlier file edit is reloaded, and followed by nothing until both
+    groups have passed its effective step. Nothing replaces an isolated change at its step, so
+    each must be seen to switch both groups there.
+    """
 
     PATHS = ("patch", "put_if_match", "cli", "rollback", "file")
 
-    def __init__(self, urls: list[str], config_file: Path, seed: int) -> None:
+    def __init__(
+        self, urls: list[str], config_file: Path, seed: int, reached: Callable[[], int], isolate_every: int
+    ) -> None:
         self.urls = urls
         self.config_file = config_file
         self.rng = random.Random(seed)
+        self.reached = reached  # the step both groups have trained past
+        self.isolate_every = isolate_every
         self.made: list[dict[str, Any]] = []  # path, lr, momentum, and from the reply version, effective_step
         self.errors: list[BaseException] = []
         self.fault_at = CHANGES  # the index of the first change made after the fault (none: CHANGES)
@@ -84,10 +99,41 @@ class Operator:
                 if on_half is not None and i == count // 2:
                     on_half()
                     self.fault_at = i
-                threading.Event().wait(self.rng.uniform(0.1, 0.7))  # a random moment (nothing to wait for)
+                isolated = i % self.isolate_every == self.isolate_every - 1
+                if isolated:
+                    self.effective_steps()  # no earlier file edit can land after this change
+                else:
+                    threading.Event().wait(self.rng.uniform(0.1, 0.7))  # a random moment
                 self.change(i)
+                if isolated:
+                    self.made[-1]["isolated"] = True
+                    self.settle()
         except BaseException as exc:  # reported by the test, not lost with the thread
             self.errors.append(exc)
+
+    def effective_steps(self) -> list[int]:
+        """Of every change made, once every edited file is reloaded (the lighthouse polls it)."""
+
+        def known() -> list[int] | None:
+            entries = history(self.urls[0])
+            reloaded = {
+                file_change_key(h["change"]): h["effective_step"] for h in entries if h["source"] == "file"
+            }
+            files = [e for e in self.made if e["path"] == "file"]
+            if any(file_change_key(e) not in reloaded for e in files):
+                return None
+            return [
+                reloaded[file_change_key(e)] if e["path"] == "file" else e["effective_step"]
+                for e in self.made
+            ]
+
+        found: list[int] = poll(known, 30, what="every file edit reloaded")
+        return found
+
+    def settle(self, steps: int = 0) -> None:
+        """Wait until both groups have trained past every change made (and ``steps``)."""
+        past = max([steps, *self.effective_steps()])
+        poll(lambda: self.reached() > past, 240, what=f"both groups past step {past}")
 
     def change(self, i: int) -> None:
         path = self.PATHS[i % len(self.PATHS)]
@@ -198,6 +244,7 @@ def check_run(
         skipped = "not reached" if at > last else "replaced" if later_same_step else ""
         skipped = skipped or ("withdrawn" if by_version[version]["cancelled"] else "")
         if skipped:
+            assert not entry.get("isolated"), f"an isolated change {skipped}: {entry}"
             unchecked[skipped] += 1
             continue
         for group, recs in groups.items():
@@ -223,6 +270,7 @@ def run_job(
     on_half: Any = None,
     cache_ttl: float = 1.0,
     steps: int = STEPS,
+    isolate_every: int = 2,
 ) -> tuple[dict[str, list[Record]], dict[str, set[str]], Operator]:
     """Train at least ``steps`` steps and until every change is reached, then stop both groups."""
     env = {"TORCHFT_LIGHTHOUSE": torchft_lighthouse(procs)}
@@ -233,41 +281,19 @@ def run_job(
         args += ["--step-time", str(STEP_TIME), "--gloo-timeout", "10", "--timeout", "10"]
         groups[str(group)] = torchrun(procs, group, EXAMPLE, args, env)
     poll(lambda: all(max_step(p) >= 20 for p in groups.values()), 120, what="both groups training")
-    operator = Operator(urls, config_file, seed)
+    operator = Operator(urls, config_file, seed, lambda: min(map(max_step, groups.values())), isolate_every)
     editor = threading.Thread(target=operator.run, args=(CHANGES, on_half), daemon=True)
     editor.start()
     editor.join(timeout=240)
     assert not editor.is_alive(), "the operator did not finish its changes"
-    stop_at = stop_after_the_changes(groups, urls[0], operator, steps)
+    operator.settle(steps)  # then stop both with a change made now: at its effective step
+    stop_at: int = call(urls[0], "PATCH", "/api/config", {"steps": 0})["effective_step"]
     done = {g: finish(p, timeout=240) for g, p in groups.items()}
     for g, recs in done.items():  # both stopped at the stop's effective step, without training it
         assert max(r["step"] for r in recs) == stop_at - 1, (g, stop_at)
     params = {g: {r["sha"] for r in records(p, "params")} for g, p in groups.items()}
     assert all(len(p) == 1 for p in params.values()), params  # ranks of a group agree
     return done, params, operator
-
-
-def stop_after_the_changes(groups: dict[str, Any], url: str, operator: Operator, steps: int) -> int:
-    """Once both groups have trained past every change made (and ``steps``), stop them with
-    ``steps: 0`` made now; return the step at which that takes effect."""
-
-    def effective_steps() -> list[int] | None:
-        """Of every change made; None while an edited file is not reloaded yet (on its own time)."""
-        reloaded = {
-            file_change_key(h["change"]): h["effective_step"] for h in history(url) if h["source"] == "file"
-        }
-        if any(file_change_key(e) not in reloaded for e in operator.made if e["path"] == "file"):
-            return None
-        return [
-            reloaded[file_change_key(e)] if e["path"] == "file" else e["effective_step"]
-            for e in operator.made
-        ]
-
-    changes: list[int] = poll(effective_steps, 30, what="every file edit reloaded")
-    past = max([steps, *changes])
-    poll(lambda: all(max_step(p) > past for p in groups.values()), 240, what="both groups past the changes")
-    stop_at: int = call(url, "PATCH", "/api/config", {"steps": 0})["effective_step"]
-    return stop_at
 
 
 def history(url: str) -> list[Record]:
@@ -301,7 +327,15 @@ def test_the_same_with_the_lighthouse_sigkilled_and_restarted_on_its_state(
     # through it (and run longer, so that the changes made after it, each about a lease ahead,
     # take effect within the run).
     groups, params, operator = run_job(
-        procs, [lh.address] * 2, [lh.url], config, seed=17, on_half=crash, cache_ttl=5.0, steps=2 * STEPS
+        procs,
+        [lh.address] * 2,
+        [lh.url],
+        config,
+        seed=17,
+        on_half=crash,
+        cache_ttl=5.0,
+        steps=2 * STEPS,
+        isolate_every=4,  # each isolated change waits out a lease of 5 s
     )
     check_run(groups, params, operator, history(holder[0].url), min_checked=6)
 
