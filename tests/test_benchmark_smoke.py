@@ -84,7 +84,8 @@ def test_push_benchmark_runs(tmp_path: Path) -> None:
     for key, streams in (("fanout", 60), ("etcd", 30)):
         fan = results[key]
         assert fan["streams"] == streams and fan["missed"] == 0 and len(fan["edits"]) == 2
-        assert fan["lighthouse_cpu_us_per_message"] > 0
+        # CPU time comes in ticks of 10 ms: the quick run's 2 edits can fit in none of them.
+        assert fan["lighthouse_cpu_us_per_message"] >= 0
         for edit in fan["edits"]:  # every stream had every edit; the slowest stream bounds the others
             assert edit["have"] == streams
             assert edit["first_ms"] <= edit["p50_ms"] <= edit["p99_ms"] <= edit["last_ms"] + 1
