@@ -38,9 +38,17 @@ def edit_three_times(url: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+# Python keeps SIGINT ignored when its parent ignores it (a script's background job does, and so
+# do the tests it runs): the watch gets Python's own handler back first, as started at a terminal.
+AT_A_TERMINAL = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('lighthouse', run_name='__main__')"
+)
+
+
 def watch(procs: ProcessPool, lh: LighthouseProc, *args: str) -> Proc:
     proc: Proc = procs.spawn(
-        [sys.executable, "-m", "lighthouse", "config", "watch", "--url", lh.url, *args], "watch"
+        [sys.executable, "-c", AT_A_TERMINAL, "config", "watch", "--url", lh.url, *args], "watch"
     )
     return proc
 
