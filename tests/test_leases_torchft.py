@@ -239,10 +239,14 @@ def check_run(
         later_same_step = [
             h for h in history if h["effective_step"] == at and h["version"] > version and h["op"] != "cancel"
         ]
-        # Not reached in the run, replaced at its step by a later change, or withdrawn (a rollback
-        # cancels pending changes made after its target, unless already promised):
-        skipped = "not reached" if at > last else "replaced" if later_same_step else ""
-        skipped = skipped or ("withdrawn" if by_version[version]["cancelled"] else "")
+        if at > last:
+            skipped = "not reached"  # within the run
+        elif later_same_step:
+            skipped = "replaced"  # at its step, by a later change
+        elif by_version[version]["cancelled"]:
+            skipped = "withdrawn"  # by a rollback to an earlier version, before it was promised
+        else:
+            skipped = ""
         if skipped:
             assert not entry.get("isolated"), f"an isolated change {skipped}: {entry}"
             unchecked[skipped] += 1
