@@ -288,7 +288,7 @@ def serve_sims(
 ) -> None:
     from lighthouse.client import LighthouseClient
     from protos import lighthouse_config_pb2 as pb
-    from protos.jobs import DEFAULT_JOB
+    from protos.job_ids import DEFAULT_JOB
 
     summaries = reported_metrics(metrics, steps_per_call) if metrics and steps_per_call else None
 

@@ -31,7 +31,7 @@ from benchmarks.load import SimFleet, measure_window
 from benchmarks.procs import Children
 from benchmarks.report import machine_line, machine_load, run_standalone, standalone_parser
 from benchmarks.stack import CONFIG, lighthouse_calls, start_manager
-from lighthouse.admin_client import AdminClient
+from lighthouse.admin import AdminClient
 from lighthouse.client import LighthouseClient
 from tests.etcd_cluster import EtcdCluster
 from worker_client import ManagerClient

@@ -23,7 +23,7 @@ from typing import Any
 from benchmarks.procs import Child, Children, wait_for
 from benchmarks.report import publish
 from benchmarks.stack import CONFIG, patch_config, start_lighthouse
-from lighthouse.admin_client import AdminClient
+from lighthouse.admin import AdminClient
 from lighthouse.client import LighthouseClient
 from tests.etcd_cluster import EtcdCluster
 

@@ -40,10 +40,10 @@ from benchmarks.load import WorkerPool
 from benchmarks.procs import Child, Children
 from benchmarks.report import machine_line, machine_load, run_standalone, summarize, table
 from benchmarks.stack import CONFIG, read_metrics, start_lighthouse, start_manager
-from lighthouse.admin_client import AdminClient
-from lighthouse.etcd_client import EtcdClient, Event
-from lighthouse.leases import OWN_CEILING_AHEAD, SHARED_CEILING_AHEAD
-from lighthouse.server import STORE_FILE
+from lighthouse.admin import AdminClient
+from lighthouse.etcd.client import EtcdClient, Event
+from lighthouse.jobs.leases import OWN_CEILING_AHEAD, SHARED_CEILING_AHEAD
+from lighthouse.store.sqlite import STORE_FILE
 from manager.status_client import manager_info
 from tests.etcd_cluster import EtcdCluster
 

@@ -31,7 +31,7 @@ from benchmarks.load import SimFleet, measure_window
 from benchmarks.procs import Children
 from benchmarks.report import machine_line, machine_load, run_standalone, standalone_parser
 from benchmarks.stack import CONFIG, start_lighthouse
-from lighthouse.admin_client import AdminClient
+from lighthouse.admin import AdminClient
 
 P99_GOAL_MS = 50.0
 

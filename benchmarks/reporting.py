@@ -36,8 +36,8 @@ from benchmarks.load import SimFleet, measure_window
 from benchmarks.procs import Children
 from benchmarks.report import machine_line, machine_load, run_standalone, standalone_parser, summarize
 from benchmarks.stack import CONFIG, start_lighthouse, start_manager
-from lighthouse.admin_client import AdminClient
-from lighthouse.series import JobSeries
+from lighthouse.admin import AdminClient
+from lighthouse.jobs.series import JobSeries
 from protos import lighthouse_config_pb2 as pb
 
 PARTS = ("critical_path", "lighthouse_cpu", "memory")

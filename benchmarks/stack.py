@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.procs import Child, Children
-from lighthouse.admin_client import AdminClient
-from protos.jobs import DEFAULT_JOB
+from lighthouse.admin import AdminClient
+from protos.job_ids import DEFAULT_JOB
 
 # A typical training config: ~30 keys, mostly scalars, a few small JSON values (~1 KiB encoded).
 CONFIG: dict[str, Any] = {
@@ -52,7 +52,7 @@ CONFIG: dict[str, Any] = {
 
 def encoded_config() -> dict[str, str]:
     """The config as workers get it (``dict[str, str]``), by the product's own encoding rule."""
-    from lighthouse.values import encode_config
+    from lighthouse.config.values import encode_config
 
     return encode_config(CONFIG)
 

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from lighthouse.admin_client import AdminClient, AdminError
+from lighthouse.admin import AdminClient, AdminError
 
 AUTHOR = "adaptive_sync"
 

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from lighthouse.admin_client import AdminClient
+from lighthouse.admin import AdminClient
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lighthouse.admin_client import AdminClient
+from lighthouse.admin import AdminClient
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

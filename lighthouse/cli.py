@@ -9,13 +9,13 @@ from pathlib import Path
 
 import click
 
-from lighthouse.access import load_job_tokens
-from lighthouse.admin_cli import config, jobs
-from lighthouse.guards_cli import guards
-from lighthouse.leases import LeasePolicy
-from lighthouse.metrics_cli import metrics
-from lighthouse.migrate import migrate_command
-from lighthouse.values import ConfigError
+from lighthouse.admin.config_commands import config, jobs
+from lighthouse.admin.guard_commands import guards
+from lighthouse.admin.metric_commands import metrics
+from lighthouse.config.values import ConfigError
+from lighthouse.jobs.leases import LeasePolicy
+from lighthouse.store.migrate import migrate_command
+from lighthouse.web.access import load_job_tokens
 from protos.cli_options import server_tls_options
 from protos.daemon import Termination, announce, configure_logging, tune_for_many_streams
 from protos.rpc import DEFAULT_DASHBOARD_PORT, DEFAULT_LIGHTHOUSE_PORT
@@ -175,9 +175,9 @@ def serve(
     configure_logging(log_level)
     tune_for_many_streams()
     termination = Termination()
-    from lighthouse.backend import StoreUnavailable
-    from lighthouse.etcd_backend import open_etcd_store
     from lighthouse.server import LighthouseServer
+    from lighthouse.store.backend import StoreUnavailable
+    from lighthouse.store.etcd import open_etcd_store
 
     if store_url is not None and state_dir is not None:
         raise click.UsageError(

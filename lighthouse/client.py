@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import grpc
 
 from protos import lighthouse_config_pb2 as pb
-from protos.jobs import DEFAULT_JOB, check_job_id
+from protos.job_ids import DEFAULT_JOB, check_job_id
 from protos.rpc import (
     LIGHTHOUSE_GET_CONFIG,
     LIGHTHOUSE_HEARTBEAT,

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import grpc
 
-from lighthouse.backend import StoreBackend
-from lighthouse.config_file import ConfigDirWatcher, FileContent, FileWatcher, read_schema_file
-from lighthouse.guards import GuardWatch
-from lighthouse.jobs import JobRegistry
-from lighthouse.leases import LeasePolicy
-from lighthouse.peer_managers import PeerManagers
-from lighthouse.peer_series import PeerSeries
+from lighthouse.config.files import ConfigDirWatcher, FileContent, FileWatcher, read_schema_file
+from lighthouse.jobs.guards import GuardWatch
+from lighthouse.jobs.leases import LeasePolicy
+from lighthouse.jobs.registry import JobRegistry
+from lighthouse.jobs.state import LighthouseState
+from lighthouse.jobs.versions import ConfigStore
+from lighthouse.peers.managers import PeerManagers
+from lighthouse.peers.series import PeerSeries
 from lighthouse.service import LighthouseService
-from lighthouse.sqlite_backend import SqliteBackend
-from lighthouse.state import LighthouseState
-from lighthouse.store import ConfigStore
+from lighthouse.store.backend import StoreBackend
+from lighthouse.store.sqlite import STORE_FILE, SqliteBackend
 from protos import lighthouse_config_pb2 as pb
 from protos.aio_server import AioServer
 from protos.probes import Probes
@@ -27,8 +27,6 @@ from protos.rpc import DEFAULT_LIGHTHOUSE_PORT, LIGHTHOUSE_SERVICE, dialable_add
 from protos.tls import ServerCertificates, ServerTLS
 
 logger = logging.getLogger(__name__)
-
-STORE_FILE = "lighthouse.db"
 
 
 class LighthouseServer:
@@ -40,7 +38,7 @@ class LighthouseServer:
     ``config_dir`` holds one ``<job>.json`` (and ``<job>.schema.json``) per job.
     ``tls`` serves gRPC over TLS (mutual with ``client_ca``) and the dashboard
     over HTTPS with the same pair, unless ``http_tls=False``. ``lease_policy``
-    sizes the step leases granted to managers (see ``lighthouse.leases``).
+    sizes the step leases granted to managers (see ``lighthouse.jobs.leases``).
     """
 
     def __init__(
@@ -115,7 +113,7 @@ class LighthouseServer:
             self._address = dialable_address(bind, self._server.port)
             self._start_peers()
             if http_bind is not None:
-                from lighthouse.http_api import DashboardServer
+                from lighthouse.web.server import DashboardServer
 
                 self._http = DashboardServer(
                     self.jobs,

@@ -30,10 +30,10 @@ from typing import TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 
-from lighthouse.jobs import JobRegistry, TooManyJobs
-from lighthouse.state import LighthouseState, lease_wait
+from lighthouse.jobs.registry import JobRegistry, TooManyJobs
+from lighthouse.jobs.state import LighthouseState, lease_wait
 from protos import lighthouse_config_pb2 as pb
-from protos.jobs import DEFAULT_JOB, InvalidJobId
+from protos.job_ids import DEFAULT_JOB, InvalidJobId
 from protos.rpc import varint_field
 
 logger = logging.getLogger(__name__)

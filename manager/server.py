@@ -6,7 +6,7 @@ calls are answered from the cache (see ``upstream``), pinned per step (see
 carrying the manager's heartbeat on the same call. The ranks' reported metrics
 ride on that status too (see ``metrics``), on the push stream as on a fetch.
 
-Step leases (see ``lighthouse.leases``): each answer of the lighthouse promises
+Step leases (see ``lighthouse.jobs.leases``): each answer of the lighthouse promises
 its config for every step up to a horizon H. A worker's call for a step up to H
 is answered from that snapshot whatever the TTL, also while the lighthouse is
 unreachable. The lease lasts about one cache TTL at the job's step rate; the
@@ -34,7 +34,7 @@ from manager.push import PushStream
 from manager.snapshot import CACHE, FALLBACK, STALE, Snapshot
 from manager.upstream import FetchFailed, UpstreamCache
 from protos import lighthouse_config_pb2 as pb
-from protos.jobs import DEFAULT_JOB, check_job_id
+from protos.job_ids import DEFAULT_JOB, check_job_id
 from protos.probes import Probes
 from protos.rpc import MANAGER_SERVICE, dialable_address, split_addresses, start_server, varint_field
 from protos.tls import ServerCertificates, ServerTLS, TLSConfig, explain_rpc_error

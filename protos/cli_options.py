@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from protos.jobs import DEFAULT_JOB, JOB_ENV
+from protos.job_ids import DEFAULT_JOB, JOB_ENV
 from protos.tls import ServerTLS, TLSConfig
 
 F = TypeVar("F", bound=Callable[..., Any])

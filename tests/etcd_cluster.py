@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lighthouse.etcd_client import EtcdClient, EtcdError, StoreUnavailable
+from lighthouse.etcd.client import EtcdClient, EtcdError, StoreUnavailable
 from protos.tls import TLSConfig
 from tests.procs import child_env, poll
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import threading
 
-from lighthouse.etcd_client import EtcdClient
-from lighthouse.jobs import JobRegistry
-from lighthouse.peer_managers import PeerManagers
-from lighthouse.sqlite_backend import SqliteBackend
+from lighthouse.etcd.client import EtcdClient
+from lighthouse.jobs.registry import JobRegistry
+from lighthouse.peers.managers import PeerManagers
+from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
 
 

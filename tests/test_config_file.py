@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from lighthouse import config_file
-from lighthouse.config_file import FileContent, FileWatcher, load_initial, read_config_file
-from lighthouse.values import ConfigError
+from lighthouse.config import files as config_file
+from lighthouse.config.files import FileContent, FileWatcher, load_initial, read_config_file
+from lighthouse.config.values import ConfigError
 from tests.procs import poll
 
 
@@ -86,7 +86,7 @@ def test_load_initial_without_path_is_empty() -> None:
 
 def test_load_initial_missing_file_lenient_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "missing.json"
-    with caplog.at_level(logging.WARNING, logger="lighthouse.config_file"):
+    with caplog.at_level(logging.WARNING, logger="lighthouse.config.files"):
         content = load_initial(path, strict=False)
     assert content.config is None and content.error is not None
     assert any(str(path) in r.getMessage() and "does not exist" in r.getMessage() for r in caplog.records)
@@ -97,7 +97,7 @@ def test_load_initial_invalid_lenient_warns_with_parse_error(
 ) -> None:
     path = tmp_path / "broken.json"
     write(path, '{"lr": }')
-    with caplog.at_level(logging.WARNING, logger="lighthouse.config_file"):
+    with caplog.at_level(logging.WARNING, logger="lighthouse.config.files"):
         content = load_initial(path, strict=False)
     assert content.config is None
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -176,7 +176,7 @@ def test_watcher_survives_a_failing_callback(tmp_path: Path, caplog: pytest.LogC
 
     watcher = FileWatcher(path, explode, interval=60)
     write(path, '{"v": 2}', mtime=1_000_010)
-    with caplog.at_level(logging.ERROR, logger="lighthouse.config_file"):
+    with caplog.at_level(logging.ERROR, logger="lighthouse.config.files"):
         watcher.poll()
     assert len(calls) == 1
     assert any("boom" in (r.exc_text or "") or r.exc_info for r in caplog.records)

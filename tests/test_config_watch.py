@@ -16,7 +16,7 @@ from tests.procs import ROOT, LighthouseProc, Proc, ProcessPool, child_env, poll
 
 EDITS = """
 import sys
-from lighthouse.admin_client import AdminClient
+from lighthouse.admin.client import AdminClient
 
 client = AdminClient(sys.argv[1])
 client.patch({"lr": 0.2}, comment="first")
@@ -141,7 +141,7 @@ def test_the_history_feed_and_its_wait(procs: ProcessPool) -> None:
 def test_waiting_requests_are_woken_by_a_change_and_capped(procs: ProcessPool) -> None:
     """Each waiting request holds a thread: past the cap the lighthouse answers 503 at once. Once
     every slot is known taken, one edit answers all the waiters with it, long before their wait ends."""
-    from lighthouse.admin_api import MAX_WAITING_REQUESTS
+    from lighthouse.web.routes import MAX_WAITING_REQUESTS
 
     lh = procs.lighthouse({"lr": 0.1})
     answers: list[Any] = []

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from lighthouse.etcd_client import (
+from lighthouse.etcd.client import (
     Compare,
     Delete,
     EtcdClient,

@@ -11,10 +11,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from lighthouse.etcd_client import EtcdClient, Event, KeyValue
-from lighthouse.jobs import JobRegistry
-from lighthouse.peer_series import PeerSeries
-from lighthouse.sqlite_backend import SqliteBackend
+from lighthouse.etcd.client import EtcdClient, Event, KeyValue
+from lighthouse.jobs.registry import JobRegistry
+from lighthouse.peers.series import PeerSeries
+from lighthouse.store.sqlite import SqliteBackend
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import call, get_json, history
 from tests.procs import LighthouseProc, ProcessPool, poll, wait_ready

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from lighthouse.backend import Change, HeadMoved, StoreUnavailable
-from lighthouse.etcd_backend import DEFAULT_PREFIX, EtcdBackend, open_etcd_store, parse_store_url
-from lighthouse.jobs import JobRegistry
-from lighthouse.store import ConfigStore, VersionConflict
-from lighthouse.values import MAX_CONFIG_BYTES
+from lighthouse.config.values import MAX_CONFIG_BYTES
+from lighthouse.jobs.registry import JobRegistry
+from lighthouse.jobs.versions import ConfigStore, VersionConflict
+from lighthouse.store.backend import Change, HeadMoved, StoreUnavailable
+from lighthouse.store.etcd import DEFAULT_PREFIX, EtcdBackend, open_etcd_store, parse_store_url
 from protos.etcd import rpc_pb2, rpc_pb2_grpc
 from tests.etcd_cluster import EtcdCluster, free_port
 from tests.procs import poll

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from lighthouse import LighthouseClient, LighthouseServer
-from lighthouse.state import LighthouseState
-from lighthouse.store import ConfigStore
-from lighthouse.values import MAX_CONFIG_BYTES, ConfigTooLarge
+from lighthouse.config.values import MAX_CONFIG_BYTES, ConfigTooLarge
+from lighthouse.jobs.state import LighthouseState
+from lighthouse.jobs.versions import ConfigStore
 from manager import ManagerServer
 from manager.pinning import StepPins
 from manager.snapshot import Snapshot

@@ -15,7 +15,7 @@ import pytest
 
 from lighthouse.client import LighthouseClient
 from protos import lighthouse_config_pb2 as pb
-from protos.jobs import InvalidJobId, check_job_id
+from protos.job_ids import InvalidJobId, check_job_id
 from protos.rpc import LIGHTHOUSE_GET_CONFIG, make_channel
 from tests.helpers_lighthouse import run_cli
 from tests.http_util import call, get_json

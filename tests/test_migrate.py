@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from lighthouse.etcd_backend import EtcdBackend
-from lighthouse.migrate import CopiedJob, CopyMismatch, TargetNotEmpty, check, migrate
-from lighthouse.sqlite_backend import SqliteBackend
-from lighthouse.store import FOREVER, ConfigStore
+from lighthouse.jobs.versions import FOREVER, ConfigStore
+from lighthouse.store.etcd import EtcdBackend
+from lighthouse.store.migrate import CopiedJob, CopyMismatch, TargetNotEmpty, check, migrate
+from lighthouse.store.sqlite import SqliteBackend
 from tests.etcd_cluster import EtcdCluster, require_etcd
 from tests.procs import ProcessPool, child_env
 

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
-from lighthouse.etcd_client import EtcdClient, Event
-from lighthouse.jobs import JobRegistry
-from lighthouse.peer_managers import PeerManagers
+from lighthouse.etcd.client import EtcdClient, Event
+from lighthouse.jobs.registry import JobRegistry
+from lighthouse.jobs.state import LighthouseState
+from lighthouse.jobs.versions import ConfigStore
+from lighthouse.peers.managers import PeerManagers
 from lighthouse.server import LighthouseServer
-from lighthouse.sqlite_backend import SqliteBackend
-from lighthouse.state import LighthouseState
-from lighthouse.store import ConfigStore
+from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import call

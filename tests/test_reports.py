@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from lighthouse.client import LighthouseClient
-from lighthouse.series import COARSE_BUCKETS, RECENT_STEPS
+from lighthouse.jobs.series import COARSE_BUCKETS, RECENT_STEPS
 from protos import lighthouse_config_pb2 as pb
 from protos.metrics import pack
 from tests.helpers_lighthouse import run_cli
@@ -124,7 +124,7 @@ def _status(replica: str, batch: int, first: int, count: int) -> pb.ManagerStatu
 
 
 def test_a_million_reported_steps_leave_a_jobs_memory_bounded(procs: ProcessPool) -> None:
-    """The bound (lighthouse/series.py): per metric at most COARSE_BUCKETS buckets for the older
+    """The bound (lighthouse/jobs/series.py): per metric at most COARSE_BUCKETS buckets for the older
     steps and 2 * RECENT_STEPS exact ones per group; so the series answers the same number of
     points, the lighthouse's memory does not grow with the steps, and the sums stay exact."""
     lh = procs.lighthouse()

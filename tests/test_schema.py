@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from lighthouse.schema import SchemaInvalid, SchemaViolation, load_schema, pointer
-from lighthouse.state import LighthouseState
-from lighthouse.store import ConfigStore, Edit
+from lighthouse.config.schema import SchemaInvalid, SchemaViolation, load_schema, pointer
+from lighthouse.jobs.state import LighthouseState
+from lighthouse.jobs.versions import ConfigStore, Edit
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

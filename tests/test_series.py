@@ -8,7 +8,7 @@ from array import array
 
 import pytest
 
-from lighthouse.series import COARSE_BUCKETS, MAX_TRAILS, OVERFLOW, RECENT_STEPS, JobSeries, MetricSeries
+from lighthouse.jobs.series import COARSE_BUCKETS, MAX_TRAILS, OVERFLOW, RECENT_STEPS, JobSeries, MetricSeries
 from manager.metrics import MAX_BATCH_ENTRIES, MAX_STEPS, GroupMetrics
 from protos import lighthouse_config_pb2 as pb
 from protos.metrics import MAX_METRICS, pack, unpack
@@ -162,7 +162,7 @@ def test_old_steps_fold_into_buckets_and_late_ones_join_them() -> None:
 
 def test_a_series_stays_bounded_whatever_the_run_length() -> None:
     series = MetricSeries()
-    from lighthouse.series import batch_of
+    from lighthouse.jobs.series import batch_of
 
     for first in range(0, 3_000_000, 3_000):
         batch = batch_of(summaries("loss", list(range(first, first + 3_000)), [2.0] * 3_000))

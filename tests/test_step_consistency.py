@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from lighthouse.values import encode_config
+from lighthouse.config.values import encode_config
 from manager.pinning import StepPins
 from manager.snapshot import Snapshot
 from protos import lighthouse_config_pb2 as pb

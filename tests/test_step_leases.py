@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from lighthouse.leases import NO_LEASE, LeaseBook, LeasePolicy
-from lighthouse.sqlite_backend import SqliteBackend
-from lighthouse.state import RATE_WINDOW, LighthouseState
-from lighthouse.store import ConfigStore, Edit, StepPromised
+from lighthouse.jobs.leases import NO_LEASE, LeaseBook, LeasePolicy
+from lighthouse.jobs.state import RATE_WINDOW, LighthouseState
+from lighthouse.jobs.versions import ConfigStore, Edit, StepPromised
+from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
 from tests.http_steps import call, change, scheduled
 from tests.http_util import call as http_call

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from lighthouse.config_file import FileContent, read_config_file
-from lighthouse.etcd_backend import EtcdBackend
-from lighthouse.state import LighthouseState
-from lighthouse.store import FOREVER, ConfigStore, NotFound, VersionConflict
-from lighthouse.values import ConfigError
+from lighthouse.config.files import FileContent, read_config_file
+from lighthouse.config.values import ConfigError
+from lighthouse.jobs.state import LighthouseState
+from lighthouse.jobs.versions import FOREVER, ConfigStore, NotFound, VersionConflict
+from lighthouse.store.etcd import EtcdBackend
 from protos import lighthouse_config_pb2 as pb
 
 StoreOpener = Callable[..., ConfigStore]

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from lighthouse import LighthouseClient
-from lighthouse.store import ConfigStore
-from lighthouse.timeline import timeline
+from lighthouse.jobs.timeline import timeline
+from lighthouse.jobs.versions import ConfigStore
 from protos import lighthouse_config_pb2 as pb
 from tests.helpers_lighthouse import start_lighthouse
 

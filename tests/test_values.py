@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from lighthouse.values import (
+from lighthouse.config.values import (
     MAX_KEY_LENGTH,
     ConfigError,
     decode_cli_value,

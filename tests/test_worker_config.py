@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from lighthouse.values import encode_config
+from lighthouse.config.values import encode_config
 from worker_client import Config
 
 WIRE = encode_config(

@@ -28,7 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from protos.jobs import JOB_ENV, check_job_id
+from protos.job_ids import JOB_ENV, check_job_id
 from protos.rpc import seconds, split_addresses
 from protos.tls import LIGHTHOUSE_TLS_ENVS, TLSConfig, lighthouse_tls_from_env
 from worker_client.client import DEFAULT_TIMEOUT, ConfigUnavailable, ManagerClient

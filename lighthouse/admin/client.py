@@ -4,7 +4,7 @@ It is what the ``lighthouse config`` commands use, and what a controller (a
 process that reads a job's metrics and changes its config: see
 ``examples/adaptive_sync.py``) uses too::
 
-    from lighthouse.admin_client import AdminClient
+    from lighthouse.admin.client import AdminClient
 
     admin = AdminClient("http://lh-host:29511", token=TOKEN, job="llama-70b", author="my-controller")
     loss = admin.metrics("loss", from_step=1000)["metrics"]["loss"]   # [{"step", "mean", ...}, ...]
@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from protos.jobs import DEFAULT_JOB, check_job_id
+from protos.job_ids import DEFAULT_JOB, check_job_id
 from protos.rpc import DEFAULT_DASHBOARD_PORT
 from protos.tls import TLSConfig, tls_reason
 
@@ -241,7 +241,7 @@ class AdminClient:
         ``guard="loss:1.5"`` makes it a guarded change: the lighthouse rolls it back if, in the
         ``guard_steps`` steps (default 200) after it takes effect, the loss smoothed over
         ``guard_window`` steps (default 10) exceeds 1.5 times its mean before, or is not finite
-        (see ``lighthouse.guards``). The answer's ``guard`` describes it.
+        (see ``lighthouse.jobs.guards``). The answer's ``guard`` describes it.
         """
         query = {"guard": guard, "guard_steps": guard_steps, "guard_window": guard_window}
         return self._change("PUT", config, if_match, effective_step, comment, dry_run, query)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lighthouse.store import ConfigStore
+from lighthouse.jobs.versions import ConfigStore
 
 DEFAULT_SEGMENTS = 50
 

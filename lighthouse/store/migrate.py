@@ -18,12 +18,11 @@ from typing import Any, Protocol
 
 import click
 
-from lighthouse import backend
-from lighthouse.backend import Change, StoreBackend
-from lighthouse.etcd_backend import open_etcd_store
-from lighthouse.etcd_client import EtcdError, StoreUnavailable
-from lighthouse.server import STORE_FILE
-from lighthouse.sqlite_backend import SqliteBackend, StateInUse
+from lighthouse.etcd.client import EtcdError, StoreUnavailable
+from lighthouse.store import backend
+from lighthouse.store.backend import Change, StoreBackend
+from lighthouse.store.etcd import open_etcd_store
+from lighthouse.store.sqlite import STORE_FILE, SqliteBackend, StateInUse
 
 
 class MigrationTarget(StoreBackend, Protocol):

@@ -17,12 +17,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from lighthouse.backend import HeadMoved, StoreBackend, StoreUnavailable
-from lighthouse.config_file import FileContent
-from lighthouse.leases import CeilingWriter, LeaseBook, LeasePolicy
-from lighthouse.state import LighthouseState
-from lighthouse.store import ConfigStore, NotFound
-from protos.jobs import DEFAULT_JOB, check_job_id
+from lighthouse.config.files import FileContent
+from lighthouse.jobs.leases import CeilingWriter, LeaseBook, LeasePolicy
+from lighthouse.jobs.state import LighthouseState
+from lighthouse.jobs.versions import ConfigStore, NotFound
+from lighthouse.store.backend import HeadMoved, StoreBackend, StoreUnavailable
+from protos.job_ids import DEFAULT_JOB, check_job_id
 
 logger = logging.getLogger(__name__)
 

@@ -35,11 +35,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lighthouse.backend import Change, HeadMoved, JobRecords, LeaseView, StoreBackend, Switch
-from lighthouse.leases import CommitWindow, LeaseBook, LeasePolicy
-from lighthouse.sqlite_backend import SqliteBackend, StateInUse
-from lighthouse.values import MAX_CONFIG_BYTES, ConfigError, ConfigTooLarge, apply_change, config_changes
-from protos.jobs import DEFAULT_JOB
+from lighthouse.config.values import (
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    ConfigTooLarge,
+    apply_change,
+    config_changes,
+)
+from lighthouse.jobs.leases import CommitWindow, LeaseBook, LeasePolicy
+from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, StoreBackend, Switch
+from lighthouse.store.sqlite import SqliteBackend, StateInUse
+from protos.job_ids import DEFAULT_JOB
 
 __all__ = ["FOREVER", "Change", "ConfigStore", "NotFound", "Segment", "StateInUse", "VersionConflict"]
 

@@ -19,13 +19,13 @@ from typing import Any, TypeVar
 
 import click
 
-from lighthouse import admin_tables
-from lighthouse.admin_client import DEFAULT_URL, AdminClient, AdminError
-from lighthouse.guard_options import describe_guard, guard_options
-from lighthouse.values import ConfigError, config_changes, decode_cli_value, parse_config, parse_json
+from lighthouse.admin import tables as admin_tables
+from lighthouse.admin.client import DEFAULT_URL, AdminClient, AdminError
+from lighthouse.admin.guard_options import describe_guard, guard_options
+from lighthouse.config.values import ConfigError, config_changes, decode_cli_value, parse_config, parse_json
 from protos.cli_options import client_tls_options, job_option
 from protos.cli_output import JSON, echo_lines, fail, output_option, print_json, with_iso_times
-from protos.jobs import InvalidJobId
+from protos.job_ids import InvalidJobId
 from protos.tls import TLSConfig
 
 F = TypeVar("F", bound=Callable[..., Any])

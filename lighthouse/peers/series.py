@@ -23,9 +23,9 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from lighthouse.etcd_client import Delete, EtcdClient, Event, KeyValue, Put
-from lighthouse.etcd_share import EtcdShare, batches, hold_job
-from lighthouse.jobs import JobRegistry
+from lighthouse.etcd.client import Delete, EtcdClient, Event, KeyValue, Put
+from lighthouse.jobs.registry import JobRegistry
+from lighthouse.peers.share import EtcdShare, batches, hold_job
 from protos import lighthouse_config_pb2 as pb
 
 logger = logging.getLogger(__name__)

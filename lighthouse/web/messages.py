@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from email.message import Message
 from typing import Any
 
-from lighthouse.values import parse_json
+from lighthouse.config.values import parse_json
 
 MAX_BODY_BYTES = 1024 * 1024
 

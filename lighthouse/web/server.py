@@ -23,9 +23,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from lighthouse.admin_api import AdminApi
-from lighthouse.backend import StoreUnavailable
-from lighthouse.http_messages import (
+from lighthouse.config.schema import SchemaViolation
+from lighthouse.config.values import ConfigError, ConfigTooLarge
+from lighthouse.jobs.registry import JobRegistry, TooManyJobs
+from lighthouse.jobs.versions import NotFound, StepPromised, VersionConflict
+from lighthouse.store.backend import StoreUnavailable
+from lighthouse.web.messages import (
     MAX_BODY_BYTES,
     HttpError,
     Request,
@@ -33,11 +36,8 @@ from lighthouse.http_messages import (
     error_answer,
     error_response,
 )
-from lighthouse.jobs import JobRegistry, TooManyJobs
-from lighthouse.schema import SchemaViolation
-from lighthouse.store import NotFound, StepPromised, VersionConflict
-from lighthouse.values import ConfigError, ConfigTooLarge
-from protos.jobs import InvalidJobId
+from lighthouse.web.routes import AdminApi
+from protos.job_ids import InvalidJobId
 from protos.rpc import dialable_address, parse_address
 from protos.tls import ServerCertificates, ssl_failure
 

@@ -22,9 +22,15 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from lighthouse.access import Access
-from lighthouse.guards import GuardSpec, JobGuards
-from lighthouse.http_messages import (
+from lighthouse.config.schema import SchemaViolation
+from lighthouse.config.values import ConfigError
+from lighthouse.jobs.guards import GuardSpec, JobGuards
+from lighthouse.jobs.registry import JobBusy, JobRegistry
+from lighthouse.jobs.state import LighthouseState
+from lighthouse.jobs.timeline import DEFAULT_SEGMENTS, timeline
+from lighthouse.jobs.versions import ConfigStore, NotFound, Plan, StepPromised
+from lighthouse.web.access import Access
+from lighthouse.web.messages import (
     HttpError,
     Request,
     Response,
@@ -33,13 +39,7 @@ from lighthouse.http_messages import (
     json_response,
     parse_int,
 )
-from lighthouse.jobs import JobBusy, JobRegistry
-from lighthouse.schema import SchemaViolation
-from lighthouse.state import LighthouseState
-from lighthouse.store import ConfigStore, NotFound, Plan, StepPromised
-from lighthouse.timeline import DEFAULT_SEGMENTS, timeline
-from lighthouse.values import ConfigError
-from protos.jobs import DEFAULT_JOB, InvalidJobId, check_job_id
+from protos.job_ids import DEFAULT_JOB, InvalidJobId, check_job_id
 
 MAX_AUTHOR_CHARS = 64
 MAX_COMMENT_CHARS = 500
@@ -591,9 +591,9 @@ def _label(value: str) -> str:
 
 
 def load_assets() -> dict[str, tuple[bytes, str, str]]:
-    """Every file of lighthouse/static, in memory: a handful of small files, served without disk I/O."""
+    """Every file of lighthouse/web/static, in memory: a handful of small files, served without disk I/O."""
     assets: dict[str, tuple[bytes, str, str]] = {}
-    folder = resources.files("lighthouse").joinpath("static")
+    folder = resources.files("lighthouse.web").joinpath("static")
     for entry in folder.iterdir():
         suffix = "." + entry.name.rpartition(".")[2]
         if entry.is_file() and suffix in CONTENT_TYPES:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lighthouse.values import apply_change, config_changes
+from lighthouse.config.values import apply_change, config_changes
 from protos.cli_output import Cell, Styled, ago, duration, paint, steps, table
 
 LATE_AFTER_S = 3.0  # a manager silent for longer is marked late (as on the dashboard)

@@ -11,10 +11,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from lighthouse.config_file import FileContent
-from lighthouse.schema import Schema, SchemaViolation, load_schema
-from lighthouse.store import ConfigStore, Plan, Segment
-from lighthouse.values import ConfigError
+from lighthouse.config.files import FileContent
+from lighthouse.config.schema import Schema, SchemaViolation, load_schema
+from lighthouse.config.values import ConfigError
+from lighthouse.jobs.versions import ConfigStore, Plan, Segment
 
 logger = logging.getLogger(__name__)
 

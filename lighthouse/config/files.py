@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lighthouse.values import ConfigError, json_type, parse_config, parse_json
-from protos.jobs import InvalidJobId, check_job_id
+from lighthouse.config.values import ConfigError, json_type, parse_config, parse_json
+from protos.job_ids import InvalidJobId, check_job_id
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import hmac
 import json
 from pathlib import Path
 
-from lighthouse.http_messages import HttpError
-from protos.jobs import InvalidJobId, check_job_id
+from lighthouse.web.messages import HttpError
+from protos.job_ids import InvalidJobId, check_job_id
 
 
 class Access:

@@ -24,13 +24,14 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from lighthouse.backend import Change, HeadMoved, JobRecords, LeaseView, Switch
+from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, Switch
 
 logger = logging.getLogger(__name__)
 
 # PRAGMA user_version: 0 = the single-job layout, 2 = per-job tables, 3 = changes made now carry
 # the effective step the lighthouse chose (made_now)
 FORMAT_VERSION = 3
+STORE_FILE = "lighthouse.db"  # the database file inside a --state-dir
 STEP_SAVE_PAUSE = 1.0  # seconds between two writes of queued job steps (one transaction for all jobs)
 LEASE_CEILING_KEY = "lease_ceiling"
 VERSION_COLUMNS = (

@@ -46,10 +46,10 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from lighthouse import etcd_client
-from lighthouse.backend import Change, HeadMoved, JobRecords, LeaseView, StoreUnavailable, Switch
-from lighthouse.etcd_client import Compare, Delete, EtcdClient, EtcdError, Event, Get, Put
-from lighthouse.values import ConfigTooLarge
+from lighthouse.config.values import ConfigTooLarge
+from lighthouse.etcd import client as etcd_client
+from lighthouse.etcd.client import Compare, Delete, EtcdClient, EtcdError, Event, Get, Put
+from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, StoreUnavailable, Switch
 from protos.tls import TLSConfig
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
-from lighthouse import backend
-from lighthouse.etcd_client import (
+from lighthouse.etcd.client import (
     Delete,
     EtcdClient,
     EtcdError,
@@ -27,9 +26,10 @@ from lighthouse.etcd_client import (
     StoreUnavailable,
     Watch,
 )
-from lighthouse.jobs import JobRegistry, TooManyJobs
-from lighthouse.state import LighthouseState
-from protos.jobs import InvalidJobId, check_job_id
+from lighthouse.jobs.registry import JobRegistry, TooManyJobs
+from lighthouse.jobs.state import LighthouseState
+from lighthouse.store import backend
+from protos.job_ids import InvalidJobId, check_job_id
 
 logger = logging.getLogger(__name__)
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lighthouse.config_file import FileContent, load_initial, read_schema_file
-from lighthouse.guards import JobGuards
-from lighthouse.job_schema import JobSchema
-from lighthouse.leases import NO_LEASE
-from lighthouse.series import JobSeries
-from lighthouse.store import ConfigStore, Edit, Plan, Segment
-from lighthouse.values import ConfigError, encode_config, validate_object
+from lighthouse.config.files import FileContent, load_initial, read_schema_file
+from lighthouse.config.values import ConfigError, encode_config, validate_object
+from lighthouse.jobs.guards import JobGuards
+from lighthouse.jobs.leases import NO_LEASE
+from lighthouse.jobs.schema_check import JobSchema
+from lighthouse.jobs.series import JobSeries
+from lighthouse.jobs.versions import ConfigStore, Edit, Plan, Segment
 from protos import lighthouse_config_pb2 as pb
 from protos.rpc import varint_field
 

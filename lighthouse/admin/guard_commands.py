@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from lighthouse.admin_cli import connection_options, emit
-from lighthouse.admin_client import AdminClient
+from lighthouse.admin.client import AdminClient
+from lighthouse.admin.config_commands import connection_options, emit
 from protos.cli_output import steps, table
 
 

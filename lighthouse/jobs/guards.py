@@ -35,13 +35,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lighthouse.series import JobSeries, Point
-from lighthouse.store import NotFound, Plan, VersionConflict
-from lighthouse.values import ConfigError
+from lighthouse.config.values import ConfigError
+from lighthouse.jobs.series import JobSeries, Point
+from lighthouse.jobs.versions import NotFound, Plan, VersionConflict
 from protos.metrics import is_metric_name
 
 if TYPE_CHECKING:
-    from lighthouse.state import LighthouseState
+    from lighthouse.jobs.state import LighthouseState
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ import threading
 import time
 from typing import Any
 
-from lighthouse.etcd_client import Delete, EtcdClient, Event, Put
-from lighthouse.etcd_share import EtcdShare, batches, hold_job
-from lighthouse.jobs import JobRegistry
+from lighthouse.etcd.client import Delete, EtcdClient, Event, Put
+from lighthouse.jobs.registry import JobRegistry
+from lighthouse.peers.share import EtcdShare, batches, hold_job
 
 logger = logging.getLogger(__name__)
 

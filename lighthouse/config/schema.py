@@ -17,7 +17,7 @@ from typing import Any
 from jsonschema import Draft202012Validator, SchemaError
 from jsonschema.exceptions import ValidationError
 
-from lighthouse.values import ConfigError
+from lighthouse.config.values import ConfigError
 
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 MAX_VIOLATIONS = 100  # a config of a thousand wrong keys answers with the first hundred
