@@ -11,6 +11,7 @@ plus a schema set through the API.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import pty
@@ -30,6 +31,7 @@ from tests.http_util import get_json
 from tests.procs import ROOT, ManagerProc, ProcessPool, child_env, poll
 
 ANSI = "\x1b["
+USER = getpass.getuser()  # the CLI records the operating-system user as the author
 
 
 @dataclass
@@ -78,8 +80,10 @@ def test_config_show(job: Job) -> None:
     lines = table_out(job, "config", "show")
     assert [columns(line) for line in lines[:3]] == [["KEY", "VALUE"], ["lr", "0.05"], ["warmup", "100"]]
     assert lines[3] == ""
-    assert re.fullmatch(r"version 4, (just now|\d+ (s|min) ago) by - \(api\): later", lines[4]), lines[4]
-    assert lines[5:7] == ["scheduled: version 4 at step 100,000 by -: later", "    ~ lr: 0.05 -> 0.5"]
+    assert re.fullmatch(
+        rf"version 4, (just now|\d+ (s|min) ago) by {re.escape(USER)} \(api\): later", lines[4]
+    ), lines[4]
+    assert lines[5:7] == [f"scheduled: version 4 at step 100,000 by {USER}: later", "    ~ lr: 0.05 -> 0.5"]
     assert lines[7:] == ["schema: set through the API"]
 
 
@@ -88,9 +92,9 @@ def test_config_history_is_one_line_per_version_with_its_diff(job: Job) -> None:
     rows = [columns(line) for line in lines if not line.startswith(" ")]
     assert [r[0] for r in rows] == ["4", "3", "2", "1"]
     assert [r[2:] for r in rows] == [
-        ["-", "api", "at step 100,000", "later"],
-        ["-", "api"],
-        ["-", "api", "tune"],
+        [USER, "api", "at step 100,000", "later"],
+        [USER, "api"],
+        [USER, "api", "tune"],
         ["-", "file", str(job.lh.config_path)],
     ]
     assert all(re.fullmatch(r"just now|\d+ (s|min) ago", r[1]) for r in rows), rows
@@ -143,7 +147,7 @@ def test_jobs(job: Job) -> None:
         "MANAGERS (live/behind/late)",
         "STEP",
         "SCHEDULED",
-        "FILE",
+        "FILE ERROR",
     ]
     row = columns(lines[1])
     assert row[:2] == ["default", "4"] and row[3:] == ["1/0/0", "-", "1", "-"], row
@@ -155,7 +159,7 @@ def test_config_scheduled(job: Job) -> None:
     header = ["VERSION", "AT STEP", "STATUS", "CHANGE", "AUTHOR", "CREATED", "LATE GROUPS"]
     assert columns(lines[0]) == header
     row = columns(lines[1])
-    assert row[:5] == ["4", "100,000", "pending", "lr=0.5", "-"] and row[6] == "-", row
+    assert row[:5] == ["4", "100,000", "pending", "lr=0.5", USER] and row[6] == "-", row
     assert len(lines) == 2
 
 
@@ -178,11 +182,13 @@ def test_config_at_step(job: Job) -> None:
 
 def test_schema_show_and_history(job: Job) -> None:
     lines = table_out(job, "config", "schema", "show")
-    assert re.fullmatch(r"set (just now|\d+ (s|min) ago) by - \(api\): permissive", lines[0]), lines[0]
+    assert re.fullmatch(
+        rf"set (just now|\d+ (s|min) ago) by {re.escape(USER)} \(api\): permissive", lines[0]
+    ), lines[0]
     assert json.loads("\n".join(lines[1:])) == {"type": "object"}
     lines = table_out(job, "config", "schema", "history")
     assert columns(lines[0]) == ["ID", "CHANGED", "AUTHOR", "SOURCE", "SCHEMA", "COMMENT"]
-    assert columns(lines[1])[2:] == ["-", "api", "set", "permissive"]
+    assert columns(lines[1])[2:] == [USER, "api", "set", "permissive"]
 
 
 def strip_iso(value: Any) -> Any:

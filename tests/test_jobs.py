@@ -223,7 +223,7 @@ def test_metrics_are_labelled_per_job(procs: ProcessPool) -> None:
 def test_admin_cli_takes_a_job(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     url = lh.url
-    done = run_cli("config", "set", "lr=0.25", "--url", url, "--job", "alpha")
+    done = run_cli("config", "set", "lr=0.25", "--url", url, "--job", "alpha", "--create")
     assert done.returncode == 0, done.stderr
     done = run_cli("config", "show", "--url", url, "-o", "json", env={"LIGHTHOUSE_JOB": "alpha"})
     assert json.loads(done.stdout)["config"] == {"lr": 0.25}

@@ -246,7 +246,7 @@ def test_https_dashboard_with_admin_cli(procs: ProcessPool, pki: Pki) -> None:
 
     no_token = admin("set", "lr=1", "--url", url, "--cacert", str(pki.ca.cert))
     assert no_token.returncode == 1
-    assert "Authorization: Bearer" in no_token.stderr  # refused for the token, over a working HTTPS link
+    assert "pass --token TOKEN" in no_token.stderr  # refused for the token, over a working HTTPS link
     untrusted = admin("show", "--url", url, "--cacert", str(pki.other.cert))
     assert untrusted.returncode == 1
     assert "not signed by a trusted CA" in untrusted.stderr

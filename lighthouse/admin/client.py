@@ -19,6 +19,8 @@ the first that answers and stays with it.
 
 from __future__ import annotations
 
+import copy
+import http.client
 import json
 import socket
 import ssl
@@ -30,7 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from protos.job_ids import DEFAULT_JOB, check_job_id
-from protos.rpc import DEFAULT_DASHBOARD_PORT
+from protos.rpc import DEFAULT_DASHBOARD_PORT, DEFAULT_LIGHTHOUSE_PORT
 from protos.tls import TLSConfig, tls_reason
 
 DEFAULT_URL = f"http://localhost:{DEFAULT_DASHBOARD_PORT}"
@@ -170,6 +172,17 @@ class AdminClient:
 
     def jobs(self) -> dict[str, Any]:
         return self._call("GET", "/api/jobs")
+
+    def job_info(self) -> dict[str, Any]:
+        """This client's job as ``lighthouse jobs`` lists it; AdminError 404 when it does not exist."""
+        return self._call("GET", f"/api/jobs/{self.job}")
+
+    def for_job(self, job: str) -> AdminClient:
+        """The same lighthouses, credentials and connection settings, for another job."""
+        other = copy.copy(self)
+        other.job = check_job_id(job)
+        other._api = "/api" if other.job == DEFAULT_JOB else f"/api/jobs/{other.job}"
+        return other
 
     def delete_job(self) -> dict[str, Any]:
         """Remove this client's job and its history (admin token)."""
@@ -341,6 +354,15 @@ class AdminClient:
                 return _decode(response.read(), response.status)
         except urllib.error.HTTPError as exc:
             raise AdminError(exc.code, _error_text(exc)) from None
+        except http.client.HTTPException as exc:
+            if isinstance(exc, http.client.RemoteDisconnected):
+                raise _NoAnswer(_closed_without_answer(base)) from None
+            # Sent, but not to an HTTP/1.1 server: nothing there applied it, so the next one may be asked.
+            raise _NotSent(
+                f"it does not answer HTTP/1.1 (is it a gRPC port? the lighthouse's gRPC port is "
+                f"{DEFAULT_LIGHTHOUSE_PORT} by default; --url takes its dashboard port, "
+                f"{DEFAULT_DASHBOARD_PORT} by default)"
+            ) from None
         except (urllib.error.URLError, OSError) as exc:
             # urllib wraps what fails before the request is sent (connect, TLS, send) in URLError;
             # what fails while waiting for the answer comes as it is.
@@ -350,9 +372,20 @@ class AdminClient:
                 reason = f"no answer within {timeout:g} s"
             elif isinstance(reason, ssl.SSLError):
                 reason = tls_reason(reason)
-            elif base.startswith("http://") and isinstance(reason, ConnectionError):
-                reason = f"{reason} (does the lighthouse serve HTTPS? try an https:// URL)"
+            elif isinstance(reason, ConnectionRefusedError):
+                port = DEFAULT_DASHBOARD_PORT
+                reason = (
+                    f"{reason} (is the lighthouse running? --url takes its dashboard port, {port} by default)"
+                )
+            elif isinstance(reason, ConnectionError):
+                reason = _closed_without_answer(base)
             raise (_NotSent if not_sent else _NoAnswer)(str(reason)) from None
+
+
+def _closed_without_answer(base: str) -> str:
+    """A connection that opened, then closed with no HTTP answer: on http://, most likely TLS."""
+    hint = " (does the lighthouse serve HTTPS? try an https:// URL)" if base.startswith("http://") else ""
+    return f"the connection was closed without an answer{hint}"
 
 
 def _decode(raw: bytes, status: int) -> dict[str, Any]:

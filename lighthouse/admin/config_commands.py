@@ -8,6 +8,7 @@ A failure is one ``error: ...`` line on stderr and exit code 1 (2 for usage erro
 from __future__ import annotations
 
 import functools
+import getpass
 import json
 import os
 import signal
@@ -25,7 +26,7 @@ from lighthouse.admin.guard_options import describe_guard, guard_options
 from lighthouse.config.values import ConfigError, config_changes, decode_cli_value, parse_config, parse_json
 from protos.cli_options import client_tls_options, job_option
 from protos.cli_output import JSON, echo_lines, fail, output_option, print_json, with_iso_times
-from protos.job_ids import InvalidJobId
+from protos.job_ids import DEFAULT_JOB, InvalidJobId
 from protos.tls import TLSConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,7 +48,13 @@ def connection_options(func: F) -> F:
         "--token",
         envvar="LIGHTHOUSE_ADMIN_TOKEN",
         default=None,
-        help="Admin token for changes (env LIGHTHOUSE_ADMIN_TOKEN).",
+        help="The admin token, or the job's token, where changes need one (env LIGHTHOUSE_ADMIN_TOKEN).",
+    )
+    @click.option(
+        "--author",
+        envvar="LIGHTHOUSE_AUTHOR",
+        default=None,
+        help="Who makes the change, for the history (env LIGHTHOUSE_AUTHOR; default: your user name).",
     )
     @click.option(
         "--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds."
@@ -57,10 +64,18 @@ def connection_options(func: F) -> F:
     @output_option
     @functools.wraps(func)
     def wrapper(
-        url: str, token: str | None, timeout: float, job: str, tls: TLSConfig | None, **kwargs: Any
+        url: str,
+        token: str | None,
+        author: str | None,
+        timeout: float,
+        job: str,
+        tls: TLSConfig | None,
+        **kwargs: Any,
     ) -> Any:
         try:
-            client = AdminClient(url, token=token or None, timeout=timeout, job=job, tls=tls)
+            client = AdminClient(
+                url, token=token or None, timeout=timeout, job=job, tls=tls, author=author or user_name()
+            )
         except InvalidJobId as exc:
             raise click.BadParameter(str(exc), param_hint="--job") from None
         except ValueError as exc:
@@ -68,9 +83,45 @@ def connection_options(func: F) -> F:
         try:
             return func(client=client, **kwargs)
         except AdminError as exc:
-            fail(exc.message)
+            fail(explain(exc))
 
     return wrapper  # type: ignore[return-value]
+
+
+def user_name() -> str | None:
+    """The operating-system user, the author of a change made from a terminal."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no passwd entry and no LOGNAME/USER (a bare container)
+        return None
+
+
+def explain(exc: AdminError) -> str:
+    """The API's refusal in the CLI's words: a missing or wrong token names ``--token``."""
+    if exc.status == 401:
+        reason = exc.message.partition(": send ")[0]
+        return f"{reason}: pass --token TOKEN (or set LIGHTHOUSE_ADMIN_TOKEN)"
+    return exc.message
+
+
+def require_job(client: AdminClient, create: bool) -> None:
+    """A change to a job that does not exist makes it: only when asked (``--create``), so a mistyped
+    ``--job`` is an error instead of a new job. The job ``default`` is always there to change."""
+    if create or client.job == DEFAULT_JOB:
+        return
+    try:
+        client.job_info()
+    except AdminError as exc:
+        if exc.status != 404:
+            raise
+        known = sorted(j["job"] for j in client.jobs()["jobs"])
+        listed = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "") if known else "none yet"
+        fail(f"job {client.job!r} does not exist (jobs: {listed}): check --job, or pass --create to make it")
+
+
+create_option = click.option(
+    "--create", is_flag=True, help="Make the job if it does not exist yet (else a mistyped --job is refused)."
+)
 
 
 def emit(output: str, answer: Any, lines: Callable[[], list[str]]) -> None:
@@ -129,6 +180,7 @@ def show(client: AdminClient, output: str) -> None:
 @comment_option
 @click.option("--if-match", type=int, default=None, help="Refuse the change unless VERSION is still live.")
 @dry_run_option
+@create_option
 @guard_options
 @connection_options
 def set_(
@@ -139,6 +191,7 @@ def set_(
     comment: str | None,
     if_match: int | None,
     dry_run: bool,
+    create: bool,
     guard: dict[str, Any],
 ) -> None:
     """Change keys, keeping the others.
@@ -147,8 +200,10 @@ def set_(
     number 0.01, flag=true a boolean); anything else as a string (name=abc).
     KEY=null deletes the key.
     """
+    changes = parse_assignments(assignments)
+    require_job(client, create)
     answer = client.patch(
-        parse_assignments(assignments),
+        changes,
         if_match=if_match,
         effective_step=at_step,
         comment=comment,
@@ -164,6 +219,7 @@ def set_(
 @comment_option
 @click.option("--if-match", type=int, default=None, help="Refuse the change unless VERSION is still live.")
 @dry_run_option
+@create_option
 @guard_options
 @connection_options
 def load(
@@ -174,6 +230,7 @@ def load(
     comment: str | None,
     if_match: int | None,
     dry_run: bool,
+    create: bool,
     guard: dict[str, Any],
 ) -> None:
     """Replace the whole config with FILE's JSON object."""
@@ -183,6 +240,7 @@ def load(
         fail(str(exc))
     except OSError as exc:
         fail(f"{file}: {exc.strerror or exc}")
+    require_job(client, create)
     answer = client.put(
         new, if_match=if_match, effective_step=at_step, comment=comment or str(file), dry_run=dry_run, **guard
     )
@@ -373,9 +431,35 @@ def schema_history(client: AdminClient, output: str, limit: int) -> None:
     emit(output, answer, lambda: admin_tables.schema_history(answer))
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @connection_options
-def jobs(client: AdminClient, output: str) -> None:
-    """The jobs of the lighthouse: version, last change, managers, job step, scheduled changes."""
-    answer = client.jobs()
-    emit(output, answer, lambda: admin_tables.jobs(answer))
+@click.pass_context
+def jobs(ctx: click.Context, client: AdminClient, output: str) -> None:
+    """The jobs of the lighthouse: version, last change, managers, job step, scheduled changes.
+
+    `lighthouse jobs delete JOB` removes one (admin token).
+    """
+    if ctx.invoked_subcommand is None:
+        answer = client.jobs()
+        emit(output, answer, lambda: admin_tables.jobs(answer))
+
+
+@jobs.command("delete")
+@click.argument("name", metavar="JOB")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@connection_options
+def jobs_delete(client: AdminClient, output: str, name: str, yes: bool) -> None:
+    """Delete JOB and its whole history (admin token; refused while its managers report)."""
+    try:
+        target = client.for_job(name)
+    except InvalidJobId as exc:
+        raise click.BadParameter(str(exc), param_hint="JOB") from None
+    info = target.job_info()
+    if not yes:
+        click.confirm(
+            f"delete job {name!r} ({info.get('version', 0)} version(s)) and its whole history?",
+            abort=True,
+            err=True,
+        )
+    answer = target.delete_job()
+    emit(output, answer, lambda: [f"deleted job {name}"])

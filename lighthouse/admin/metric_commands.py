@@ -15,7 +15,7 @@ import click
 
 from lighthouse.admin.client import AdminClient
 from lighthouse.admin.config_commands import connection_options, emit
-from protos.cli_output import steps, table
+from protos.cli_output import fail, steps, table
 
 SPARKS = "▁▂▃▄▅▆▇█"
 NOT_FINITE = "!"
@@ -93,4 +93,11 @@ def metrics(
 ) -> None:
     """Print each reported metric's newest value and a sparkline of its steps."""
     answer = client.metrics(*names, from_step=from_step, to_step=to_step, max_points=width)
+    missing = [name for name in names if not answer["metrics"].get(name)]
+    if missing:
+        known = sorted(client.metrics(max_points=1)["metrics"])
+        reported = (
+            ", ".join(known) if known else "none yet: workers call ManagerClient.report(step, loss=...)"
+        )
+        fail(f"no metric named {', '.join(map(repr, missing))} in job {client.job} (reported: {reported})")
     emit(output, answer, lambda: lines(answer))

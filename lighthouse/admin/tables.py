@@ -194,7 +194,7 @@ def jobs(answer: dict[str, Any], now: float | None = None) -> list[str]:
                 Styled(error, fg="red") if error else "-",
             ]
         )
-    headers = ["JOB", "VERSION", "CHANGED", "MANAGERS (live/behind/late)", "STEP", "SCHEDULED", "FILE"]
+    headers = ["JOB", "VERSION", "CHANGED", "MANAGERS (live/behind/late)", "STEP", "SCHEDULED", "FILE ERROR"]
     return table(headers, rows)
 
 
