@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
 from pathlib import Path
 
 import grpc
@@ -15,6 +14,7 @@ from lighthouse.jobs.leases import LeasePolicy
 from lighthouse.jobs.registry import JobRegistry
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import ConfigStore
+from lighthouse.options import ConfigSources, HttpOptions
 from lighthouse.peers.managers import PeerManagers
 from lighthouse.peers.series import PeerSeries
 from lighthouse.service import LighthouseService
@@ -33,12 +33,12 @@ class LighthouseServer:
     """Starts serving on construction; ``address()`` is what clients dial.
 
     ``state_dir=None`` keeps the versions in memory only (lost on exit); the CLI
-    always passes a directory. ``http_bind=None`` serves no dashboard.
-    ``config_path`` (and ``schema_path``) are the files of the job ``default``;
-    ``config_dir`` holds one ``<job>.json`` (and ``<job>.schema.json``) per job.
+    always passes a directory; ``backend`` replaces it (etcd). ``http_bind=None``
+    serves no dashboard. ``config_path`` is the file of the job ``default``.
     ``tls`` serves gRPC over TLS (mutual with ``client_ca``) and the dashboard
-    over HTTPS with the same pair, unless ``http_tls=False``. ``lease_policy``
-    sizes the step leases granted to managers (see ``lighthouse.jobs.leases``).
+    over HTTPS with the same pair. The rest comes in groups: ``sources`` (schema,
+    per-job files), ``http`` (tokens, hosts), ``lease_policy`` (the step leases
+    granted to managers, see ``lighthouse.jobs.leases``).
     """
 
     def __init__(
@@ -48,22 +48,18 @@ class LighthouseServer:
         *,
         state_dir: str | Path | None = None,
         http_bind: str | None = None,
-        admin_token: str | None = None,
-        allowed_hosts: Iterable[str] = (),
-        strict: bool = False,
-        history_limit: int | None = None,
-        watch_interval: float = 1.0,
-        max_workers: int = 16,
-        config_dir: str | Path | None = None,
-        job_tokens: dict[str, list[str]] | None = None,
-        backend: StoreBackend | None = None,
-        schema_path: str | Path | None = None,
         tls: ServerTLS | None = None,
-        http_tls: bool = True,
+        backend: StoreBackend | None = None,
+        sources: ConfigSources | None = None,
+        http: HttpOptions | None = None,
         lease_policy: LeasePolicy | None = None,
+        history_limit: int | None = None,
+        max_workers: int = 16,
     ) -> None:
+        sources = sources or ConfigSources()
+        http = http or HttpOptions()
         path = Path(config_path) if config_path is not None else None
-        schema_file = Path(schema_path) if schema_path is not None else None
+        schema_file = Path(sources.schema_path) if sources.schema_path is not None else None
         store_path = Path(state_dir) / STORE_FILE if state_dir is not None else None
         self._watchers: list[FileWatcher | ConfigDirWatcher] = []
         self._http = None
@@ -78,18 +74,18 @@ class LighthouseServer:
             history_limit=history_limit,
             default_config_path=path,
             default_schema_path=schema_file,
-            strict=strict,
+            strict=sources.strict,
             lease_policy=lease_policy,
         )
         self.service = LighthouseService(self.jobs)  # the gRPC handlers and the push streams
         try:
             certificates = ServerCertificates(tls) if tls is not None else None
-            if config_dir is not None:
+            if sources.config_dir is not None:
                 folder = ConfigDirWatcher(
-                    Path(config_dir),
+                    Path(sources.config_dir),
                     self.jobs.apply_file,
                     self.jobs.apply_schema_file,
-                    interval=watch_interval,
+                    interval=sources.watch_interval,
                 )
                 folder.scan(startup=True)
                 self._watchers.append(folder)
@@ -118,19 +114,21 @@ class LighthouseServer:
                 self._http = DashboardServer(
                     self.jobs,
                     http_bind,
-                    admin_token=admin_token,
-                    allowed_hosts=allowed_hosts,
-                    job_tokens=job_tokens,
-                    tls=certificates if http_tls else None,
+                    admin_token=http.admin_token,
+                    allowed_hosts=http.allowed_hosts,
+                    job_tokens=http.job_tokens,
+                    tls=certificates if http.https else None,
                 )
             if path is not None:
-                self._watchers.append(FileWatcher(path, self._apply_default_file, interval=watch_interval))
+                self._watchers.append(
+                    FileWatcher(path, self._apply_default_file, interval=sources.watch_interval)
+                )
             if schema_file is not None:
                 self._watchers.append(
                     FileWatcher(
                         schema_file,
                         self._apply_default_schema,
-                        interval=watch_interval,
+                        interval=sources.watch_interval,
                         read=read_schema_file,
                     )
                 )

@@ -46,6 +46,52 @@ def test_torch_is_loaded_by_connect_only() -> None:
     assert loaded_after(*modules, of=("torch",)) == []
 
 
+def loaded_by_cli(*args: str) -> tuple[list[str], str]:
+    """The lighthouse modules loaded when ``python -m lighthouse ARGS`` ends, in a fresh interpreter
+    (modules a command imports through ``importlib`` too), and what the command printed."""
+    code = (
+        "import json, runpy, sys\n"
+        f"sys.argv = ['lighthouse', *{list(args)!r}]\n"
+        "try:\n"
+        "    runpy.run_module('lighthouse', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit as end:\n"
+        "    assert end.code in (0, None), end.code\n"
+        "names = sorted(m for m in sys.modules if m.split('.')[0] == 'lighthouse')\n"
+        "print(json.dumps(names), file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(None))
+    assert done.returncode == 0, done.stderr
+    loaded: list[str] = json.loads(done.stderr.splitlines()[-1])
+    return loaded, done.stdout
+
+
+ADMIN_SIDE = ("lighthouse.admin", "lighthouse.config")
+
+
+def test_config_show_loads_only_the_admin_side() -> None:
+    """An operator's command loads the admin client, config values and protos: 12 lighthouse
+    modules (the package, cli, client, admin's 7, config's 2), none of the server side."""
+    loaded, printed = loaded_by_cli("config", "show", "--help")
+    assert "Usage:" in printed and "--url" in printed, printed
+    outside = [
+        m
+        for m in loaded
+        if m not in ("lighthouse", "lighthouse.cli", "lighthouse.client")
+        and not any(m == side or m.startswith(side + ".") for side in ADMIN_SIDE)
+    ]
+    assert outside == [], outside
+    assert "lighthouse.admin.config_commands" in loaded  # the probe sees what the command uses
+    assert len(loaded) <= 12, loaded
+
+
+def test_serve_help_loads_the_server_side() -> None:
+    """``serve`` (named lazily by the cli) still comes with its flags, from the server side."""
+    loaded, printed = loaded_by_cli("serve", "--help")
+    for flag in ("--state-dir", "--store", "--tokens", "--lease-min-steps", "--tls-cert", "--schema"):
+        assert flag in printed, flag
+    assert {"lighthouse.server", "lighthouse.serve_command"} <= set(loaded), loaded
+
+
 def test_lighthouse_server_is_still_importable_from_the_package() -> None:
     loaded = loaded_after("lighthouse")
     assert "lighthouse.server" not in loaded
