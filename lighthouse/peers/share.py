@@ -23,7 +23,7 @@ from lighthouse.etcd.types import Delete, Event, Put
 from lighthouse.etcd.watch import Watch
 from lighthouse.jobs.registry import JobRegistry, TooManyJobs
 from lighthouse.jobs.state import LighthouseState
-from lighthouse.store import backend
+from lighthouse.store.backend import StoreUnavailable
 from protos.job_ids import InvalidJobId, check_job_id
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def hold_job(registry: JobRegistry, job: str) -> LighthouseState | None:
     lighthouse cannot hold it (a bad id, too many jobs, the store out of reach)."""
     try:
         return registry.serve(check_job_id(job))
-    except (InvalidJobId, TooManyJobs, EtcdUnavailable, backend.StoreUnavailable, EtcdError) as exc:
+    except (InvalidJobId, TooManyJobs, StoreUnavailable, EtcdError) as exc:
         logger.warning("not holding job %r seen on a peer: %s", job[:100], exc)
         return None
 
