@@ -6,7 +6,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import grpc
 
@@ -14,6 +13,7 @@ from lighthouse.etcd.connection import RETRY_PAUSE, Connection
 from lighthouse.etcd.errors import EtcdUnavailable
 from lighthouse.etcd.types import Event, KeyValue, as_bytes, range_end_for
 from protos.etcd import kv_pb2, rpc_pb2
+from protos.streams import StreamThread
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,10 @@ class Watch:
         self._on_compacted = on_compacted
         self._lock = threading.Lock()
         self._next_revision = start_revision
-        self._call: Any = None
         self._heard_at = time.monotonic()  # when the stream last sent anything
-        self._stopped = threading.Event()
         self.created = threading.Event()  # set while a stream is established (startup, tests)
-        self._thread = threading.Thread(target=self._run, name="etcd-watch", daemon=True)
-        self._thread.start()
+        self._stream = StreamThread(self._run, "etcd-watch")
+        self._stream.start()
 
     @property
     def next_revision(self) -> int:
@@ -100,15 +98,13 @@ class Watch:
         while not done.wait(WATCH_PROGRESS_INTERVAL):
             if time.monotonic() - self._heard_at > WATCH_SILENCE_TIMEOUT:
                 silent.set()
-                with self._lock:
-                    call = self._call
-                call.cancel()
+                self._stream.cancel()
                 return
             yield rpc_pb2.WatchRequest(progress_request=rpc_pb2.WatchProgressRequest())
 
     def _run(self) -> None:
         backoff = RETRY_PAUSE
-        while not self._stopped.is_set():
+        while not self._stream.stopped.is_set():
             index = self._client._current_index()
             try:
                 stubs = self._client._stubs_for(index)
@@ -119,10 +115,7 @@ class Watch:
             call = stubs.watch.Watch(
                 self._requests(self.next_revision, done, silent), metadata=_REQUIRE_LEADER
             )
-            with self._lock:
-                self._call = call
-            if self._stopped.is_set():  # stop() ran before the call was visible to it
-                call.cancel()
+            self._stream.reading(call)
             reason = "stream ended"
             try:
                 reason = self._consume(call) or reason
@@ -136,7 +129,7 @@ class Watch:
                 call.cancel()
                 established = self.created.is_set()
                 self.created.clear()
-            if self._stopped.is_set():
+            if self._stream.stopped.is_set():
                 return
             if silent.is_set():
                 reason = f"nothing heard for {WATCH_SILENCE_TIMEOUT:g}s"
@@ -146,7 +139,7 @@ class Watch:
             self._client._move_on(index)
             # Back off only while no stream gets established (every endpoint down or leaderless).
             backoff = RETRY_PAUSE if established else min(backoff * 2, _WATCH_BACKOFF_MAX)
-            self._stopped.wait(backoff)
+            self._stream.stopped.wait(backoff)
 
     def _consume(self, call: Iterator[rpc_pb2.WatchResponse]) -> str | None:
         """Read one stream until it ends; returns why etcd cancelled it (None when it just ended)."""
@@ -174,9 +167,4 @@ class Watch:
         return None
 
     def stop(self) -> None:
-        self._stopped.set()
-        with self._lock:
-            call = self._call
-        if call is not None:
-            call.cancel()
-        self._thread.join(timeout=5)
+        self._stream.stop()
