@@ -41,7 +41,8 @@ from benchmarks.procs import Child, Children
 from benchmarks.report import machine_line, machine_load, run_standalone, summarize, table
 from benchmarks.stack import CONFIG, read_metrics, start_lighthouse, start_manager
 from lighthouse.admin import AdminClient
-from lighthouse.etcd.client import EtcdClient, Event
+from lighthouse.etcd.client import EtcdClient
+from lighthouse.etcd.types import Event
 from lighthouse.jobs.leases import OWN_CEILING_AHEAD, SHARED_CEILING_AHEAD
 from lighthouse.store.sqlite import STORE_FILE
 from manager.status_client import manager_info

@@ -23,6 +23,7 @@ import grpc
 
 from lighthouse.client import LighthouseClient
 from protos import lighthouse_config_pb2 as pb
+from protos.streams import StreamThread
 
 logger = logging.getLogger(__name__)
 
@@ -47,15 +48,13 @@ class PushStream:
         self._on_reply = on_reply
         self._on_down = on_down
         self._requests: queue.SimpleQueue[pb.LighthouseConfigRequest | None] | None = None
-        self._call: grpc.CallIterator[pb.LighthouseConfigResponse] | None = None
         self._lock = threading.Lock()
-        self._stopped = threading.Event()
         self.live = False  # a stream is open and has answered
         self.last_message = float("-inf")  # monotonic time of the last message received
         self.keepalive = 0.0  # the lighthouse's keep-alive interval (seconds), from its messages
         self.unsupported_until = float("-inf")  # the lighthouse has no WatchConfig until then
-        self._thread = threading.Thread(target=self._run, name="manager-push", daemon=True)
-        self._thread.start()
+        self._stream = StreamThread(self._run, "manager-push")
+        self._stream.start()
 
     def send(self, request: pb.LighthouseConfigRequest) -> bool:
         """Queue ``request`` on the live stream; False when there is none (poll instead)."""
@@ -72,33 +71,25 @@ class PushStream:
 
     def reset(self, why: str) -> None:
         """End the stream (it is silent past its deadline): the manager polls, and a new one opens."""
-        with self._lock:
-            call = self._call
-        if call is not None:
+        if self._stream.cancel():
             logger.warning("push stream from %s dropped: %s", self._client.current, why)
-            call.cancel()
 
     def stop(self) -> None:
-        self._stopped.set()
-        with self._lock:
-            call = self._call
-        if call is not None:
-            call.cancel()
-        self._thread.join(timeout=5)
+        self._stream.stop()
 
     # ------------------------------------------------------------------ the stream's thread
     def _run(self) -> None:
         retry = RETRY_MIN
-        while not self._stopped.is_set():
+        while not self._stream.stopped.is_set():
             wait = self.unsupported_until - time.monotonic()
             if wait > 0:
-                self._stopped.wait(wait)
+                self._stream.stopped.wait(wait)
                 continue
             answered = self._stream_once()
             retry = RETRY_MIN if answered else min(retry * 2, RETRY_MAX)
             # Jittered: when a lighthouse restarts, its thousands of managers lost their streams
             # at the same moment and would otherwise all come back at the same moments too.
-            self._stopped.wait(retry * random.uniform(0.5, 1.0))
+            self._stream.stopped.wait(retry * random.uniform(0.5, 1.0))
 
     def _stream_once(self) -> bool:
         """One stream, until it ends; whether the lighthouse answered on it."""
@@ -106,7 +97,8 @@ class PushStream:
         requests.put(self._first_request())
         call = self._client.watch(_until_none(requests))
         with self._lock:
-            self._requests, self._call = requests, call
+            self._requests = requests
+        self._stream.reading(call)
         answered = False
         why = "ended"
         try:
@@ -131,7 +123,8 @@ class PushStream:
         finally:
             with self._lock:
                 self.live = False
-                self._requests = self._call = None
+                self._requests = None
+            self._stream.reading(None)
             requests.put(None)  # ends the request iterator gRPC reads from
         if answered:
             self._on_down(why)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from lighthouse.etcd.client import EtcdClient, EtcdError, StoreUnavailable
+from lighthouse.etcd.client import EtcdClient
+from lighthouse.etcd.errors import EtcdError, EtcdUnavailable
 from protos.tls import TLSConfig
 from tests.procs import child_env, poll
 
@@ -181,7 +182,7 @@ class EtcdCluster:
                 if client.status(0).leader == 0:
                     return False
                 client.get("health")
-            except (StoreUnavailable, EtcdError):
+            except (EtcdUnavailable, EtcdError):
                 return False
         return True
 
@@ -201,7 +202,7 @@ class EtcdCluster:
                 with EtcdClient(m.endpoint, timeout=1.0, tls=self.client_tls) as client:
                     try:
                         status = client.status(0)
-                    except StoreUnavailable:
+                    except EtcdUnavailable:
                         continue
                 if status.leader and status.leader == status.header.member_id:
                     return m

@@ -11,18 +11,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from lighthouse.etcd.client import (
-    Compare,
-    Delete,
-    EtcdClient,
-    EtcdError,
-    Event,
-    Get,
-    KeyValue,
-    Put,
-    StoreUnavailable,
-    prefix_end,
-)
+from lighthouse.etcd.client import EtcdClient
+from lighthouse.etcd.errors import EtcdError, EtcdUnavailable
+from lighthouse.etcd.types import Compare, Delete, Event, Get, KeyValue, Put, prefix_end
 from protos.etcd import rpc_pb2, rpc_pb2_grpc
 from protos.tls import TLSConfig
 from tests.etcd_cluster import EtcdCluster, Member, free_port, make_certs, require_etcd
@@ -152,7 +143,7 @@ def test_refusals_are_not_unavailability(client: EtcdClient) -> None:
 def test_unreachable_endpoints_fail_within_the_deadline() -> None:
     with EtcdClient(f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}", timeout=1.0) as client:
         started = time.monotonic()
-        with pytest.raises(StoreUnavailable, match="no quorum or cannot be reached"):
+        with pytest.raises(EtcdUnavailable, match="no quorum or cannot be reached"):
             client.put("/k", "v")
         assert time.monotonic() - started < 5.0
     with pytest.raises(ValueError, match="no etcd endpoint"):
@@ -296,7 +287,7 @@ def test_quorum_loss_fails_within_the_deadline_and_the_same_client_recovers(clus
             cluster.kill(m)
         for call in (lambda: client.put("/q/b", "2"), lambda: client.get("/q/a")):
             started = time.monotonic()
-            with pytest.raises(StoreUnavailable, match="no quorum"):
+            with pytest.raises(EtcdUnavailable, match="no quorum"):
                 call()
             assert time.monotonic() - started < 2.0 + 3.0  # the deadline, plus a margin: no hang
         # The survivor still answers from its local copy when asked for a possibly stale read.
@@ -322,6 +313,6 @@ def test_mutual_tls_on_a_single_member(tmp_path: Path) -> None:
         ):
             with (
                 EtcdClient(cluster.endpoints, timeout=1.0, tls=refused) as client,
-                pytest.raises(StoreUnavailable, match=reason),
+                pytest.raises(EtcdUnavailable, match=reason),
             ):
                 client.get("/tls/a")

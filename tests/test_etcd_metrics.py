@@ -11,7 +11,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from lighthouse.etcd.client import EtcdClient, Event, KeyValue
+from lighthouse.etcd.client import EtcdClient
+from lighthouse.etcd.types import Event, KeyValue
 from lighthouse.jobs.registry import JobRegistry
 from lighthouse.peers.series import PeerSeries
 from lighthouse.store.sqlite import SqliteBackend

@@ -12,7 +12,9 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from lighthouse.etcd.client import WATCH_PROGRESS_INTERVAL, WATCH_SILENCE_TIMEOUT, EtcdClient, Event
+from lighthouse.etcd.client import EtcdClient
+from lighthouse.etcd.types import Event
+from lighthouse.etcd.watch import WATCH_PROGRESS_INTERVAL, WATCH_SILENCE_TIMEOUT
 from protos.etcd import rpc_pb2
 from protos.rpc import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS, format_address, make_channel, start_server
 from tests.etcd_cluster import EtcdCluster

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
-from lighthouse.etcd.client import EtcdClient, Event
+from lighthouse.etcd.client import EtcdClient
+from lighthouse.etcd.types import Event
 from lighthouse.jobs.registry import JobRegistry
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import ConfigStore

@@ -19,7 +19,8 @@ import threading
 import time
 from typing import Any
 
-from lighthouse.etcd.client import Delete, EtcdClient, Event, Put
+from lighthouse.etcd.client import EtcdClient
+from lighthouse.etcd.types import Delete, Event, Put
 from lighthouse.jobs.registry import JobRegistry
 from lighthouse.peers.share import EtcdShare, batches, hold_job
 

@@ -23,7 +23,8 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from lighthouse.etcd.client import Delete, EtcdClient, Event, KeyValue, Put
+from lighthouse.etcd.client import EtcdClient
+from lighthouse.etcd.types import Delete, Event, KeyValue, Put
 from lighthouse.jobs.registry import JobRegistry
 from lighthouse.peers.share import EtcdShare, batches, hold_job
 from protos import lighthouse_config_pb2 as pb

@@ -16,19 +16,14 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
-from lighthouse.etcd.client import (
-    Delete,
-    EtcdClient,
-    EtcdError,
-    Event,
-    KeepAlive,
-    Put,
-    StoreUnavailable,
-    Watch,
-)
+from lighthouse.etcd.client import EtcdClient
+from lighthouse.etcd.errors import EtcdError, EtcdUnavailable
+from lighthouse.etcd.lease import KeepAlive
+from lighthouse.etcd.types import Delete, Event, Put
+from lighthouse.etcd.watch import Watch
 from lighthouse.jobs.registry import JobRegistry, TooManyJobs
 from lighthouse.jobs.state import LighthouseState
-from lighthouse.store import backend
+from lighthouse.store.backend import StoreUnavailable
 from protos.job_ids import InvalidJobId, check_job_id
 
 logger = logging.getLogger(__name__)
@@ -44,7 +39,7 @@ def hold_job(registry: JobRegistry, job: str) -> LighthouseState | None:
     lighthouse cannot hold it (a bad id, too many jobs, the store out of reach)."""
     try:
         return registry.serve(check_job_id(job))
-    except (InvalidJobId, TooManyJobs, StoreUnavailable, backend.StoreUnavailable, EtcdError) as exc:
+    except (InvalidJobId, TooManyJobs, StoreUnavailable, EtcdError) as exc:
         logger.warning("not holding job %r seen on a peer: %s", job[:100], exc)
         return None
 
@@ -148,7 +143,7 @@ class EtcdShare:
                         on_compacted=self._load,
                     )
                 self.publish()
-            except (StoreUnavailable, EtcdError) as exc:
+            except (EtcdUnavailable, EtcdError) as exc:
                 if not failing:
                     logger.warning("cannot share %s through etcd: %s", self.what, exc)
                 failing = True
@@ -170,5 +165,5 @@ class EtcdShare:
         if self._lease:
             try:
                 self.client.lease_revoke(self._lease, timeout=1.0)
-            except (StoreUnavailable, EtcdError) as exc:
+            except (EtcdUnavailable, EtcdError) as exc:
                 logger.info("%s left to expire with its lease: %s", self.what, exc)

@@ -47,8 +47,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from lighthouse.config.values import ConfigTooLarge
-from lighthouse.etcd import client as etcd_client
-from lighthouse.etcd.client import Compare, Delete, EtcdClient, EtcdError, Event, Get, Put
+from lighthouse.etcd.client import EtcdClient
+from lighthouse.etcd.errors import EtcdError, EtcdUnavailable
+from lighthouse.etcd.types import Compare, Delete, Event, Get, Op, Put, prefix_end
+from lighthouse.etcd.watch import Watch
 from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, StoreUnavailable, Switch
 from protos.tls import TLSConfig
 
@@ -83,10 +85,10 @@ def _no_quorum(exc: Exception) -> StoreUnavailable:
 
 @contextmanager
 def _mapped() -> Iterator[None]:
-    """etcd_client's StoreUnavailable -> the backend interface's (HTTP 503)."""
+    """EtcdUnavailable -> the backend interface's StoreUnavailable (HTTP 503)."""
     try:
         yield
-    except etcd_client.StoreUnavailable as exc:
+    except EtcdUnavailable as exc:
         raise _no_quorum(exc) from None
 
 
@@ -193,7 +195,7 @@ class EtcdBackend:
         self._stored_steps: dict[str, tuple[int, int]] = {}  # job -> (step, mod revision) last seen
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._watch: etcd_client.Watch | None = None
+        self._watch: Watch | None = None
         try:
             with _mapped():
                 self._start_revision = self.client.get(self.prefix + "/", prefix=True, limit=1).revision
@@ -251,7 +253,7 @@ class EtcdBackend:
             pending = [(r, v, s, p) for (r, s, v), p in self._pending_switches.get(job, {}).items()]
         try:
             kvs = self.client.get(key, prefix=True, serializable=True, timeout=1.0).kvs
-        except etcd_client.StoreUnavailable as exc:
+        except EtcdUnavailable as exc:
             log.debug("job %s: switches from the last read (%s)", job, exc)
             with self._lock:
                 stored = list(self._seen_switches.get(job, []))
@@ -319,7 +321,7 @@ class EtcdBackend:
         first = self._job(job) + "meta/" + LEASE_CEILING
         own = (self._job(job) + "meta/" + leases.own_key).encode()
         after_own = own + b"\0"
-        end = etcd_client.prefix_end(first.encode())
+        end = prefix_end(first.encode())
         newer = leases.revision + 1
         return [
             Compare(first, "mod", "<", newer, range_end=own),
@@ -390,7 +392,7 @@ class EtcdBackend:
         base = self._job(job)
         # Every version up to the newest gone one: the gone ones are the oldest, and this also
         # removes those an earlier, failed prune left.
-        ops: list[etcd_client.Op] = [
+        ops: list[Op] = [
             Delete(base + "v/", range_end=base + "v/" + _num(max(gone) + 1)),
             *(Put(base + "meta/" + k, v) for k, v in meta.items()),
         ]
@@ -410,7 +412,7 @@ class EtcdBackend:
                 self._base_revision[job] = result.revision
             self._flush(only=job)  # the queued switches too
             self._prune_switches(job, oldest_kept)
-        except (etcd_client.StoreUnavailable, EtcdError) as exc:
+        except (EtcdUnavailable, EtcdError) as exc:
             log.warning("job %s: pruning postponed: %s", job, exc)
 
     def _prune_switches(self, job: str, oldest_kept: int) -> None:
@@ -452,7 +454,7 @@ class EtcdBackend:
             try:
                 self._flush(timeout=FLUSH_TIMEOUT)
                 backoff = FLUSH_PAUSE
-            except (etcd_client.StoreUnavailable, EtcdError) as exc:
+            except (EtcdUnavailable, EtcdError) as exc:
                 log.warning("etcd store: job steps and step switches not saved yet: %s", exc)
                 self._wake.set()  # retry after a pause
                 backoff = min(backoff * 2, FLUSH_BACKOFF_MAX)
@@ -568,6 +570,6 @@ class EtcdBackend:
         self._flusher.join(timeout=FLUSH_TIMEOUT + 1)
         try:
             self._flush(timeout=1.0)
-        except (etcd_client.StoreUnavailable, EtcdError) as exc:
+        except (EtcdUnavailable, EtcdError) as exc:
             log.warning("etcd store: closing with job steps or switches unsaved: %s", exc)
         self.client.close()

@@ -18,9 +18,8 @@ from typing import Any, Protocol
 
 import click
 
-from lighthouse.etcd.client import EtcdError, StoreUnavailable
-from lighthouse.store import backend
-from lighthouse.store.backend import Change, StoreBackend
+from lighthouse.etcd.errors import EtcdError
+from lighthouse.store.backend import Change, StoreBackend, StoreUnavailable
 from lighthouse.store.etcd import open_etcd_store
 from lighthouse.store.sqlite import STORE_FILE, SqliteBackend, StateInUse
 
@@ -154,7 +153,7 @@ def migrate_command(
     except TargetNotEmpty:
         click.echo(f"error: {store_url} already holds data; migrate only into an empty prefix", err=True)
         sys.exit(1)
-    except (ValueError, OSError, CopyMismatch, StoreUnavailable, backend.StoreUnavailable, EtcdError) as exc:
+    except (ValueError, OSError, CopyMismatch, StoreUnavailable, EtcdError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     finally:
