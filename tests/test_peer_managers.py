@@ -228,7 +228,7 @@ def test_nothing_new_nothing_written(lighthouses: list[Lighthouse]) -> None:
 
 
 def test_managers_merge_keeps_the_latest_report() -> None:
-    state = LighthouseState(ConfigStore(None))
+    state = LighthouseState(ConfigStore(SqliteBackend()))
     state.observe(pb.ManagerStatus(replica_id="g0", version=3), "peer")
     assert "lighthouse" not in state.managers()[0]  # no peers: the table as before
     remote = [

@@ -118,8 +118,8 @@ class JobRegistry:
         strict: bool = False,
     ) -> LighthouseState:
         store = ConfigStore(
+            self.backend,
             job=job,
-            backend=self.backend,
             history_limit=self._history_limit,
             owner=self.owner,
             lease_policy=self._lease_policy,
