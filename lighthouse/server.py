@@ -136,7 +136,7 @@ class LighthouseServer:
                 )
             for watcher in self._watchers:
                 watcher.start()
-            self._guards = GuardWatch(self.jobs.states)
+            self._guards = GuardWatch(lambda: [state.guards for state in self.jobs.states()])
             self._guards.start()
         except BaseException:
             self.shutdown()
