@@ -26,6 +26,7 @@ from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import ConfigStore
 from lighthouse.peers.managers import PeerManagers
 from lighthouse.server import LighthouseServer
+from lighthouse.store.backend import CeilingChanged, JobChanged, StepChanged
 from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
 from tests.etcd_cluster import EtcdCluster
@@ -253,6 +254,11 @@ class SqliteWithEtcd(SqliteBackend):
         super().__init__(None)
         self.client = client
         self.prefix = prefix
+
+    def subscribe(
+        self, on_job_changed: JobChanged, on_step: StepChanged, on_lease_ceiling: CeilingChanged
+    ) -> None:
+        """No other lighthouse writes this store's versions: nothing to watch."""
 
 
 def test_lighthouse_servers_share_their_managers_over_http(

@@ -39,7 +39,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -49,7 +49,17 @@ from urllib.parse import urlsplit
 from lighthouse.config.values import ConfigTooLarge
 from lighthouse.etcd import client as etcd_client
 from lighthouse.etcd.client import Compare, Delete, EtcdClient, EtcdError, Event, Get, Put
-from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, StoreUnavailable, Switch
+from lighthouse.store.backend import (
+    CeilingChanged,
+    Change,
+    HeadMoved,
+    JobChanged,
+    JobRecords,
+    LeaseView,
+    StepChanged,
+    StoreUnavailable,
+    Switch,
+)
 from protos.tls import TLSConfig
 
 log = logging.getLogger(__name__)
@@ -67,9 +77,6 @@ FLUSH_PAUSE = 0.25
 FLUSH_BACKOFF_MAX = 2.0
 FLUSH_TIMEOUT = 2.0  # per call of the background writer, so closing never waits long for it
 
-JobChanged = Callable[[str, int], None]  # (job, head now; 0 when deleted, -1 when unknown)
-StepChanged = Callable[[str, int], None]  # (job, step stored)
-CeilingChanged = Callable[[str, str, int, int], None]  # (job, meta key, ceiling, revision)
 LEASE_CEILING = "lease_ceiling/"  # meta key prefix: one key per lighthouse life
 
 
