@@ -6,6 +6,7 @@ etcd (one prefix per test). Tests about the SQLite file itself say so and take p
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -21,7 +22,7 @@ from lighthouse.config.files import FileContent, read_config_file
 from lighthouse.config.values import ConfigError
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import FOREVER, ConfigStore, NotFound, VersionConflict
-from lighthouse.store.backend import StoreBackend
+from lighthouse.store.backend import Change, StoreBackend
 from lighthouse.store.etcd import EtcdBackend
 from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
@@ -125,6 +126,28 @@ def test_versions_never_reused_after_pruning_and_reopen(open_store: StoreOpener)
     assert s.head == last
     assert put(s, {"i": "next"}) == last + 1
     s.close()
+
+
+def test_a_change_reads_back_field_for_field(store: ConfigStore) -> None:
+    """Every field of a Change, each with a value no other field has, comes back in its own field."""
+    row = Change(
+        version=1,
+        op="patch",
+        change={"a": 1},
+        config={"a": 1, "b": 2},
+        effective_step=7,
+        order_step=5,
+        created_at=1234.5,
+        source="api",
+        author="ann",
+        comment="why",
+        made_now=True,
+    )
+    store.backend.append("round-trip", [row], {}, expected_head=0)
+    assert store.backend.load("round-trip").rows == [row]
+    later = dataclasses.replace(row, version=2, effective_step=None, made_now=False, config={"c": None})
+    store.backend.append("round-trip", [later], {}, expected_head=1)
+    assert store.backend.load("round-trip").rows == [row, later]
 
 
 def test_commit_is_durable_without_close(tmp_path: Path) -> None:

@@ -161,9 +161,18 @@ def _row(value: bytes) -> tuple[Change, bool]:
     """The Change and whether its config was stored."""
     d = json.loads(value)
     row = Change(
-        d["version"], d["op"], d["change"], d.get("config", {}), d["effective_step"], d["order_step"],
-        d["created_at"], d["source"], d["author"], d["comment"], d.get("made_now", False),
-    )  # fmt: skip
+        version=d["version"],
+        op=d["op"],
+        change=d["change"],
+        config=d.get("config", {}),
+        effective_step=d["effective_step"],
+        order_step=d["order_step"],
+        created_at=d["created_at"],
+        source=d["source"],
+        author=d["author"],
+        comment=d["comment"],
+        made_now=d.get("made_now", False),
+    )
     return row, "config" in d
 
 
