@@ -13,7 +13,8 @@ over its etcd client.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -43,6 +44,15 @@ class Change:
     def scheduled(self) -> bool:
         """Asked for at a step by the operator."""
         return self.effective_step is not None and not self.made_now
+
+    def fields(self) -> dict[str, Any]:
+        """Every field by name: what a backend's stored record is made from."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_fields(cls, record: Mapping[str, Any]) -> Change:
+        """The Change a stored record (decoded) names field by field; its other keys are ignored."""
+        return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record})
 
     def to_json(self, cancelled: bool = False) -> dict[str, Any]:
         return {

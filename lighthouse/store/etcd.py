@@ -139,41 +139,20 @@ def open_etcd_store(
 
 
 def _row_json(row: Change, with_config: bool) -> bytes:
-    data: dict[str, Any] = {
-        "version": row.version,
-        "op": row.op,
-        "change": row.change,
-        "effective_step": row.effective_step,
-        "order_step": row.order_step,
-        "created_at": row.created_at,
-        "source": row.source,
-        "author": row.author,
-        "comment": row.comment,
-    }
-    if row.made_now:
-        data["made_now"] = True
+    """How ``row`` is stored: its fields as JSON, made_now only when set, the config when it fits."""
+    data = row.fields()
+    config = data.pop("config")
+    if not row.made_now:
+        del data["made_now"]
     if with_config:
-        data["config"] = row.config
+        data["config"] = config
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _row(value: bytes) -> tuple[Change, bool]:
     """The Change and whether its config was stored."""
     d = json.loads(value)
-    row = Change(
-        version=d["version"],
-        op=d["op"],
-        change=d["change"],
-        config=d.get("config", {}),
-        effective_step=d["effective_step"],
-        order_step=d["order_step"],
-        created_at=d["created_at"],
-        source=d["source"],
-        author=d["author"],
-        comment=d["comment"],
-        made_now=d.get("made_now", False),
-    )
-    return row, "config" in d
+    return Change.from_fields({"config": {}, **d}), "config" in d
 
 
 class EtcdBackend:

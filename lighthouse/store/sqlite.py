@@ -409,34 +409,23 @@ class SqliteBackend:
 
 def _row_params(job: str, row: Change) -> dict[str, Any]:
     """``row`` of ``job`` as its job_versions row (INSERT_CHANGE's parameters)."""
+    dumps = json.dumps
     return {
+        **row.fields(),
         "job": job,
-        "version": row.version,
-        "op": row.op,
-        "change": json.dumps(row.change, ensure_ascii=False),
-        "config": json.dumps(row.config, ensure_ascii=False),
-        "effective_step": row.effective_step,
-        "order_step": row.order_step,
-        "created_at": row.created_at,
-        "source": row.source,
-        "author": row.author,
-        "comment": row.comment,
+        "change": dumps(row.change, ensure_ascii=False),
+        "config": dumps(row.config, ensure_ascii=False),
         "made_now": int(row.made_now),
     }
 
 
 def _row(r: sqlite3.Row) -> Change:
     """The Change a job_versions row holds."""
-    return Change(
-        version=r["version"],
-        op=r["op"],
-        change=json.loads(r["change"]),
-        config=json.loads(r["config"]),
-        effective_step=r["effective_step"],
-        order_step=r["order_step"],
-        created_at=r["created_at"],
-        source=r["source"],
-        author=r["author"],
-        comment=r["comment"],
-        made_now=bool(r["made_now"]),
+    return Change.from_fields(
+        {
+            **dict(zip(r.keys(), r, strict=True)),
+            "change": json.loads(r["change"]),
+            "config": json.loads(r["config"]),
+            "made_now": bool(r["made_now"]),
+        }
     )
