@@ -18,7 +18,7 @@ from lighthouse.options import ConfigSources, HttpOptions
 from lighthouse.peers.managers import PeerManagers
 from lighthouse.peers.series import PeerSeries
 from lighthouse.service import LighthouseService
-from lighthouse.store.backend import StoreBackend
+from lighthouse.store.backend import SharedBackend, StoreBackend
 from lighthouse.store.sqlite import STORE_FILE, SqliteBackend
 from protos import lighthouse_config_pb2 as pb
 from protos.aio_server import AioServer
@@ -134,7 +134,7 @@ class LighthouseServer:
                 )
             for watcher in self._watchers:
                 watcher.start()
-            self._guards = GuardWatch(self.jobs.states)
+            self._guards = GuardWatch(lambda: [state.guards for state in self.jobs.states()])
             self._guards.start()
         except BaseException:
             self.shutdown()
@@ -151,12 +151,11 @@ class LighthouseServer:
         """On a store shared by several lighthouses (etcd), share the managers table and the reported
         metrics with the others."""
         backend = self.jobs.backend
-        client, prefix = getattr(backend, "client", None), getattr(backend, "prefix", None)
-        if client is not None and prefix is not None:
+        if isinstance(backend, SharedBackend):
             instance = uuid.uuid4().hex
-            self._peers = PeerManagers(client, prefix, instance, self._address, self.jobs)
+            self._peers = PeerManagers(backend.client, backend.prefix, instance, self._address, self.jobs)
             self._peers.start()
-            self._peer_series = PeerSeries(client, prefix, instance, self.jobs)
+            self._peer_series = PeerSeries(backend.client, backend.prefix, instance, self.jobs)
             self._peer_series.start()
 
     @property

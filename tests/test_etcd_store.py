@@ -16,8 +16,9 @@ import pytest
 from lighthouse.config.values import MAX_CONFIG_BYTES
 from lighthouse.jobs.registry import JobRegistry
 from lighthouse.jobs.versions import ConfigStore, VersionConflict
-from lighthouse.store.backend import Change, HeadMoved, StoreUnavailable
+from lighthouse.store.backend import Change, HeadMoved, SharedBackend, StoreUnavailable
 from lighthouse.store.etcd import DEFAULT_PREFIX, EtcdBackend, open_etcd_store, parse_store_url
+from lighthouse.store.sqlite import SqliteBackend
 from protos.etcd import rpc_pb2, rpc_pb2_grpc
 from tests.etcd_cluster import EtcdCluster, free_port
 from tests.procs import poll
@@ -87,6 +88,15 @@ def test_append_compares_the_head_and_recognises_its_own_retry(backends: list[Et
     a.delete_job("j")
     assert b.jobs() == [] and b.load("j").rows == []
     assert a.is_empty()
+
+
+def test_only_the_etcd_backend_is_a_shared_backend(backends: list[EtcdBackend]) -> None:
+    """The registry subscribes to a SharedBackend, the server shares managers over one: no other."""
+    plain = SqliteBackend(None)
+    try:
+        assert [isinstance(b, SharedBackend) for b in (backends[0], plain)] == [True, False]
+    finally:
+        plain.close()
 
 
 def test_is_empty(etcd1: EtcdCluster, prefix: str) -> None:

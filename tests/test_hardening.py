@@ -14,6 +14,7 @@ from lighthouse import LighthouseClient, LighthouseServer
 from lighthouse.config.values import MAX_CONFIG_BYTES, ConfigTooLarge
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import ConfigStore
+from lighthouse.store.sqlite import SqliteBackend
 from manager import ManagerServer
 from manager.pinning import StepPins
 from manager.snapshot import Snapshot
@@ -28,7 +29,7 @@ from worker_client import ManagerClient
 def test_concurrent_changes_never_leave_an_older_snapshot_served() -> None:
     # Two refreshes racing: the one that read the older head must not install its snapshot last.
     for _ in range(60):
-        state = LighthouseState(ConfigStore(None))
+        state = LighthouseState(ConfigStore(SqliteBackend()))
         change = functools.partial(state.change, source="t")
         threads = [CheckedThread(change, "patch", {f"k{i}": i}, name=f"change-{i}") for i in range(4)]
         for t in threads:
@@ -91,7 +92,7 @@ def test_prefetch_does_not_follow_an_irregular_jump() -> None:
 
 
 def test_a_stray_reported_step_does_not_move_the_jobs_step() -> None:
-    state = LighthouseState(ConfigStore(None))
+    state = LighthouseState(ConfigStore(SqliteBackend()))
     report = lambda step: state.observe(pb.ManagerStatus(replica_id="g", step=step), "peer")  # noqa: E731
     report(10)
     report(20)
@@ -102,7 +103,7 @@ def test_a_stray_reported_step_does_not_move_the_jobs_step() -> None:
 
 
 def test_rollback_keeps_that_versions_scheduled_change_scheduled() -> None:
-    state = LighthouseState(ConfigStore(None))
+    state = LighthouseState(ConfigStore(SqliteBackend()))
     state.store.advance_step(100)
     state.change("put", {"lr": 0.1, "bs": 32}, source="t")
     scheduled = state.change("patch", {"lr": 0.01}, source="t", effective_step=5000).version
@@ -113,7 +114,7 @@ def test_rollback_keeps_that_versions_scheduled_change_scheduled() -> None:
 
 
 def test_patches_cannot_grow_the_config_past_the_limit() -> None:
-    state = LighthouseState(ConfigStore(None))
+    state = LighthouseState(ConfigStore(SqliteBackend()))
     chunk = "x" * (MAX_CONFIG_BYTES // 3)
     state.change("patch", {"a": chunk}, source="t")
     state.change("patch", {"b": chunk}, source="t")

@@ -27,6 +27,7 @@ from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import ConfigStore
 from lighthouse.peers.managers import PeerManagers
 from lighthouse.server import LighthouseServer
+from lighthouse.store.backend import CeilingChanged, JobChanged, StepChanged
 from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
 from tests.etcd_cluster import EtcdCluster
@@ -229,7 +230,7 @@ def test_nothing_new_nothing_written(lighthouses: list[Lighthouse]) -> None:
 
 
 def test_managers_merge_keeps_the_latest_report() -> None:
-    state = LighthouseState(ConfigStore(None))
+    state = LighthouseState(ConfigStore(SqliteBackend()))
     state.observe(pb.ManagerStatus(replica_id="g0", version=3), "peer")
     assert "lighthouse" not in state.managers()[0]  # no peers: the table as before
     remote = [
@@ -254,6 +255,11 @@ class SqliteWithEtcd(SqliteBackend):
         super().__init__(None)
         self.client = client
         self.prefix = prefix
+
+    def subscribe(
+        self, on_job_changed: JobChanged, on_step: StepChanged, on_lease_ceiling: CeilingChanged
+    ) -> None:
+        """No other lighthouse writes this store's versions: nothing to watch."""
 
 
 def test_lighthouse_servers_share_their_managers_over_http(

@@ -10,6 +10,7 @@ import pytest
 from lighthouse.config.schema import SchemaInvalid, SchemaViolation, load_schema, pointer
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import ConfigStore, Edit
+from lighthouse.store.sqlite import SqliteBackend
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -65,7 +66,8 @@ def test_declared_2020_12_and_boolean_schemas_load() -> None:
 
 
 def test_a_dry_run_plan_is_what_the_commit_stores(tmp_path: Path) -> None:
-    store = ConfigStore(tmp_path / "db")
+    backend = SqliteBackend(tmp_path / "db")
+    store = ConfigStore(backend)
     store.commit("put", {"lr": 0.1, "mode": "a"}, source="t")
     edit = Edit("patch", {"lr": 0.2, "mode": None, "new": [1]}, "api", "bob", "tune")
     planned = store.apply([edit], dry_run=True)
@@ -83,11 +85,12 @@ def test_a_dry_run_plan_is_what_the_commit_stores(tmp_path: Path) -> None:
     )
     assert store.get(2).config == planned.row.config == {"lr": 0.2, "new": [1]}
     store.close()
-    assert ConfigStore(tmp_path / "db").head == 2  # durable
+    backend.close()
+    assert ConfigStore(SqliteBackend(tmp_path / "db")).head == 2  # durable
 
 
 def test_a_refused_check_writes_nothing_of_a_multi_edit_commit() -> None:
-    store = ConfigStore()
+    store = ConfigStore(SqliteBackend())
     store.commit("put", {"lr": 0.1}, source="t")
     pending = store.commit("patch", {"lr": 0.2}, source="t", effective_step=50).version
 
@@ -105,7 +108,7 @@ def test_a_refused_check_writes_nothing_of_a_multi_edit_commit() -> None:
 
 
 def test_a_refused_rollback_keeps_the_scheduled_changes_it_would_cancel() -> None:
-    store = ConfigStore()
+    store = ConfigStore(SqliteBackend())
     state = LighthouseState(store)
     state.change("put", {"lr": 5}, source="t")
     state.change("put", {"lr": 0.5}, source="t")
@@ -119,7 +122,8 @@ def test_a_refused_rollback_keeps_the_scheduled_changes_it_would_cancel() -> Non
 
 
 def test_a_schema_is_kept_per_store_with_its_history(tmp_path: Path) -> None:
-    store = ConfigStore(tmp_path / "db")
+    backend = SqliteBackend(tmp_path / "db")
+    store = ConfigStore(backend)
     state = LighthouseState(store)
     state.change("put", {"lr": 0.5}, source="t")
     with pytest.raises(SchemaViolation):
@@ -129,7 +133,8 @@ def test_a_schema_is_kept_per_store_with_its_history(tmp_path: Path) -> None:
     state.schema.set(None, source="api", author="bob")
     state.schema.set(SCHEMA, source="api", author="cy")
     store.close()
-    reopened = LighthouseState(ConfigStore(tmp_path / "db"))
+    backend.close()
+    reopened = LighthouseState(ConfigStore(SqliteBackend(tmp_path / "db")))
     assert reopened.schema.schema is not None and reopened.schema.schema.document == SCHEMA
     history = reopened.store.schema_history()
     assert [(h["author"], h["schema"] is None) for h in history] == [

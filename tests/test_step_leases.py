@@ -49,7 +49,7 @@ def store_with_ceilings(path: Path | None = None, **kw: Any) -> ConfigStore:
         holder[0].save_lease_ceiling(wanted, book.served_version)
         book.ceiling_stored(wanted)
 
-    store = ConfigStore(path, request_ceiling=write, **kw)
+    store = ConfigStore(SqliteBackend(path), request_ceiling=write, **kw)
     holder.append(store)
     store.leases.publish("snapshot", store.head)
     return store
@@ -94,7 +94,7 @@ def test_the_step_rate_is_measured_over_a_span_of_reports_not_between_two_close_
     burst: read alone it made a 10-steps-a-second job's rate 50/s for many seconds, and its leases
     (the wait for a change made now) 5x too long (benchmarks.leases measured 21-step leases where
     the rule gives 6)."""
-    state = LighthouseState(ConfigStore(None))
+    state = LighthouseState(ConfigStore(SqliteBackend()))
     report = lambda step: state.observe(pb.ManagerStatus(replica_id="g", step=step), "peer")  # noqa: E731
     report(0)
     time.sleep(RATE_WINDOW + 0.05)  # time must pass for a rate: a span of reports
@@ -160,7 +160,7 @@ def test_no_grant_passes_the_horizon_while_a_commit_is_under_way() -> None:
 
 def test_promises_stay_below_the_stored_ceiling() -> None:
     stored: list[int] = []
-    store = ConfigStore(None, request_ceiling=lambda book: stored.append(book.wanted))
+    store = ConfigStore(SqliteBackend(), request_ceiling=lambda book: stored.append(book.wanted))
     store.leases.publish("snapshot", 0)
     assert grant(store, 10) == NO_LEASE  # asked for a ceiling, none stored yet: no promise
     assert stored and stored[-1] > 10
@@ -196,7 +196,7 @@ def test_a_state_directory_from_before_leases_opens_and_keeps_its_versions(tmp_p
     shutil.copytree(ROOT / "tests" / "data" / "state_v1", state)
     backend = SqliteBackend(state / "lighthouse.db")
     try:
-        store = ConfigStore(backend=backend)
+        store = ConfigStore(backend)
         rows = backend.load("default").rows
         assert rows and not any(r.made_now for r in rows)
         assert store.commit("patch", {"x": 1}, source="t").version == rows[-1].version + 1

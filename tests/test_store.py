@@ -6,6 +6,7 @@ etcd (one prefix per test). Tests about the SQLite file itself say so and take p
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -21,7 +22,9 @@ from lighthouse.config.files import FileContent, read_config_file
 from lighthouse.config.values import ConfigError
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import FOREVER, ConfigStore, NotFound, VersionConflict
+from lighthouse.store.backend import Change, StoreBackend
 from lighthouse.store.etcd import EtcdBackend
+from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
 
 StoreOpener = Callable[..., ConfigStore]
@@ -32,21 +35,25 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store
     """``open_store(name=None, history_limit=None)``: a store; the same ``name`` reopens the same
     records (a SQLite file, or an etcd prefix), as a restarted lighthouse would; no name: a fresh one.
 
-    On etcd, reopening first closes the backend the previous store of that name used (a
-    restarted lighthouse's previous process is gone: its queued writes are flushed).
+    Reopening first closes the backend the previous store of that name used (a restarted
+    lighthouse's previous process is gone: its queued writes are flushed, its lock released).
     """
-    backends: dict[str, EtcdBackend] = {}
+    backends: dict[str, StoreBackend] = {}
     endpoints = request.getfixturevalue("etcd1").endpoints if request.param == "etcd" else ""
     run = uuid.uuid4().hex
 
     def open_(name: str | None = None, history_limit: int | None = None) -> ConfigStore:
-        if request.param == "sqlite":
-            return ConfigStore(tmp_path / f"{name}.db" if name else None, history_limit=history_limit)
+        fresh = name is None
         name = name or uuid.uuid4().hex
         if name in backends:
             backends[name].close()
-        backend = backends[name] = EtcdBackend(endpoints, prefix=f"/test-store/{run}/{name}")
-        return ConfigStore(backend=backend, history_limit=history_limit)
+        backend: StoreBackend
+        if request.param == "sqlite":
+            backend = SqliteBackend(None if fresh else tmp_path / f"{name}.db")
+        else:
+            backend = EtcdBackend(endpoints, prefix=f"/test-store/{run}/{name}")
+        backends[name] = backend
+        return ConfigStore(backend, history_limit=history_limit)
 
     yield open_
     for backend in backends.values():
@@ -121,15 +128,38 @@ def test_versions_never_reused_after_pruning_and_reopen(open_store: StoreOpener)
     s.close()
 
 
+def test_a_change_reads_back_field_for_field(store: ConfigStore) -> None:
+    """Every field of a Change, each with a value no other field has, comes back in its own field."""
+    row = Change(
+        version=1,
+        op="patch",
+        change={"a": 1},
+        config={"a": 1, "b": 2},
+        effective_step=7,
+        order_step=5,
+        created_at=1234.5,
+        source="api",
+        author="ann",
+        comment="why",
+        made_now=True,
+    )
+    store.backend.append("round-trip", [row], {}, expected_head=0)
+    assert store.backend.load("round-trip").rows == [row]
+    later = dataclasses.replace(row, version=2, effective_step=None, made_now=False, config={"c": None})
+    store.backend.append("round-trip", [later], {}, expected_head=1)
+    assert store.backend.load("round-trip").rows == [row, later]
+
+
 def test_commit_is_durable_without_close(tmp_path: Path) -> None:
     """SQLite only: reads the database file with another connection."""
     db = tmp_path / "lighthouse.db"
-    s = ConfigStore(db)
+    s = ConfigStore(SqliteBackend(db))
     put(s, {"k": "v"})
     # Another connection sees the committed row at once (what a crash would leave on disk).
     rows = sqlite3.connect(str(db)).execute("SELECT version, config FROM job_versions").fetchall()
     assert rows == [(1, json.dumps({"k": "v"}))]
     s.close()
+    s.backend.close()
 
 
 def test_current_step_survives_reopen(open_store: StoreOpener) -> None:
@@ -162,7 +192,7 @@ def test_close_twice_is_safe(open_store: StoreOpener) -> None:
 
 def test_bad_arguments(store: ConfigStore) -> None:
     with pytest.raises(ValueError, match="history_limit"):
-        ConfigStore(None, history_limit=0)
+        ConfigStore(store.backend, history_limit=0)
     with pytest.raises(ValueError, match="unknown op"):
         store.commit("replace", {}, source="t")
     with pytest.raises(ConfigError, match="effective_step"):

@@ -8,6 +8,7 @@ from typing import Any
 from lighthouse import LighthouseClient
 from lighthouse.jobs.timeline import timeline
 from lighthouse.jobs.versions import ConfigStore
+from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
 from tests.helpers_lighthouse import start_lighthouse
 
@@ -17,7 +18,7 @@ def spans(line: dict[str, Any]) -> list[tuple[int, int, int | None, bool]]:
 
 
 def test_segments_follow_apply_order() -> None:
-    store = ConfigStore(None)
+    store = ConfigStore(SqliteBackend())
     store.commit("put", {"lr": 1}, source="file")  # v1, before any step: holds from 0
     store.commit("patch", {"lr": 2}, source="api", author="alice")  # v2, same step: v1 held no step
     store.advance_step(100)

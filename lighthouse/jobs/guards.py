@@ -33,15 +33,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from lighthouse.config.values import ConfigError
 from lighthouse.jobs.series import JobSeries, Point
-from lighthouse.jobs.versions import NotFound, Plan, VersionConflict
+from lighthouse.jobs.versions import ConfigStore, NotFound, Plan, VersionConflict
 from protos.metrics import is_metric_name
-
-if TYPE_CHECKING:
-    from lighthouse.jobs.state import LighthouseState
 
 logger = logging.getLogger(__name__)
 
@@ -150,18 +147,38 @@ def tag(version: int) -> str:
     return f"guard of v{version}:"
 
 
-class JobGuards:
-    """One job's guards: created with a change, judged on the job's series, stored in its store."""
+class MakeChange(Protocol):
+    """Commits a change made now as the job makes any (``LighthouseState.change``): checked against
+    its schema, stored, served, at one step in every group."""
 
-    def __init__(self, state: LighthouseState) -> None:
-        self.state = state
+    def __call__(
+        self,
+        op: str,
+        body: Any,
+        *,
+        source: str,
+        author: str = ...,
+        comment: str = ...,
+        if_match: int | None = ...,
+    ) -> Plan: ...
+
+
+class JobGuards:
+    """One job's guards: created with a change, judged on the job's series, stored in its store,
+    rolled back through ``change`` (the job's own way of making a change now)."""
+
+    def __init__(self, store: ConfigStore, series: JobSeries, change: MakeChange) -> None:
+        self.store = store
+        self.job = store.job
+        self.series = series
+        self._change = change
         self._lock = threading.Lock()  # one evaluation or change of this job's guards at a time
         self._guards: dict[int, dict[str, Any]] = {}
         self.reload()
 
     def reload(self) -> None:
         """Take the guards the store holds (at start, and when another lighthouse changed one)."""
-        store = self.state.store
+        store = self.store
         guards = {int(g["version"]): g for g in store.backend.guards(store.job)}
         self._guards = guards
 
@@ -221,7 +238,7 @@ class JobGuards:
         return done
 
     def _save(self, guard: dict[str, Any]) -> None:
-        self.state.store.backend.save_guard(self.state.job, guard)
+        self.store.backend.save_guard(self.job, guard)
         self._guards[int(guard["version"])] = guard
 
     # ------------------------------------------------------------ reads
@@ -240,7 +257,7 @@ class JobGuards:
         """Judge every active guard now: record a baseline, a pass, or roll back a regression."""
         with self._lock:
             for guard in [g for g in list(self._guards.values()) if g["status"] == "active"]:
-                verdict = evaluate(guard, self.state.series)
+                verdict = evaluate(guard, self.series)
                 if verdict.baseline is not None:
                     mean, first, last = verdict.baseline
                     guard = {**guard, "baseline": mean, "baseline_steps": [first, last]}
@@ -253,9 +270,9 @@ class JobGuards:
 
     def _roll_back(self, guard: dict[str, Any], reason: str) -> None:
         """Put back the keys the guarded change set, as a change made now (once, whoever does it)."""
-        state, version = self.state, int(guard["version"])
+        version = int(guard["version"])
         comment = f"{tag(version)} {reason}"
-        done = _rollback_in_history(state, version)
+        done = _rollback_in_history(self.store, version)
         if done is None:
             try:
                 plan = self._revert(guard, comment)
@@ -283,8 +300,7 @@ class JobGuards:
 
     def _revert(self, guard: dict[str, Any], comment: str) -> Plan | None:
         """Commit the rollback (If-Match on the head it was decided at); None: nothing to revert."""
-        state = self.state
-        store = state.store
+        store = self.store
         with store.lock:
             head = store.head
             live = store.live()
@@ -300,7 +316,7 @@ class JobGuards:
                 config.pop(key, None)
         if not reverted:
             return None
-        return state.change(
+        return self._change(
             "put",
             config,
             source=AUTHOR,
@@ -313,10 +329,10 @@ class JobGuards:
 _ABSENT = object()
 
 
-def _rollback_in_history(state: LighthouseState, version: int) -> tuple[int, int | None] | None:
+def _rollback_in_history(store: ConfigStore, version: int) -> tuple[int, int | None] | None:
     """(version, effective step) of a rollback this guard already made, if the history holds one."""
     prefix = tag(version)
-    for row in state.store.history(limit=2**31):
+    for row in store.history(limit=2**31):
         if row["version"] <= version:
             return None
         if row["author"] == AUTHOR and str(row["comment"]).startswith(prefix):
@@ -327,8 +343,8 @@ def _rollback_in_history(state: LighthouseState, version: int) -> tuple[int, int
 class GuardWatch:
     """Checks every job's active guards every CHECK_INTERVAL seconds, in a thread of its own."""
 
-    def __init__(self, states: Callable[[], list[LighthouseState]], interval: float = CHECK_INTERVAL) -> None:
-        self._states = states
+    def __init__(self, jobs: Callable[[], Iterable[JobGuards]], interval: float = CHECK_INTERVAL) -> None:
+        self._jobs = jobs
         self._interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="guards", daemon=True)
@@ -338,13 +354,13 @@ class GuardWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            for state in self._states():
-                if not state.guards.active():
+            for guards in self._jobs():
+                if not guards.active():
                     continue
                 try:
-                    state.guards.check()
+                    guards.check()
                 except Exception:  # one job's trouble (a store outage) must not stop the others'
-                    logger.exception("job %s: guards not checked", state.job)
+                    logger.exception("job %s: guards not checked", guards.job)
 
     def stop(self) -> None:
         self._stop.set()

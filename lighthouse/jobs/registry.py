@@ -21,7 +21,7 @@ from lighthouse.config.files import FileContent
 from lighthouse.jobs.leases import CeilingWriter, LeaseBook, LeasePolicy
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import ConfigStore, NotFound
-from lighthouse.store.backend import HeadMoved, StoreBackend, StoreUnavailable
+from lighthouse.store.backend import HeadMoved, SharedBackend, StoreBackend, StoreUnavailable
 from protos.job_ids import DEFAULT_JOB, check_job_id
 
 logger = logging.getLogger(__name__)
@@ -67,9 +67,8 @@ class JobRegistry:
         self._states[DEFAULT_JOB] = self._new_state(
             DEFAULT_JOB, default_config_path, default_schema_path, strict
         )
-        subscribe = getattr(backend, "subscribe", None)
-        if subscribe is not None:  # a store shared with other lighthouses (etcd)
-            subscribe(self._job_changed, self._step_stored, self._ceiling_stored)
+        if isinstance(backend, SharedBackend):  # other lighthouses write it too (etcd)
+            backend.subscribe(self._job_changed, self._step_stored, self._ceiling_stored)
 
     def _job_changed(self, job: str, head: int) -> None:
         """Another lighthouse changed ``job`` (its head is now ``head``): serve what the store holds.
@@ -118,8 +117,8 @@ class JobRegistry:
         strict: bool = False,
     ) -> LighthouseState:
         store = ConfigStore(
+            self.backend,
             job=job,
-            backend=self.backend,
             history_limit=self._history_limit,
             owner=self.owner,
             lease_policy=self._lease_policy,

@@ -115,7 +115,8 @@ class LighthouseState:
         self.series = JobSeries(self.job)  # what the job's ranks report (ManagerClient.report)
         if store.backend.shared:
             self.series.share()  # other lighthouses take what this one's managers send (peer_series)
-        self.guards = JobGuards(self)  # changes that roll themselves back when a metric regresses
+        # Changes that roll themselves back when a metric regresses, as a change made here.
+        self.guards = JobGuards(store, self.series, self.change)
         self.get_config_calls = 0
         self.heartbeat_calls = 0
         self._get_config_count = itertools.count(1)  # next() is atomic: no call lost across threads

@@ -32,7 +32,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from lighthouse.config.values import (
@@ -44,10 +43,9 @@ from lighthouse.config.values import (
 )
 from lighthouse.jobs.leases import CommitWindow, LeaseBook, LeasePolicy
 from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, StoreBackend, Switch
-from lighthouse.store.sqlite import SqliteBackend, StateInUse
 from protos.job_ids import DEFAULT_JOB
 
-__all__ = ["FOREVER", "Change", "ConfigStore", "NotFound", "Segment", "StateInUse", "VersionConflict"]
+__all__ = ["FOREVER", "Change", "ConfigStore", "NotFound", "Segment", "VersionConflict"]
 
 FOREVER = 2**62  # a step later than any real step
 LEASE_META = "lease_ceiling"  # meta keys of step-lease ceilings start with this
@@ -127,30 +125,27 @@ def _apply(config: dict[str, Any], row: Change) -> dict[str, Any]:
 
 
 class ConfigStore:
-    """One job's versions; thread-safe.
+    """One job's versions over ``backend``; thread-safe.
 
-    ``ConfigStore(path)`` opens a SQLite file of its own (``path=None``: in memory,
-    lost on exit); a lighthouse serving many jobs passes one shared ``backend``.
+    The caller opens the backend (one for every job of a lighthouse) and closes it after the
+    stores: ``close`` leaves it open.
     """
 
     def __init__(
         self,
-        path: Path | None = None,
-        history_limit: int | None = None,
+        backend: StoreBackend,
         *,
         job: str = DEFAULT_JOB,
-        backend: StoreBackend | None = None,
+        history_limit: int | None = None,
         owner: str = "",
         lease_policy: LeasePolicy | None = None,
         request_ceiling: Callable[[LeaseBook[Any]], None] | None = None,
     ) -> None:
         if history_limit is not None and history_limit < 1:
             raise ValueError("history_limit must be at least 1")
-        self.path = path
         self.job = job
         self.history_limit = history_limit
-        self._owns_backend = backend is None
-        self.backend: StoreBackend = backend if backend is not None else SqliteBackend(path)
+        self.backend = backend
         self._lock = threading.RLock()
         # Held through a whole commit (which may wait for the store), never by readers: a store
         # without quorum makes edits wait, not the managers' calls.
@@ -527,8 +522,6 @@ class ConfigStore:
             self._closed = True
             if self._current_step >= 0:
                 self.backend.set_meta(self.job, {"current_step": str(self._current_step)})
-            if self._owns_backend:
-                self.backend.close()
 
     # -------------------------------------------------------------- internals
     def _segments(self, rows: list[Change], head: int) -> list[Segment]:

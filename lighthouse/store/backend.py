@@ -4,16 +4,22 @@
 late groups); a backend only stores and returns records, so the logic never
 knows whether it runs on the embedded SQLite file or on etcd.
 
-A backend shared by several lighthouses (etcd) also offers
-``subscribe(on_job_changed, on_step, on_lease_ceiling)``: the job registry then
-reloads a job another lighthouse changed, adopts the job step it stored, and
-respects the step-lease ceiling it stored (see ``leases``).
+A backend shared by several lighthouses (etcd) is also a ``SharedBackend``: the
+job registry subscribes to it, to reload a job another lighthouse changed, adopt
+the job step it stored and respect the step-lease ceiling it stored (see
+``leases``); the server shares managers and series with the other lighthouses
+over its etcd client.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from lighthouse.etcd.client import EtcdClient
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,15 @@ class Change:
         """Asked for at a step by the operator."""
         return self.effective_step is not None and not self.made_now
 
+    def fields(self) -> dict[str, Any]:
+        """Every field by name: what a backend's stored record is made from."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_fields(cls, record: Mapping[str, Any]) -> Change:
+        """The Change a stored record (decoded) names field by field; its other keys are ignored."""
+        return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record})
+
     def to_json(self, cancelled: bool = False) -> dict[str, Any]:
         return {
             "version": self.version,
@@ -57,6 +72,10 @@ class Change:
 
 # (replica_id, version, step, previous_step): a group began serving `version` at `step`.
 Switch = tuple[str, int, int, int]
+
+JobChanged = Callable[[str, int], None]  # (job, head now; 0 when deleted, -1 when unknown)
+StepChanged = Callable[[str, int], None]  # (job, step stored)
+CeilingChanged = Callable[[str, str, int, int], None]  # (job, meta key, ceiling, revision)
 
 
 @dataclass
@@ -165,3 +184,20 @@ class StoreBackend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class SharedBackend(StoreBackend, Protocol):
+    """What only a backend several lighthouses write has (etcd): a watch of the others' writes,
+    and the etcd client and key prefix they share managers and series under (``peers``)."""
+
+    client: EtcdClient
+    prefix: str
+
+    def subscribe(
+        self, on_job_changed: JobChanged, on_step: StepChanged, on_lease_ceiling: CeilingChanged
+    ) -> None:
+        """Call ``on_job_changed(job, head)`` when another writer moved a job's head (0: deleted,
+        -1: unknown, reload), ``on_step(job, step)`` when a job step is stored and
+        ``on_lease_ceiling(job, key, ceiling, revision)`` when a lease ceiling is."""
+        ...

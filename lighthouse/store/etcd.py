@@ -39,7 +39,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -51,7 +51,17 @@ from lighthouse.etcd.client import EtcdClient
 from lighthouse.etcd.errors import EtcdError, EtcdUnavailable
 from lighthouse.etcd.types import Compare, Delete, Event, Get, Op, Put, prefix_end
 from lighthouse.etcd.watch import Watch
-from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, StoreUnavailable, Switch
+from lighthouse.store.backend import (
+    CeilingChanged,
+    Change,
+    HeadMoved,
+    JobChanged,
+    JobRecords,
+    LeaseView,
+    StepChanged,
+    StoreUnavailable,
+    Switch,
+)
 from protos.tls import TLSConfig
 
 log = logging.getLogger(__name__)
@@ -69,9 +79,6 @@ FLUSH_PAUSE = 0.25
 FLUSH_BACKOFF_MAX = 2.0
 FLUSH_TIMEOUT = 2.0  # per call of the background writer, so closing never waits long for it
 
-JobChanged = Callable[[str, int], None]  # (job, head now; 0 when deleted, -1 when unknown)
-StepChanged = Callable[[str, int], None]  # (job, step stored)
-CeilingChanged = Callable[[str, str, int, int], None]  # (job, meta key, ceiling, revision)
 LEASE_CEILING = "lease_ceiling/"  # meta key prefix: one key per lighthouse life
 
 
@@ -134,32 +141,20 @@ def open_etcd_store(
 
 
 def _row_json(row: Change, with_config: bool) -> bytes:
-    data: dict[str, Any] = {
-        "version": row.version,
-        "op": row.op,
-        "change": row.change,
-        "effective_step": row.effective_step,
-        "order_step": row.order_step,
-        "created_at": row.created_at,
-        "source": row.source,
-        "author": row.author,
-        "comment": row.comment,
-    }
-    if row.made_now:
-        data["made_now"] = True
+    """How ``row`` is stored: its fields as JSON, made_now only when set, the config when it fits."""
+    data = row.fields()
+    config = data.pop("config")
+    if not row.made_now:
+        del data["made_now"]
     if with_config:
-        data["config"] = row.config
+        data["config"] = config
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _row(value: bytes) -> tuple[Change, bool]:
     """The Change and whether its config was stored."""
     d = json.loads(value)
-    row = Change(
-        d["version"], d["op"], d["change"], d.get("config", {}), d["effective_step"], d["order_step"],
-        d["created_at"], d["source"], d["author"], d["comment"], d.get("made_now", False),
-    )  # fmt: skip
-    return row, "config" in d
+    return Change.from_fields({"config": {}, **d}), "config" in d
 
 
 class EtcdBackend:

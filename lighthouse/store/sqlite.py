@@ -34,8 +34,25 @@ FORMAT_VERSION = 3
 STORE_FILE = "lighthouse.db"  # the database file inside a --state-dir
 STEP_SAVE_PAUSE = 1.0  # seconds between two writes of queued job steps (one transaction for all jobs)
 LEASE_CEILING_KEY = "lease_ceiling"
-VERSION_COLUMNS = (
-    "job, version, op, change, config, effective_step, order_step, created_at, source, author, comment"
+# job_versions' columns: the job, and a Change's fields of the same names (read and written by name).
+CHANGE_COLUMNS = (
+    "job",
+    "version",
+    "op",
+    "change",
+    "config",
+    "effective_step",
+    "order_step",
+    "created_at",
+    "source",
+    "author",
+    "comment",
+    "made_now",
+)
+# The columns a table of the single-job layout fills, in its order (it had no job nor made_now).
+VERSION_COLUMNS = ", ".join(CHANGE_COLUMNS[:-1])
+INSERT_CHANGE = "INSERT INTO job_versions ({}) VALUES ({})".format(
+    ", ".join(CHANGE_COLUMNS), ", ".join(f":{c}" for c in CHANGE_COLUMNS)
 )
 
 SCHEMA = """
@@ -173,14 +190,10 @@ class SqliteBackend:
 
     def load(self, job: str) -> JobRecords:
         with self._lock:
-            rows = [
-                _row(r)
-                for r in self._db.execute(
-                    "SELECT version, op, change, config, effective_step, order_step, created_at, source,"
-                    " author, comment, made_now FROM job_versions WHERE job = ? ORDER BY version",
-                    (job,),
-                )
-            ]
+            cursor = self._db.cursor()
+            cursor.row_factory = sqlite3.Row
+            cursor.execute("SELECT * FROM job_versions WHERE job = ? ORDER BY version", (job,))
+            rows = [_row(r) for r in cursor]
             meta = dict(self._db.execute("SELECT key, value FROM job_meta WHERE job = ?", (job,)).fetchall())
         with self._queue_lock:
             step = self._pending_steps.get(job)
@@ -220,7 +233,7 @@ class SqliteBackend:
         expected_head: int,
         leases: LeaseView | None = None,
     ) -> None:
-        dumps = json.dumps  # ``leases`` is moot: no other lighthouse writes this database
+        # ``leases`` is moot: no other lighthouse writes this database
         with self._lock, self._db:  # one transaction: the rows and their meta
             self._db.execute("BEGIN IMMEDIATE")
             (head,) = self._db.execute(
@@ -228,26 +241,7 @@ class SqliteBackend:
             ).fetchone()
             if head != expected_head:
                 raise HeadMoved(f"job {job}: head is {head}, expected {expected_head}")
-            self._db.executemany(
-                "INSERT INTO job_versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        job,
-                        row.version,
-                        row.op,
-                        dumps(row.change, ensure_ascii=False),
-                        dumps(row.config, ensure_ascii=False),
-                        row.effective_step,
-                        row.order_step,
-                        row.created_at,
-                        row.source,
-                        row.author,
-                        row.comment,
-                        int(row.made_now),
-                    )
-                    for row in rows
-                ],
-            )
+            self._db.executemany(INSERT_CHANGE, [_row_params(job, row) for row in rows])
             self._set_meta(job, meta)
 
     def set_meta(self, job: str, items: dict[str, str]) -> None:
@@ -413,7 +407,25 @@ class SqliteBackend:
         )
 
 
-def _row(r: tuple[Any, ...]) -> Change:
-    return Change(
-        r[0], r[1], json.loads(r[2]), json.loads(r[3]), r[4], r[5], r[6], r[7], r[8], r[9], bool(r[10])
+def _row_params(job: str, row: Change) -> dict[str, Any]:
+    """``row`` of ``job`` as its job_versions row (INSERT_CHANGE's parameters)."""
+    dumps = json.dumps
+    return {
+        **row.fields(),
+        "job": job,
+        "change": dumps(row.change, ensure_ascii=False),
+        "config": dumps(row.config, ensure_ascii=False),
+        "made_now": int(row.made_now),
+    }
+
+
+def _row(r: sqlite3.Row) -> Change:
+    """The Change a job_versions row holds."""
+    return Change.from_fields(
+        {
+            **dict(zip(r.keys(), r, strict=True)),
+            "change": json.loads(r["change"]),
+            "config": json.loads(r["config"]),
+            "made_now": bool(r["made_now"]),
+        }
     )
