@@ -298,7 +298,7 @@ class ManagerServer:
     def _fetch(self, held: Snapshot | None) -> Snapshot:
         request, base = self._request(held)
         try:
-            reply = self._lighthouse.get(request, timeout=self.lighthouse_timeout)
+            reply = self._lighthouse.fetch(request, timeout=self.lighthouse_timeout)
         except grpc.RpcError as exc:
             raise FetchFailed(explain_rpc_error(exc, self._lighthouse.tls is not None)) from None
         self._acked(request.status)
