@@ -445,19 +445,6 @@ class ManagerServer:
         self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
         self._metrics.ack(status.metrics_batch)
 
-    def stats(self) -> dict[str, int]:
-        return {
-            "lease_through_step": self.lease_through_step(),
-            "steps_past_lease": self.steps_past_lease,
-            "metrics_dropped": self._metrics.dropped,
-            "requests": self.requests,
-            "cache_hits": self.cache_hits,
-            "upstream_fetches": self._cache.fetches,
-            "upstream_failures": self._cache.failures,
-            "pinned_steps": len(self._pins),
-            "version": self.serving_version(),
-        }
-
     def _get_status(self, request: pb.ManagerInfoRequest, context: grpc.ServicerContext) -> pb.ManagerInfo:
         return self.info()
 
