@@ -15,7 +15,7 @@ from typing import Any
 from benchmarks.procs import Children
 from lighthouse.admin import AdminClient
 from protos.job_ids import DEFAULT_JOB
-from tests.procs import Proc
+from tests.procs import Proc, lighthouse_command, manager_command
 
 # A typical training config: ~30 keys, mostly scalars, a few small JSON values (~1 KiB encoded).
 CONFIG: dict[str, Any] = {
@@ -65,10 +65,9 @@ def serve_lighthouse(
     """``lighthouse serve`` on loopback port 0 with ``flags``, logging warnings; returns (child, gRPC
     address, dashboard URL; "" without ``dashboard``)."""
     http_bind = "127.0.0.1:0" if dashboard else "off"
-    child = children.python(
-        name, "-m", "lighthouse", "serve", "--bind", "127.0.0.1:0", "--http-bind", http_bind,
-        "--log-level", "warning", *flags,
-    )  # fmt: skip
+    child = children.command(
+        name, lighthouse_command("127.0.0.1:0", http_bind, "--log-level", "warning", *flags)
+    )
     return child, child.readline(), child.readline().rstrip("/") if dashboard else ""
 
 
@@ -95,29 +94,10 @@ def start_manager(
 ) -> Proc:
     """``manager serve`` of ``job`` with ``flags`` (read its address with ``readline()``, so several
     can start in parallel); ``push=False`` only polls every TTL (``--poll``)."""
-    return children.python(
-        name,
-        "-m",
-        "manager",
-        "serve",
-        "--lighthouse",
-        lighthouse,
-        "--bind",
-        "127.0.0.1:0",
-        "--replica-id",
-        name,
-        "--cache-ttl",
-        str(ttl),
-        "--lighthouse-timeout",
-        str(lighthouse_timeout),
-        "--backoff",
-        str(backoff),
-        "--push" if push else "--poll",
-        "--job",
-        job,
-        "--log-level",
-        "warning",
-        *flags,
+    mode = "--push" if push else "--poll"
+    extra = [mode, "--job", job, "--log-level", "warning", *flags]
+    return children.command(
+        name, manager_command(lighthouse, name, ttl, lighthouse_timeout, backoff, extra=extra)
     )
 
 

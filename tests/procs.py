@@ -162,6 +162,26 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 P = TypeVar("P", bound=Proc)
 
 
+def lighthouse_command(bind: str = "127.0.0.1:0", http_bind: str = "127.0.0.1:0", *flags: str) -> list[str]:
+    """``lighthouse serve`` on ``bind`` (gRPC) and ``http_bind`` (the dashboard; "off": none)."""
+    return [sys.executable, "-m", "lighthouse", "serve", "--bind", bind, "--http-bind", http_bind, *flags]
+
+
+def manager_command(
+    lighthouse_addr: str,
+    replica_id: str,
+    cache_ttl: float,
+    lighthouse_timeout: float,
+    backoff: float,
+    bind: str = "127.0.0.1:0",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """``manager serve`` of ``replica_id`` in front of ``lighthouse_addr``."""
+    args = [sys.executable, "-m", "manager", "serve", "--lighthouse", lighthouse_addr, "--bind", bind]
+    args += ["--replica-id", replica_id, "--cache-ttl", str(cache_ttl)]
+    return [*args, "--lighthouse-timeout", str(lighthouse_timeout), "--backoff", str(backoff), *extra]
+
+
 def spawn(
     args: Sequence[str],
     name: str,
@@ -226,7 +246,7 @@ class ProcessPool:
         if config is not None:
             config_path = config_path or self.tmp_path / "config.json"
             config_path.write_text(config if isinstance(config, str) else json.dumps(config))
-        args = [sys.executable, "-m", "lighthouse", "serve", "--bind", bind, "--http-bind", http_bind]
+        args = lighthouse_command(bind, http_bind)
         if store is None:
             args += ["--state-dir", str(state_dir or self.tmp_path / "state")]
         else:
@@ -270,9 +290,9 @@ class ProcessPool:
         bind: str = "127.0.0.1:0",
         extra: Sequence[str] = (),
     ) -> ManagerProc:
-        args = [sys.executable, "-m", "manager", "serve", "--lighthouse", lighthouse_addr, "--bind", bind]
-        args += ["--replica-id", replica_id, "--cache-ttl", str(cache_ttl)]
-        args += ["--lighthouse-timeout", str(lighthouse_timeout), "--backoff", str(backoff), *extra]
+        args = manager_command(
+            lighthouse_addr, replica_id, cache_ttl, lighthouse_timeout, backoff, bind, extra
+        )
         proc: ManagerProc = self.spawn(args, f"manager-{replica_id}", ManagerProc)
         proc.address = proc.readline()
         return proc
