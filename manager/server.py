@@ -35,6 +35,7 @@ from manager.snapshot import CACHE, FALLBACK, STALE, Snapshot
 from manager.upstream import FetchFailed, UpstreamCache
 from protos import lighthouse_config_pb2 as pb
 from protos.job_ids import DEFAULT_JOB, check_job_id
+from protos.limits import STEP_WINDOW
 from protos.probes import Probes
 from protos.rpc import MANAGER_SERVICE, dialable_address, split_addresses, start_server, varint_field
 from protos.tls import ServerCertificates, ServerTLS, TLSConfig, explain_rpc_error
@@ -78,7 +79,7 @@ class ManagerServer:
         lighthouse_timeout: float = 1.0,
         backoff: float = 1.0,
         serve_stale: bool = False,
-        step_window: int = 1024,
+        step_window: int = STEP_WINDOW,
         max_workers: int = 32,
         job: str = DEFAULT_JOB,
         lighthouse_tls: TLSConfig | None = None,
