@@ -11,7 +11,7 @@ Roles (``python -m benchmarks.agent ROLE ...``):
 * ``managers``: hosts several ``ManagerServer``s in one process (fan-in with up to
   64 managers without 64 interpreter start-ups); prints their addresses.
 * ``sims``: many lightweight simulated managers, each a loop calling
-  ``LighthouseClient.fetch(status=..., known_version=...)`` once per TTL, as a
+  ``LighthouseClient.fetch(request(status=..., known_version=...))`` once per TTL, as a
   real manager's refresh loop does (scale). ``--jobs A,B,...`` spreads them over
   jobs in turn (``--offset``: this process's first global index), and
   ``--lighthouse A,B,C`` over lighthouses by replica id, as managers do.
@@ -320,9 +320,8 @@ def serve_sims(
                 step += steps_per_call
                 t0 = in_flight[i] = time.monotonic()
                 try:
-                    reply = client.fetch(
-                        timeout=5.0, known_version=version, known_state_id=state_id, status=status
-                    )
+                    request = client.request(known_version=version, known_state_id=state_id, status=status)
+                    reply = client.fetch(request, timeout=5.0)
                     if version and reply.version != version:
                         updates[i].append(t0)
                     version, state_id, ok = reply.version, reply.state_id, True

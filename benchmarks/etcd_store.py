@@ -20,30 +20,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.procs import Child, Children, wait_for
+from benchmarks.procs import Children
 from benchmarks.report import publish
-from benchmarks.stack import CONFIG, patch_config, start_lighthouse
+from benchmarks.stack import CONFIG, patch_config, serve_lighthouse, start_lighthouse
 from lighthouse.admin import AdminClient
 from lighthouse.client import LighthouseClient
 from tests.etcd_cluster import EtcdCluster
+from tests.procs import Proc, poll
 
 
-def start_etcd_lighthouse(children: Children, name: str, store: str) -> tuple[Child, str, str]:
-    child = children.python(
-        name, "-m", "lighthouse", "serve", "--bind", "127.0.0.1:0", "--http-bind", "127.0.0.1:0",
-        "--store", store, "--log-level", "warning",
-    )  # fmt: skip
-    return child, child.readline(), child.readline().rstrip("/")
+def start_etcd_lighthouse(children: Children, name: str, store: str) -> tuple[Proc, str, str]:
+    return serve_lighthouse(children, name, "--store", store)
 
 
-def start_etcd_fleet(children: Children, name: str, store: str, count: int) -> list[tuple[Child, str, str]]:
+def start_etcd_fleet(children: Children, name: str, store: str, count: int) -> list[tuple[Proc, str, str]]:
     """``count`` lighthouses on ``store``, the job given ``CONFIG`` through the first; returns once
     every one serves it (each as ``start_etcd_lighthouse`` returns it)."""
     lighthouses = [start_etcd_lighthouse(children, f"{name}-{i}", store) for i in range(count)]
     version = int(AdminClient(lighthouses[0][2]).put(CONFIG)["version"])
     for _, addr, _ in lighthouses:
         with LighthouseClient(addr) as client:
-            wait_for(lambda c=client: c.fetch(timeout=5).version >= version, 30, what=f"{addr} to catch up")
+            poll(lambda c=client: c.fetch(timeout=5).version >= version, 30, what=f"{addr} to catch up")
     return lighthouses
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from benchmarks.etcd_store import start_etcd_lighthouse
 from benchmarks.load import WorkerPool
-from benchmarks.procs import Child, Children
+from benchmarks.procs import Children
 from benchmarks.report import machine_line, machine_load, run_standalone, summarize, table
 from benchmarks.stack import CONFIG, read_metrics, start_lighthouse, start_manager
 from lighthouse.admin import AdminClient
@@ -47,6 +47,7 @@ from lighthouse.jobs.leases import OWN_CEILING_AHEAD, SHARED_CEILING_AHEAD
 from lighthouse.store.sqlite import STORE_FILE
 from manager.status_client import manager_info
 from tests.etcd_cluster import EtcdCluster
+from tests.procs import Proc
 
 MARKER = "bench_change"  # each PATCH sets it to the change's index: the value a step used names its change
 GOAL_EXTRA_STEPS = 3  # issue 16: every group uses a change made now within one TTL plus 3 steps (p99)
@@ -58,7 +59,7 @@ ETCD_PREFIX = "/leases"
 # ------------------------------------------------------------------ first use
 def start_groups(
     children: Children, addr: str, job: str, groups: int, ttl: float
-) -> tuple[list[Child], list[str]]:
+) -> tuple[list[Proc], list[str]]:
     """``groups`` ``manager serve`` processes of ``job``, started together; their addresses."""
     managers = [start_manager(children, addr, f"{job}-g{g}", ttl=ttl, job=job) for g in range(groups)]
     return managers, [m.readline() for m in managers]

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
-from benchmarks.procs import Child, Children, CpuMeter
+from benchmarks.procs import Children, CpuMeter
 from benchmarks.report import summarize
 from benchmarks.stack import lighthouse_calls, patch_config, start_lighthouse, start_manager
+from tests.procs import Proc
 from worker_client import ManagerClient
 
 
@@ -97,7 +98,7 @@ def fan_in(
     """Lighthouse calls/s for each (managers, workers) point, managers hosted in up to 4 processes."""
     out = []
     for managers, workers in points:
-        hosts: list[Child] = []
+        hosts: list[Proc] = []
         try:
             per_host = [managers // 4 + (i < managers % 4) for i in range(min(4, managers))]
             for i, count in enumerate(per_host):
@@ -314,7 +315,7 @@ class AgentGroup:
 
     def __init__(self, children: Children) -> None:
         self.children = children
-        self.agents: list[Child] = []
+        self.agents: list[Proc] = []
 
     @property
     def pids(self) -> list[int]:
@@ -457,7 +458,7 @@ def deliveries(fleets: list[StreamFleet], acks: list[tuple[int, float]]) -> list
 
 def measure_window(
     fleet: SimFleet,
-    lighthouses: list[tuple[Child, str]],
+    lighthouses: list[tuple[Proc, str]],
     ttl: float,
     duration: float,
     exclude_job: str | None = None,

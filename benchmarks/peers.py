@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from benchmarks.procs import Child, ChildFailed, Children, free_port, wait_for
+from benchmarks.procs import Children, free_port
 from benchmarks.stack import CONFIG, encoded_config
+from tests.procs import Proc, poll
 
 REDIS_SERVER = "/usr/bin/redis-server"
 
@@ -38,7 +39,7 @@ class Peer:
     close: Callable[[], None] = field(default=lambda: None)
 
 
-PEER_ERRORS = (ImportError, OSError, ChildFailed, TimeoutError, RuntimeError, ValueError)
+PEER_ERRORS = (ImportError, OSError, AssertionError, TimeoutError, RuntimeError, ValueError)
 
 
 def launch_peers(children: Children, skipped: dict[str, str]) -> dict[str, Any]:
@@ -72,7 +73,7 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def _tcpstore(child: Child) -> list[Peer]:
+def _tcpstore(child: Proc) -> list[Peer]:
     import torch
     import torch.distributed as dist
 
@@ -110,7 +111,7 @@ def _redis(port: int) -> list[Peer]:
             return bool(client.ping())
         return False
 
-    wait_for(ping, 20, what="redis-server")
+    poll(ping, 20, what="redis-server")
     client.set("config", json.dumps(CONFIG))
     client.hset("config_hash", mapping=encoded_config())
     return [
@@ -128,7 +129,7 @@ def _redis(port: int) -> list[Peer]:
     ]
 
 
-def _torchft(child: Child) -> list[Peer]:
+def _torchft(child: Proc) -> list[Peer]:
     from torchft._torchft import LighthouseClient  # type: ignore[import-not-found]
 
     version = importlib.metadata.version("torchft")

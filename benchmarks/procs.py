@@ -2,125 +2,49 @@
 
 Every server and load generator runs in its own process, started with
 ``subprocess`` (never ``fork``: grpcio is not fork-safe), so the client being
-timed never shares a GIL with the server it calls. A ``Children`` group stops
-whatever it started, SIGCONT first so a SIGSTOPped lighthouse can exit.
+timed never shares a GIL with the server it calls. The process itself is the
+tests' ``Proc`` (one copy of reading lines, signalling and stopping; the
+benchmarks already use the tests' etcd cluster and certificates). A
+``Children`` group stops whatever it started, SIGCONT first so a SIGSTOPped
+lighthouse can exit.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
-import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-START_TIMEOUT = 60.0
+from tests.procs import Proc, spawn
 
-
-class ChildFailed(RuntimeError):
-    """A child exited early or did not print in time (message carries its stderr tail)."""
-
-
-class Child:
-    """A process whose stdout lines are read by a thread; commands go to its stdin."""
-
-    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        self._log = self.log_path.open("w")
-        full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.popen = subprocess.Popen(
-            args,
-            cwd=ROOT,
-            env=full_env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-        )
-        self.pid = self.popen.pid
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, name=f"pump-{name}", daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self._lines.put(line.rstrip("\n"))
-        self._lines.put(None)
-
-    def readline(self, timeout: float = START_TIMEOUT) -> str:
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise ChildFailed(
-                f"{self.name}: nothing printed within {timeout:.0f}s\n{self.stderr_tail()}"
-            ) from None
-        if line is None:
-            self._lines.put(None)
-            raise ChildFailed(f"{self.name} exited ({self.popen.poll()})\n{self.stderr_tail()}")
-        return line
-
-    def send(self, line: str) -> None:
-        assert self.popen.stdin is not None
-        self.popen.stdin.write(line + "\n")
-        self.popen.stdin.flush()
-
-    def stderr_tail(self, lines: int = 15) -> str:
-        self._log.flush()
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def signal(self, sig: int) -> None:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """SIGCONT (in case it was stopped), SIGTERM, then SIGKILL after ``timeout``."""
-        if self.popen.poll() is None:
-            self.signal(signal.SIGCONT)
-            self.signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        for stream in (self.popen.stdin, self.popen.stdout):
-            with contextlib.suppress(OSError, ValueError):
-                if stream is not None:
-                    stream.close()
-        self._log.close()
+START_TIMEOUT = 60.0  # a child's first line may take this long (a load generator opening its fleet)
+STOP_TIMEOUT = 5.0  # seconds from SIGTERM to SIGKILL
 
 
 class Children:
-    """Starts children and stops every one of them on exit, whatever happened."""
+    """Starts children (``tests.procs.Proc``, stdin a pipe for commands, stderr to ``log_dir/NAME.log``)
+    and stops every one of them on exit, whatever happened."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         log_dir.mkdir(parents=True, exist_ok=True)
-        self._started: list[Child] = []
+        self._started: list[Proc] = []
 
-    def python(self, name: str, *args: str, env: dict[str, str] | None = None) -> Child:
+    def python(self, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
         """``python -m ...`` style child with the repo on its path."""
-        child = Child(name, [sys.executable, *args], self.log_dir, env)
+        return self.command(name, [sys.executable, *args], env)
+
+    def command(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
+        child = spawn(
+            args, name, self.log_dir / f"{name}.log", Proc, env, stdin=True, start_timeout=START_TIMEOUT
+        )
         self._started.append(child)
         return child
 
-    def command(self, name: str, args: list[str]) -> Child:
-        child = Child(name, args, self.log_dir)
-        self._started.append(child)
-        return child
-
-    def stop(self, child: Child) -> None:
-        child.stop()
+    def stop(self, child: Proc) -> None:
+        child.stop(STOP_TIMEOUT)
         if child in self._started:
             self._started.remove(child)
 
@@ -128,7 +52,7 @@ class Children:
         errors = []
         for child in reversed(self._started):
             try:
-                child.stop()
+                child.stop(STOP_TIMEOUT)
             except Exception as exc:  # keep stopping the others
                 errors.append(exc)
         self._started.clear()
@@ -179,15 +103,3 @@ class CpuMeter:
     def percent(self) -> list[float]:
         elapsed = time.monotonic() - self.started
         return [100 * used / elapsed for used in self.seconds()]
-
-
-def wait_for(check, timeout: float, interval: float = 0.02, what: str = "condition"):  # type: ignore[no-untyped-def]
-    """Poll ``check`` until truthy; raise TimeoutError after ``timeout`` (never a blind sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)

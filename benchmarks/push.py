@@ -31,7 +31,7 @@ from typing import Any
 
 from benchmarks.etcd_store import start_etcd_fleet
 from benchmarks.load import SimFleet, StreamFleet, deliveries, last_worker_delays, measure_window
-from benchmarks.procs import Child, Children, CpuMeter, rss_bytes, wait_for
+from benchmarks.procs import Children, CpuMeter, rss_bytes
 from benchmarks.report import (
     machine_line,
     machine_load,
@@ -43,6 +43,7 @@ from benchmarks.report import (
 from benchmarks.stack import patch_config, start_lighthouse, start_manager
 from lighthouse.client import LighthouseClient
 from tests.etcd_cluster import EtcdCluster
+from tests.procs import Proc, poll
 
 GOAL_WORKERS_P99_MS = 50.0  # change -> every worker, pushed (0.05x the 1 s TTL)
 GOAL_RSS_PER_STREAM_KIB = 50.0
@@ -81,7 +82,7 @@ def change_to_workers(children: Children, work: Path, args: argparse.Namespace) 
         for kind, push in kinds.items()
     }
     addrs = {kind: [m.readline() for m in ms] for kind, ms in managers.items()}
-    wait_for(lambda: open_streams(url) == args.managers, 30, 0.1, "the pushed managers' streams")
+    poll(lambda: open_streams(url) == args.managers, 30, 0.1, "the pushed managers' streams")
     agents = {
         kind: [
             children.python(f"workers-{kind}-{i}", "-m", "benchmarks.agent", "workers")
@@ -161,16 +162,14 @@ def polling_cost(children: Children, work: Path, args: argparse.Namespace) -> di
     }
 
 
-def pushed_cost(lh: Child, url: str, fleet: StreamFleet, args: argparse.Namespace) -> list[dict[str, Any]]:
+def pushed_cost(lh: Proc, url: str, fleet: StreamFleet, args: argparse.Namespace) -> list[dict[str, Any]]:
     """For each level of ``--streams``: open streams up to it, then the lighthouse's RSS and its and
     the load's CPU over ``--idle-window`` seconds of nothing but keep-alives."""
     rss_before = rss_bytes(lh.pid)
     levels = []
     for level in args.streams:
         opened = fleet.open(level - fleet.count)
-        wait_for(
-            lambda: open_streams(url) == fleet.count, 30, 0.2, f"{fleet.count} streams at the lighthouse"
-        )
+        poll(lambda: open_streams(url) == fleet.count, 30, 0.2, f"{fleet.count} streams at the lighthouse")
         meter = CpuMeter([lh.pid, *fleet.pids])
         time.sleep(args.idle_window)
         cpu = meter.percent()
@@ -193,14 +192,14 @@ def pushed_cost(lh: Child, url: str, fleet: StreamFleet, args: argparse.Namespac
 
 # ----------------------------------------------------------------- fan-out
 def fan_out(
-    lighthouses: list[Child], url: str, fleets: list[StreamFleet], edits: int, gap: float
+    lighthouses: list[Proc], url: str, fleets: list[StreamFleet], edits: int, gap: float
 ) -> dict[str, Any]:
     """``edits`` edits through ``url``, ``gap`` to ``1.5 gap`` seconds apart; per edit, when the
     streams of ``fleets`` had it. Lighthouse CPU over the edits."""
     meter = CpuMeter([lh.pid for lh in lighthouses])
     acks = edit_at_random(url, edits, (gap, 1.5 * gap))
     streams = sum(f.count for f in fleets)
-    wait_for(
+    poll(
         lambda: deliveries(fleets, acks[-1:])[0]["have"] == streams, 60, 0.5, "the last edit at every stream"
     )
     cpu, cpu_s = meter.percent(), meter.seconds()

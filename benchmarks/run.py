@@ -21,9 +21,10 @@ from typing import Any
 
 from benchmarks import latency, load, report
 from benchmarks.peers import connect_peers, launch_peers
-from benchmarks.procs import ROOT, Children
+from benchmarks.procs import Children
 from benchmarks.stack import start_lighthouse, start_manager
 from manager.status_client import manager_info
+from tests.procs import ROOT
 
 SECTIONS = ("latency", "throughput", "fanin", "propagation", "outage", "scale")
 

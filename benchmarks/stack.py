@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.procs import Child, Children
+from benchmarks.procs import Children
 from lighthouse.admin import AdminClient
 from protos.job_ids import DEFAULT_JOB
+from tests.procs import Proc, lighthouse_command, manager_command
 
 # A typical training config: ~30 keys, mostly scalars, a few small JSON values (~1 KiB encoded).
 CONFIG: dict[str, Any] = {
@@ -57,31 +59,26 @@ def encoded_config() -> dict[str, str]:
     return encode_config(CONFIG)
 
 
+def serve_lighthouse(
+    children: Children, name: str, *flags: str, dashboard: bool = True
+) -> tuple[Proc, str, str]:
+    """``lighthouse serve`` on loopback port 0 with ``flags``, logging warnings; returns (child, gRPC
+    address, dashboard URL; "" without ``dashboard``)."""
+    http_bind = "127.0.0.1:0" if dashboard else "off"
+    child = children.command(
+        name, lighthouse_command("127.0.0.1:0", http_bind, "--log-level", "warning", *flags)
+    )
+    return child, child.readline(), child.readline().rstrip("/") if dashboard else ""
+
+
 def start_lighthouse(
-    children: Children, work_dir: Path, name: str = "lighthouse", *flags: str
-) -> tuple[Child, str, str]:
-    """``lighthouse serve`` on loopback port 0, with ``flags``; returns (child, gRPC address, dashboard
-    URL)."""
+    children: Children, work_dir: Path, name: str = "lighthouse", *flags: str, dashboard: bool = True
+) -> tuple[Proc, str, str]:
+    """``serve_lighthouse`` serving ``CONFIG`` from a file, its versions in a state directory."""
     config_file = work_dir / f"{name}-config.json"
     config_file.write_text(json.dumps(CONFIG))
-    child = children.python(
-        name,
-        "-m",
-        "lighthouse",
-        "serve",
-        "--bind",
-        "127.0.0.1:0",
-        "--http-bind",
-        "127.0.0.1:0",
-        "--config",
-        str(config_file),
-        "--state-dir",
-        str(work_dir / f"{name}-state"),
-        "--log-level",
-        "warning",
-        *flags,
-    )
-    return child, child.readline(), child.readline().rstrip("/")
+    files = ("--config", str(config_file), "--state-dir", str(work_dir / f"{name}-state"))
+    return serve_lighthouse(children, name, *files, *flags, dashboard=dashboard)
 
 
 def start_manager(
@@ -93,31 +90,14 @@ def start_manager(
     backoff: float = 1.0,
     push: bool = True,
     job: str = DEFAULT_JOB,
-) -> Child:
-    """``manager serve`` of ``job`` (read its address with ``readline()``, so several can start in
-    parallel); ``push=False`` only polls every TTL (``--poll``)."""
-    return children.python(
-        name,
-        "-m",
-        "manager",
-        "serve",
-        "--lighthouse",
-        lighthouse,
-        "--bind",
-        "127.0.0.1:0",
-        "--replica-id",
-        name,
-        "--cache-ttl",
-        str(ttl),
-        "--lighthouse-timeout",
-        str(lighthouse_timeout),
-        "--backoff",
-        str(backoff),
-        "--push" if push else "--poll",
-        "--job",
-        job,
-        "--log-level",
-        "warning",
+    flags: Sequence[str] = (),
+) -> Proc:
+    """``manager serve`` of ``job`` with ``flags`` (read its address with ``readline()``, so several
+    can start in parallel); ``push=False`` only polls every TTL (``--poll``)."""
+    mode = "--push" if push else "--poll"
+    extra = [mode, "--job", job, "--log-level", "warning", *flags]
+    return children.command(
+        name, manager_command(lighthouse, name, ttl, lighthouse_timeout, backoff, extra=extra)
     )
 
 

@@ -18,30 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.latency import Case, run_interleaved, timed
-from benchmarks.procs import Child, Children
+from benchmarks.procs import Children
 from benchmarks.report import summarize, table
-from benchmarks.stack import CONFIG
+from benchmarks.stack import start_lighthouse, start_manager
 from lighthouse.client import LighthouseClient
 from protos.tls import TLSConfig
 from tests.certs import CA, Pair
+from tests.procs import Proc
 from worker_client import ManagerClient
 
 
 def _lighthouse(children: Children, work: Path, name: str, tls: list[str]) -> str:
-    config = work / f"{name}.json"
-    config.write_text(json.dumps(CONFIG))
-    child = children.python(
-        name, "-m", "lighthouse", "serve", "--bind", "127.0.0.1:0", "--http-bind", "off",
-        "--config", str(config), "--state-dir", str(work / f"{name}-state"), "--log-level", "warning", *tls,
-    )  # fmt: skip
-    return child.readline()
+    return start_lighthouse(children, work, name, *tls, dashboard=False)[1]
 
 
-def _manager(children: Children, lighthouse: str, name: str, tls: list[str]) -> Child:
-    return children.python(
-        name, "-m", "manager", "serve", "--lighthouse", lighthouse, "--bind", "127.0.0.1:0",
-        "--replica-id", name, "--cache-ttl", "3600", "--log-level", "warning", *tls,
-    )  # fmt: skip
+def _manager(children: Children, lighthouse: str, name: str, tls: list[str]) -> Proc:
+    return start_manager(children, lighthouse, name, ttl=3600, flags=tls)
 
 
 def _pair_args(prefix: str, pair: Pair) -> list[str]:

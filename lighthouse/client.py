@@ -131,38 +131,14 @@ class LighthouseClient:
         return dict(reply.config_data)
 
     def fetch(
-        self,
-        *,
-        timeout: timedelta | float,
-        known_version: int = 0,
-        known_state_id: str = "",
-        status: pb.ManagerStatus | None = None,
-        replica_id: str = "",
-        lease_seconds: float = 0.0,
-        lease_from_step: int | None = None,
+        self, request: pb.LighthouseConfigRequest | None = None, *, timeout: timedelta | float
     ) -> pb.LighthouseConfigResponse:
-        """The full reply: version, per-step segments, and not_modified when ``known_version`` is current.
-
-        With a ``status`` that reports a step (a manager), the reply carries a step lease
-        (``stable_through_step``) sized for a renewal every ``lease_seconds``, covering
-        ``lease_from_step`` when given (a step a worker waits for).
-        """
-        request = self.request(
-            known_version=known_version,
-            known_state_id=known_state_id,
-            status=status,
-            replica_id=replica_id,
-            lease_seconds=lease_seconds,
-            lease_from_step=lease_from_step,
-        )
-        return self.get(request, timeout=timeout)
-
-    def get(
-        self, request: pb.LighthouseConfigRequest, *, timeout: timedelta | float
-    ) -> pb.LighthouseConfigResponse:
-        """One GetConfig with ``request`` (built by ``request``), failing over as every call does."""
+        """One GetConfig with ``request`` (built by ``request``; none: a plain fetch of the live
+        config), failing over as every call does. The full reply: version, per-step segments, and
+        not_modified when the request's ``known_version`` is current; a step lease
+        (``stable_through_step``) when its ``status`` reports a step."""
         reply: pb.LighthouseConfigResponse = self._call(
-            lambda e: e.get_config, request, seconds(timeout, 5.0)
+            lambda e: e.get_config, request or self.request(), seconds(timeout, 5.0)
         )
         return reply
 
@@ -176,7 +152,11 @@ class LighthouseClient:
         lease_seconds: float = 0.0,
         lease_from_step: int | None = None,
     ) -> pb.LighthouseConfigRequest:
-        """The request ``fetch`` sends (and a push stream carries), for this client's job."""
+        """A request for ``fetch`` (and a push stream), for this client's job.
+
+        A ``status`` that reports a step (a manager) asks for a step lease sized for a renewal
+        every ``lease_seconds``, covering ``lease_from_step`` when given (a step a worker waits for).
+        """
         request = pb.LighthouseConfigRequest(
             replica_id=replica_id or (status.replica_id if status is not None else ""),
             known_version=known_version,

@@ -31,7 +31,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from lighthouse.jobs.registry import JobRegistry, TooManyJobs
-from lighthouse.jobs.state import LighthouseState, lease_wait
+from lighthouse.jobs.state import LighthouseState
 from protos import lighthouse_config_pb2 as pb
 from protos.job_ids import DEFAULT_JOB, InvalidJobId
 from protos.rpc import varint_field
@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 KEEPALIVE = 15.0  # seconds: at least one message this often on every stream (a dead peer is
 # noticed sooner by the transport's keepalive pings: see protos/rpc.py)
+MAX_LEASE_WAIT = 1.0  # seconds a call may wait for a lease (a first ceiling write, a commit)
 MAX_QUEUED_REQUESTS = 64  # a manager sending faster than it is answered: older reports are dropped
 _KEEPALIVE_MS = pb.LighthouseConfigResponse.KEEPALIVE_MS_FIELD_NUMBER
 EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # what read() returns at the stream's end
@@ -211,6 +212,11 @@ async def _parse(kind: type[M], raw: bytes, context: grpc.aio.ServicerContext) -
     except DecodeError as exc:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {kind.__name__}: {exc}")
     raise AssertionError("context.abort raises")
+
+
+def lease_wait(time_remaining: float | None) -> float:
+    """How long a call may wait for its step lease: at most half of its remaining deadline."""
+    return MAX_LEASE_WAIT if time_remaining is None else max(0.001, min(MAX_LEASE_WAIT, time_remaining / 2))
 
 
 async def _answer(

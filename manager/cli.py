@@ -25,6 +25,7 @@ from protos.cli_output import (
     table,
 )
 from protos.daemon import Termination, announce, configure_logging
+from protos.limits import STEP_WINDOW
 from protos.tls import LIGHTHOUSE_TLS_ENVS, ServerTLS, TLSConfig
 
 logger = logging.getLogger("manager")
@@ -89,7 +90,7 @@ def main() -> None:
 @click.option(
     "--step-window",
     type=click.IntRange(min=1),
-    default=1024,
+    default=STEP_WINDOW,
     show_default=True,
     help="How many recent steps stay pinned (all ranks get the same config for a step).",
 )

@@ -15,10 +15,11 @@ import threading
 from collections import deque
 
 from manager.snapshot import Snapshot
+from protos.limits import STEP_WINDOW
 
 
 class StepPins:
-    def __init__(self, window: int = 1024) -> None:
+    def __init__(self, window: int = STEP_WINDOW) -> None:
         if window < 1:
             raise ValueError("the step window must be at least 1")
         self.window = window

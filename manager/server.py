@@ -35,6 +35,7 @@ from manager.snapshot import CACHE, FALLBACK, STALE, Snapshot
 from manager.upstream import FetchFailed, UpstreamCache
 from protos import lighthouse_config_pb2 as pb
 from protos.job_ids import DEFAULT_JOB, check_job_id
+from protos.limits import STEP_WINDOW
 from protos.probes import Probes
 from protos.rpc import MANAGER_SERVICE, dialable_address, split_addresses, start_server, varint_field
 from protos.tls import ServerCertificates, ServerTLS, TLSConfig, explain_rpc_error
@@ -78,7 +79,7 @@ class ManagerServer:
         lighthouse_timeout: float = 1.0,
         backoff: float = 1.0,
         serve_stale: bool = False,
-        step_window: int = 1024,
+        step_window: int = STEP_WINDOW,
         max_workers: int = 32,
         job: str = DEFAULT_JOB,
         lighthouse_tls: TLSConfig | None = None,
@@ -298,7 +299,7 @@ class ManagerServer:
     def _fetch(self, held: Snapshot | None) -> Snapshot:
         request, base = self._request(held)
         try:
-            reply = self._lighthouse.get(request, timeout=self.lighthouse_timeout)
+            reply = self._lighthouse.fetch(request, timeout=self.lighthouse_timeout)
         except grpc.RpcError as exc:
             raise FetchFailed(explain_rpc_error(exc, self._lighthouse.tls is not None)) from None
         self._acked(request.status)
@@ -444,19 +445,6 @@ class ManagerServer:
         """The lighthouse received ``status``: its switches and metrics need not be sent again."""
         self._pins.ack_switches([(w.version, w.step, w.previous_step) for w in status.switches])
         self._metrics.ack(status.metrics_batch)
-
-    def stats(self) -> dict[str, int]:
-        return {
-            "lease_through_step": self.lease_through_step(),
-            "steps_past_lease": self.steps_past_lease,
-            "metrics_dropped": self._metrics.dropped,
-            "requests": self.requests,
-            "cache_hits": self.cache_hits,
-            "upstream_fetches": self._cache.fetches,
-            "upstream_failures": self._cache.failures,
-            "pinned_steps": len(self._pins),
-            "version": self.serving_version(),
-        }
 
     def _get_status(self, request: pb.ManagerInfoRequest, context: grpc.ServicerContext) -> pb.ManagerInfo:
         return self.info()

@@ -35,13 +35,6 @@ def is_metric_name(name: str) -> bool:
     return True
 
 
-def check_metric_name(name: str) -> str:
-    """``name``, or ValueError naming the rule."""
-    if not is_metric_name(name):
-        raise ValueError(f"invalid metric name {name[:80]!r}: {METRIC_NAME_RULE}")
-    return name
-
-
 def pack(column: array[Any]) -> bytes:
     """A column as it travels: little-endian."""
     if _SWAP:

@@ -55,10 +55,6 @@ class Probes:
         names = (*self.services, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
 
-    @property
-    def serving(self) -> bool:
-        return bool(self._serving)
-
     def set_serving(self, serving: bool) -> None:
         """Report SERVING or NOT_SERVING; watchers hear of changes only (as the protocol says)."""
         with self._lock:

@@ -2,11 +2,14 @@
 
 Every process is started on port 0 and its address read from the first line it
 prints; ``ProcessPool.stop_all`` (the ``procs`` fixture) always stops them.
-Nothing here sleeps to wait: reads and polls have deadlines.
+Nothing here sleeps to wait: reads and polls have deadlines. The benchmarks start
+their processes with the same ``spawn`` and ``Proc`` (``benchmarks/procs.py``),
+as they use the tests' etcd cluster and certificates.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -50,18 +53,21 @@ class Proc:
     seen: list[str] = field(default_factory=list)
     stderr_path: Path | None = None
     ended: bool = False  # its stdout closed and every line was read
+    start_timeout: float = START_TIMEOUT  # readline's default wait
 
     def __post_init__(self) -> None:
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
         assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self.stdout_lines.put(line.rstrip("\n"))
+        with self.popen.stdout:
+            for line in self.popen.stdout:
+                self.stdout_lines.put(line.rstrip("\n"))
         self.stdout_lines.put(None)
 
-    def readline(self, timeout: float = START_TIMEOUT) -> str:
+    def readline(self, timeout: float | None = None) -> str:
         """The next stdout line; AssertionError (with stderr) if none comes in time or the process ends."""
+        timeout = self.start_timeout if timeout is None else timeout
         try:
             line = self.stdout_lines.get(timeout=timeout)
         except queue.Empty:
@@ -91,6 +97,12 @@ class Proc:
         self.lines()
         return self.ended
 
+    def send(self, line: str) -> None:
+        """One line to its stdin (a process spawned with ``stdin=True``)."""
+        assert self.popen.stdin is not None
+        self.popen.stdin.write(line + "\n")
+        self.popen.stdin.flush()
+
     def stderr(self) -> str:
         if self.stderr_path is None or not self.stderr_path.exists():
             return ""
@@ -113,10 +125,14 @@ class Proc:
             self.signal(signal.SIGCONT)
             self.signal(signal.SIGTERM)
             try:
-                return self.popen.wait(timeout=timeout)
+                self.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.popen.kill()
-        return self.popen.wait(timeout=timeout)
+        code = self.popen.wait(timeout=timeout)
+        if self.popen.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.popen.stdin.close()
+        return code
 
 
 @dataclass
@@ -143,6 +159,53 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**env, **(extra or {})}
 
 
+P = TypeVar("P", bound=Proc)
+
+
+def lighthouse_command(bind: str = "127.0.0.1:0", http_bind: str = "127.0.0.1:0", *flags: str) -> list[str]:
+    """``lighthouse serve`` on ``bind`` (gRPC) and ``http_bind`` (the dashboard; "off": none)."""
+    return [sys.executable, "-m", "lighthouse", "serve", "--bind", bind, "--http-bind", http_bind, *flags]
+
+
+def manager_command(
+    lighthouse_addr: str,
+    replica_id: str,
+    cache_ttl: float,
+    lighthouse_timeout: float,
+    backoff: float,
+    bind: str = "127.0.0.1:0",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """``manager serve`` of ``replica_id`` in front of ``lighthouse_addr``."""
+    args = [sys.executable, "-m", "manager", "serve", "--lighthouse", lighthouse_addr, "--bind", bind]
+    args += ["--replica-id", replica_id, "--cache-ttl", str(cache_ttl)]
+    return [*args, "--lighthouse-timeout", str(lighthouse_timeout), "--backoff", str(backoff), *extra]
+
+
+def spawn(
+    args: Sequence[str],
+    name: str,
+    stderr_path: Path,
+    cls: type[P],
+    env: dict[str, str] | None = None,
+    stdin: bool = False,
+    **kw: Any,
+) -> P:
+    """Start ``args`` in the repo as a ``cls`` (stdout collected, stderr to ``stderr_path``, stdin a
+    pipe for ``send`` when ``stdin``); ``env`` adds variables to ``child_env``'s."""
+    with stderr_path.open("w") as stderr:
+        popen = subprocess.Popen(
+            list(args),
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=child_env(env),
+            cwd=str(ROOT),
+        )
+    return cls(list(args), popen, name, stderr_path=stderr_path, **kw)
+
+
 class ProcessPool:
     """Starts the system's processes and stops every one of them at the end."""
 
@@ -161,18 +224,7 @@ class ProcessPool:
     ) -> Any:
         """Start ``args`` (stdout collected, stderr to a file); ``env`` adds variables."""
         self._count += 1
-        stderr_path = self.tmp_path / f"{name}-{self._count}.stderr"
-        with stderr_path.open("w") as stderr:
-            popen = subprocess.Popen(
-                list(args),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-                env=child_env(env),
-                cwd=str(ROOT),
-            )
-        proc = cls(list(args), popen, name, stderr_path=stderr_path, **kw)
+        proc = spawn(args, name, self.tmp_path / f"{name}-{self._count}.stderr", cls, env, **kw)
         self.procs.append(proc)
         return proc
 
@@ -194,7 +246,7 @@ class ProcessPool:
         if config is not None:
             config_path = config_path or self.tmp_path / "config.json"
             config_path.write_text(config if isinstance(config, str) else json.dumps(config))
-        args = [sys.executable, "-m", "lighthouse", "serve", "--bind", bind, "--http-bind", http_bind]
+        args = lighthouse_command(bind, http_bind)
         if store is None:
             args += ["--state-dir", str(state_dir or self.tmp_path / "state")]
         else:
@@ -238,9 +290,9 @@ class ProcessPool:
         bind: str = "127.0.0.1:0",
         extra: Sequence[str] = (),
     ) -> ManagerProc:
-        args = [sys.executable, "-m", "manager", "serve", "--lighthouse", lighthouse_addr, "--bind", bind]
-        args += ["--replica-id", replica_id, "--cache-ttl", str(cache_ttl)]
-        args += ["--lighthouse-timeout", str(lighthouse_timeout), "--backoff", str(backoff), *extra]
+        args = manager_command(
+            lighthouse_addr, replica_id, cache_ttl, lighthouse_timeout, backoff, bind, extra
+        )
         proc: ManagerProc = self.spawn(args, f"manager-{replica_id}", ManagerProc)
         proc.address = proc.readline()
         return proc

@@ -11,6 +11,7 @@ import pytest
 from lighthouse.jobs.series import COARSE_BUCKETS, MAX_TRAILS, OVERFLOW, RECENT_STEPS, JobSeries, MetricSeries
 from manager.metrics import MAX_BATCH_ENTRIES, MAX_STEPS, GroupMetrics
 from protos import lighthouse_config_pb2 as pb
+from protos.limits import FOREVER
 from protos.metrics import MAX_METRICS, pack, unpack
 from worker_client.reports import MAX_CALL_BYTES, ReportBuffer
 
@@ -29,7 +30,7 @@ def summaries(name: str, steps: list[int], values: list[float], count: int = 1) 
     )
 
 
-def rows(series: JobSeries, name: str = "loss", first: int = 0, last: int = 2**62) -> list[tuple[int, ...]]:
+def rows(series: JobSeries, name: str = "loss", first: int = 0, last: int = FOREVER) -> list[tuple[int, ...]]:
     return [
         (p["step"], p.get("to_step", p["step"]), p["count"])
         for p in series.query([name], first, last)["metrics"][name]
@@ -171,7 +172,7 @@ def test_a_series_stays_bounded_whatever_the_run_length() -> None:
     held = series.entries()
     assert held["trail_steps"] <= 2 * RECENT_STEPS and held["coarse_buckets"] <= COARSE_BUCKETS
     assert held["bucket_steps"] == 4096
-    points = series.points(0, 2**62)
+    points = series.points(0, FOREVER)
     assert sum(p[2] for p in points) == 3_000_000 and sum(p[4] for p in points) == 6_000_000
 
 

@@ -18,14 +18,15 @@ from typing import Any
 
 import pytest
 
+from lighthouse.client import LighthouseClient
 from lighthouse.config.files import FileContent, read_config_file
 from lighthouse.config.values import ConfigError
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import FOREVER, ConfigStore, NotFound, VersionConflict
+from lighthouse.server import LighthouseServer
 from lighthouse.store.backend import Change, StoreBackend
 from lighthouse.store.etcd import EtcdBackend
 from lighthouse.store.sqlite import SqliteBackend
-from protos import lighthouse_config_pb2 as pb
 
 StoreOpener = Callable[..., ConfigStore]
 
@@ -496,17 +497,30 @@ def test_state_change_validates_and_refreshes_snapshot(store: ConfigStore) -> No
     assert state.snapshot.config == {"x": "null"}
 
 
-def test_get_config_reply_conditional(store: ConfigStore) -> None:
-    state = state_with(store)
-    state.change("put", {"k": "v"}, source="api")
-    full = pb.LighthouseConfigResponse.FromString(state.get_config_reply(pb.LighthouseConfigRequest(), "p"))
-    assert dict(full.config_data) == {"k": "v"} and full.version == 1 and not full.not_modified
-    same = pb.LighthouseConfigRequest(known_version=1, known_state_id=store.state_id)
-    assert pb.LighthouseConfigResponse.FromString(state.get_config_reply(same, "p")).not_modified
-    other_state = pb.LighthouseConfigRequest(known_version=1, known_state_id="not-this-state")
-    again = pb.LighthouseConfigResponse.FromString(state.get_config_reply(other_state, "p"))
-    assert not again.not_modified and dict(again.config_data) == {"k": "v"}
-    assert state.get_config_calls == 3
+@pytest.mark.parametrize("backend", ["sqlite", "etcd"])
+def test_get_config_is_conditional_on_version_and_state_id(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Through the real gRPC path: a manager holding the current version of this store's state is
+    told ``not_modified``; the same version of another state (a fresh store) gets the config."""
+    store_backend = (
+        EtcdBackend(request.getfixturevalue("etcd1").endpoints, prefix=f"/test-store/{uuid.uuid4().hex}")
+        if backend == "etcd"
+        else SqliteBackend(tmp_path / "lh.db")
+    )
+    with LighthouseServer("127.0.0.1:0", backend=store_backend) as lh:
+        state = lh.jobs.default
+        state.change("put", {"k": "v"}, source="api")
+        with LighthouseClient(lh.address()) as client:
+            full = client.fetch(timeout=5)
+            assert dict(full.config_data) == {"k": "v"} and full.version == 1 and not full.not_modified
+            same = client.request(known_version=1, known_state_id=full.state_id)
+            assert client.fetch(same, timeout=5).not_modified
+            other_state = client.request(known_version=1, known_state_id="not-this-state")
+            again = client.fetch(other_state, timeout=5)
+        assert not again.not_modified and dict(again.config_data) == {"k": "v"}
+        assert full.state_id == state.store.state_id
+        assert state.get_config_calls == 3
 
 
 def file_content(path: Path, text: str) -> FileContent:

@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 
 import click
 
+from protos.limits import GUARD_STEPS, GUARD_WINDOW
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -30,13 +32,13 @@ def guard_options(func: F) -> F:
         "--guard-steps",
         type=click.IntRange(min=1),
         default=None,
-        help="Steps the guard watches after the change takes effect [default: 200].",
+        help=f"Steps the guard watches after the change takes effect [default: {GUARD_STEPS}].",
     )
     @click.option(
         "--guard-window",
         type=click.IntRange(min=1),
         default=None,
-        help="Steps the metric is smoothed over (a trailing mean) [default: 10].",
+        help=f"Steps the metric is smoothed over (a trailing mean) [default: {GUARD_WINDOW}].",
     )
     @functools.wraps(func)
     def wrapper(guard: str | None, guard_steps: int | None, guard_window: int | None, **kwargs: Any) -> Any:

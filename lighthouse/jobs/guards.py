@@ -38,12 +38,11 @@ from typing import Any, Protocol
 from lighthouse.config.values import ConfigError
 from lighthouse.jobs.series import JobSeries, Point
 from lighthouse.jobs.versions import ConfigStore, NotFound, Plan, VersionConflict
+from protos.limits import EVERY_RECORD, GUARD_STEPS, GUARD_WINDOW
 from protos.metrics import is_metric_name
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_STEPS = 200
-DEFAULT_WINDOW = 10
 MAX_STEPS = 10_000_000
 AUTHOR = "guard"
 CHECK_INTERVAL = 0.5  # seconds between two evaluations of a lighthouse's active guards
@@ -57,8 +56,8 @@ class GuardSpec:
 
     metric: str
     factor: float
-    steps: int = DEFAULT_STEPS
-    window: int = DEFAULT_WINDOW
+    steps: int = GUARD_STEPS
+    window: int = GUARD_WINDOW
 
     @classmethod
     def parse(cls, text: str, steps: int | None = None, window: int | None = None) -> GuardSpec:
@@ -71,10 +70,10 @@ class GuardSpec:
             raise ConfigError(f"guard {text[:60]!r}: {metric[:64]!r} is not a metric name")
         if not 1.0 < factor < math.inf:
             raise ConfigError(f"guard factor must be above 1 (a regression is a rise), got {factor:g}")
-        steps = DEFAULT_STEPS if steps is None else steps
+        steps = GUARD_STEPS if steps is None else steps
         if not 1 <= steps <= MAX_STEPS:
             raise ConfigError(f"guard steps must be 1 to {MAX_STEPS}, got {steps}")
-        window = min(DEFAULT_WINDOW, steps) if window is None else window
+        window = min(GUARD_WINDOW, steps) if window is None else window
         if not 1 <= window <= steps:
             raise ConfigError(f"guard window must be 1 to the guard's steps ({steps}), got {window}")
         return cls(metric, factor, steps, window)
@@ -332,7 +331,7 @@ _ABSENT = object()
 def _rollback_in_history(store: ConfigStore, version: int) -> tuple[int, int | None] | None:
     """(version, effective step) of a rollback this guard already made, if the history holds one."""
     prefix = tag(version)
-    for row in store.history(limit=2**31):
+    for row in store.history(limit=EVERY_RECORD):
         if row["version"] <= version:
             return None
         if row["author"] == AUTHOR and str(row["comment"]).startswith(prefix):

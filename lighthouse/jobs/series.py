@@ -46,6 +46,7 @@ from itertools import islice
 from typing import Any
 
 from protos import lighthouse_config_pb2 as pb
+from protos.limits import FOREVER
 from protos.metrics import COUNTS, MAX_METRICS, STEPS, VALUES, is_metric_name, unpack
 
 RECENT_STEPS = 256
@@ -527,7 +528,7 @@ class JobSeries:
         self,
         names: Sequence[str] | None = None,
         first: int = 0,
-        last: int = 2**62,
+        last: int = FOREVER,
         max_points: int | None = None,
         groups: bool = False,
     ) -> dict[str, Any]:

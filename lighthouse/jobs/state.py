@@ -29,7 +29,6 @@ from protos.rpc import varint_field
 logger = logging.getLogger(__name__)
 
 MAX_STEP_LEAP = 1_000_000  # steps between two reports of one manager that count at once
-MAX_LEASE_WAIT = 1.0  # seconds a call may wait for a lease (a first ceiling write, a commit)
 # A group's step rate is measured over at least this many seconds of its reports: two reports
 # close together (a renewal right after a fetch) would give a rate far off.
 RATE_WINDOW = 0.25
@@ -41,11 +40,6 @@ RATE_SMOOTHING = 0.3
 PAST_LEASE_SHOWN = 30.0  # seconds a group that served steps past its lease stays marked so
 _CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
 _STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
-
-
-def lease_wait(time_remaining: float | None) -> float:
-    """How long a call may wait for its step lease: at most half of its remaining deadline."""
-    return MAX_LEASE_WAIT if time_remaining is None else max(0.001, min(MAX_LEASE_WAIT, time_remaining / 2))
 
 
 @dataclass
@@ -191,21 +185,6 @@ class LighthouseState:
         """
         with self._served_changed:
             return self._served_changed.wait_for(lambda: self.store.head > after, timeout)
-
-    def get_config_reply(
-        self, request: pb.LighthouseConfigRequest, peer: str, time_remaining: float | None = None
-    ) -> bytes:
-        """The serialized answer to a manager's fetch; one that reports a step gets a step lease.
-
-        ``time_remaining`` (the call's deadline) bounds the rare wait for a lease: the job's first
-        ceiling write, or a commit under way while the group is past every promise.
-        """
-        step = self.receive(request, peer)
-        answer = self.answer(
-            request.known_version, request.known_state_id, step, request, peer, lease_wait(time_remaining)
-        )
-        assert answer is not None  # with a wait, always an answer
-        return answer[0]
 
     def receive(self, request: pb.LighthouseConfigRequest, peer: str, stream: bool = False) -> int:
         """Take in a fetch (a GetConfig call, or a request on a push stream): count it, record the

@@ -44,10 +44,10 @@ from lighthouse.config.values import (
 from lighthouse.jobs.leases import CommitWindow, LeaseBook, LeasePolicy
 from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, StoreBackend, Switch
 from protos.job_ids import DEFAULT_JOB
+from protos.limits import FOREVER
 
 __all__ = ["FOREVER", "Change", "ConfigStore", "NotFound", "Segment", "VersionConflict"]
 
-FOREVER = 2**62  # a step later than any real step
 LEASE_META = "lease_ceiling"  # meta keys of step-lease ceilings start with this
 MAX_COMMIT_RETRIES = 20  # another lighthouse appending first, again and again
 

@@ -22,13 +22,11 @@ from typing import Any
 from lighthouse.etcd.client import EtcdClient
 from lighthouse.etcd.types import Delete, Event, Put
 from lighthouse.jobs.registry import JobRegistry
-from lighthouse.peers.share import EtcdShare, batches, hold_job
+from lighthouse.peers.share import LEASE_TTL, PUBLISH_INTERVAL, EtcdShare, batches, hold_job
 
 logger = logging.getLogger(__name__)
 
 PEERS_DIR = "peers"
-PUBLISH_INTERVAL = 1.0
-LEASE_TTL = 5.0
 SEEN_SLACK = 0.5  # a newer seen_at alone is worth a write once it moved this much
 
 

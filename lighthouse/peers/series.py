@@ -26,14 +26,12 @@ from google.protobuf.message import DecodeError
 from lighthouse.etcd.client import EtcdClient
 from lighthouse.etcd.types import Delete, Event, KeyValue, Put
 from lighthouse.jobs.registry import JobRegistry
-from lighthouse.peers.share import EtcdShare, batches, hold_job
+from lighthouse.peers.share import LEASE_TTL, PUBLISH_INTERVAL, EtcdShare, batches, hold_job
 from protos import lighthouse_config_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
 SERIES_DIR = "series"
-PUBLISH_INTERVAL = 1.0
-LEASE_TTL = 5.0
 KEEP_BATCHES = 120  # keys per job this lighthouse keeps for newcomers (older ones are deleted)
 MAX_BATCH_BYTES = 512 * 1024  # one key's value (etcd takes requests up to 1.5 MiB)
 MAX_UNSENT = 256  # batches held while etcd cannot take them (the oldest are dropped beyond)

@@ -28,6 +28,8 @@ from protos.job_ids import InvalidJobId, check_job_id
 
 logger = logging.getLogger(__name__)
 
+PUBLISH_INTERVAL = 1.0  # seconds between two rounds of writing this lighthouse's part
+LEASE_TTL = 5.0  # seconds its keys outlive it (its etcd lease)
 MAX_TXN_OPS = 100  # etcd refuses a transaction of more than 128 operations by default
 MAX_TXN_BYTES = 1 << 20  # and a request over 1.5 MiB
 

@@ -22,6 +22,7 @@ from lighthouse.etcd.errors import EtcdError
 from lighthouse.store.backend import Change, StoreBackend, StoreUnavailable
 from lighthouse.store.etcd import open_etcd_store
 from lighthouse.store.sqlite import STORE_FILE, SqliteBackend, StateInUse
+from protos.limits import EVERY_RECORD
 
 
 class MigrationTarget(StoreBackend, Protocol):
@@ -45,9 +46,6 @@ class CopiedJob:
     switches: int
 
 
-ALL = 2**31  # "every record" for a backend read that takes a limit
-
-
 def migrate(source: StoreBackend, target: MigrationTarget) -> list[CopiedJob]:
     """Copy every job of ``source`` into the empty ``target`` and check it reads back the same."""
     if not target.is_empty():
@@ -64,7 +62,7 @@ def migrate(source: StoreBackend, target: MigrationTarget) -> list[CopiedJob]:
             target.add_switches(job, switches)
         last = records.rows[-1]  # jobs() lists only jobs with a version
         target.append(job, [last], records.meta, expected_head=head)
-        for schema in reversed(source.schemas(job, ALL)):  # oldest first: the newest stays in force
+        for schema in reversed(source.schemas(job, EVERY_RECORD)):  # oldest first: the newest stays in force
             target.add_schema(job, {k: v for k, v in schema.items() if k != "id"})
         for guard in source.guards(job):
             target.save_guard(job, guard)
@@ -86,7 +84,7 @@ def check(source: StoreBackend, target: StoreBackend) -> None:
             raise CopyMismatch(f"job {job}: the target's meta differs from the source's ({', '.join(wrong)})")
         if sorted(target.switches(job)) != sorted(source.switches(job)):
             raise CopyMismatch(f"job {job}: the target's step switches differ from the source's")
-        if _without_ids(target.schemas(job, ALL)) != _without_ids(source.schemas(job, ALL)):
+        if _without_ids(target.schemas(job, EVERY_RECORD)) != _without_ids(source.schemas(job, EVERY_RECORD)):
             raise CopyMismatch(f"job {job}: the target's schema history differs from the source's")
         if target.guards(job) != source.guards(job):
             raise CopyMismatch(f"job {job}: the target's guards differ from the source's")

@@ -40,6 +40,7 @@ from lighthouse.web.messages import (
     parse_int,
 )
 from protos.job_ids import DEFAULT_JOB, InvalidJobId, check_job_id
+from protos.limits import FOREVER
 
 MAX_AUTHOR_CHARS = 64
 MAX_COMMENT_CHARS = 500
@@ -287,7 +288,7 @@ class AdminApi:
         answer = self.state(req).series.query(
             names,
             first,
-            2**62 if last is None else last,
+            FOREVER if last is None else last,
             min(max_points, MAX_METRIC_POINTS) if max_points is not None else None,
             groups=_flag(req, "groups"),
         )

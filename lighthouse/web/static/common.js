@@ -290,6 +290,39 @@ const LH = (() => {
     node.textContent = text;
   }
 
+  // ---- the header and the token bar, written once here for every page: each page has only
+  // <header class="topbar" data-page="dashboard|editor|jobs"></header>, filled in before its own
+  // script runs (deferred scripts run in order, after the page is parsed).
+  function renderChrome() {
+    const header = document.querySelector("header.topbar[data-page]");
+    if (!header) return;
+    const page = header.dataset.page;
+    const link = (label, href, current, attrs = {}) =>
+      el("a", { href, class: current ? "active" : null, "aria-current": current ? "page" : null, ...attrs }, label);
+    const brand = el("span", { class: "brand" }, "lighthouse", el("span", { class: "brand-dim" }, "-config"));
+    const conn = el("span", { id: "conn", class: "conn" }, "connecting…");
+    if (page === "jobs") {
+      header.append(brand, el("nav", {}, link("Jobs", "/", true)), conn);
+      return;
+    }
+    header.append(
+      brand,
+      el("span", { class: "job-badge", hidden: true }, "job", el("strong", { id: "job-name", "data-testid": "job-name" })),
+      el("nav", {},
+        link("All jobs", "/", false, { "data-nav": "jobs", hidden: true }),
+        link("Dashboard", "/", page === "dashboard"),
+        link("Config editor", "/config", page === "editor")),
+      conn,
+    );
+    header.after(el("form", { id: "token-bar", class: "token-bar", hidden: true },
+      el("span", { id: "token-reason" }),
+      el("span", { id: "token-form-fields" },
+        el("input", { id: "token", type: "password", autocomplete: "off", placeholder: "admin token", "aria-label": "admin token" }),
+        el("button", { type: "submit", class: "primary small" }, "Use token"),
+        el("button", { type: "button", id: "token-cancel", class: "small" }, "Cancel"))));
+  }
+
+  renderChrome();
   document.addEventListener("DOMContentLoaded", initTokenBar);
   document.addEventListener("DOMContentLoaded", jobLinks);
 
