@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.latency import Case, run_interleaved, timed
 from benchmarks.procs import Child, Children
-from benchmarks.report import summarize, table
+from benchmarks.report import publish, run_meta, summarize, table
 from benchmarks.stack import CONFIG
 from lighthouse.client import LighthouseClient
 from protos.tls import TLSConfig
@@ -123,13 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--batch", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=None, help="also write results-tls.json here")
+    parser.add_argument("--out", type=Path, default=None, help="also write tls.json here")
     args = parser.parse_args(argv)
+    meta = run_meta(benchmark="tls", rounds=args.rounds, batch=args.batch)
     results = run(args.rounds, args.batch, args.warmup)
-    print(render(results))
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results-tls.json").write_text(json.dumps(results, indent=2))
+    results["meta"] = meta
+    publish(render(results), results, args.out, "tls")
     return 0
 
 
