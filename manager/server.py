@@ -277,7 +277,7 @@ class ManagerServer:
             snapshot = self._fetch(held)
         except FetchFailed:  # still serving while the step lease covers the group, or with serve_stale
             promised = self._promised() is not None
-            self._probes.set_serving(promised or self._gives_config(self._cache.good or held, failing=True))
+            self._probes.set_serving(promised or self._gives_config(self._cache.good, failing=True))
             raise
         self._probes.set_serving(True)
         return snapshot
