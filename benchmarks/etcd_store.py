@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.procs import Children
-from benchmarks.report import publish
+from benchmarks.report import publish, run_meta
 from benchmarks.stack import CONFIG, patch_config, serve_lighthouse, start_lighthouse
 from lighthouse.admin import AdminClient
 from lighthouse.client import LighthouseClient
@@ -99,10 +99,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.etcd_store", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--edits", type=int, default=200, help="edits per store")
-    parser.add_argument("--out", type=Path, default=None, help="also write results.json here")
+    parser.add_argument("--out", type=Path, default=None, help="also write etcd_store.json here")
     args = parser.parse_args(argv)
+    meta = run_meta(benchmark="etcd_store", edits=args.edits)
     with tempfile.TemporaryDirectory(prefix="bench-etcd-") as tmp:
         results = run(args.edits, Path(tmp))
+    results["meta"] = meta
     publish(render(results), results, args.out, "etcd_store")
     return 0
 

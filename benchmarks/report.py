@@ -6,10 +6,17 @@ import argparse
 import json
 import math
 import os
+import platform
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -269,7 +276,39 @@ def render(results: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------ files
+def run_meta(**extra: Any) -> dict[str, Any]:
+    """Taken when a run starts, so its figures can be checked against the code they measured (the
+    commit; ``dirty``: with uncommitted changes) and the machine they shared (the load average)."""
+    import grpc
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+        except OSError:
+            return ""
+
+    return {
+        **extra,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+        "cpus": len(os.sched_getaffinity(0)),
+        "machine": platform.machine(),
+        "loadavg_before": list(os.getloadavg()),
+    }
+
+
 def write_json(results: dict[str, Any], path: Path) -> None:
+    """Every result file goes through here: the raw figures under the run's ``meta`` (from
+    ``run_meta``), completed with when the run ended and the load average then."""
+    meta = results["meta"]
+    meta["finished_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
+    meta["loadavg_after"] = list(os.getloadavg())
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
 
 
@@ -305,8 +344,10 @@ def run_standalone(
     args = parser.parse_args(argv)
     if args.quick:
         vars(args).update(quick)
+    meta = run_meta(benchmark=name, argv=sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
         results = run(args, Path(tmp))
+    results["meta"] = meta
     publish(render(results), results, args.out, name)
     return 0
 

@@ -10,8 +10,6 @@ Ctrl-C or an error (``Children``).
 from __future__ import annotations
 
 import argparse
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,7 +22,6 @@ from benchmarks.peers import connect_peers, launch_peers
 from benchmarks.procs import Children
 from benchmarks.stack import start_lighthouse, start_manager
 from manager.status_client import manager_info
-from tests.procs import ROOT
 
 SECTIONS = ("latency", "throughput", "fanin", "propagation", "outage", "scale")
 
@@ -85,28 +82,8 @@ QUICK = Profile(
 )
 
 
-def _meta(mode: str) -> dict[str, Any]:
-    import grpc
-
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    return {
-        "mode": mode,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "commit": commit,
-        "python": platform.python_version(),
-        "grpcio": grpc.__version__,
-        "cpus": len(__import__("os").sched_getaffinity(0)),
-        "machine": platform.machine(),
-    }
-
-
 def run(profile: Profile, sections: list[str], out_dir: Path, work_ms: float, mode: str) -> dict[str, Any]:
-    results: dict[str, Any] = {"meta": _meta(mode)}
+    results: dict[str, Any] = {"meta": report.run_meta(mode=mode)}
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="lhc-bench-") as tmp, Children(out_dir / "logs") as children:
         work = Path(tmp)

@@ -12,14 +12,13 @@ connections are measured: the handshake happens once per channel, not per call.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from benchmarks.latency import Case, run_interleaved, timed
 from benchmarks.procs import Children
-from benchmarks.report import summarize, table
+from benchmarks.report import publish, run_meta, summarize, table
 from benchmarks.stack import start_lighthouse, start_manager
 from lighthouse.client import LighthouseClient
 from protos.tls import TLSConfig
@@ -115,13 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--batch", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=None, help="also write results-tls.json here")
+    parser.add_argument("--out", type=Path, default=None, help="also write tls.json here")
     args = parser.parse_args(argv)
+    meta = run_meta(benchmark="tls", rounds=args.rounds, batch=args.batch)
     results = run(args.rounds, args.batch, args.warmup)
-    print(render(results))
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results-tls.json").write_text(json.dumps(results, indent=2))
+    results["meta"] = meta
+    publish(render(results), results, args.out, "tls")
     return 0
 
 

@@ -272,12 +272,13 @@ class ManagerServer:
         return good is not None and (not failing or self._cache.serve_stale)
 
     def _fetch_and_report(self, held: Snapshot | None) -> Snapshot:
-        """The cache's fetch; the health status follows its outcome (``held`` is the last good one)."""
+        """The cache's fetch; the health status follows its outcome. A failure judges by the snapshot
+        held now, not ``held``: the push stream may have brought one while this fetch was in flight."""
         try:
             snapshot = self._fetch(held)
         except FetchFailed:  # still serving while the step lease covers the group, or with serve_stale
             promised = self._promised() is not None
-            self._probes.set_serving(promised or self._gives_config(held, failing=True))
+            self._probes.set_serving(promised or self._gives_config(self._cache.good, failing=True))
             raise
         self._probes.set_serving(True)
         return snapshot

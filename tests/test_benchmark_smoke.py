@@ -7,6 +7,8 @@ benchmark itself reports ratios measured side by side.
 from __future__ import annotations
 
 import json
+import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +47,7 @@ def test_etcd_store_benchmark_runs(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((tmp_path / "etcd_store.json").read_text())
     assert results["propagation_to_other_lighthouse"]["n"] == 5
+    assert_run_meta(results)
     assert "etcd / SQLite" in out.stdout
 
 
@@ -123,6 +126,15 @@ def test_leases_benchmark_runs(tmp_path: Path) -> None:
     assert "Goals (issue 16)" in out.stdout
 
 
+def assert_run_meta(results: dict[str, Any]) -> None:
+    """What the shared writer records of a run: the commit it measured, when, and the load around it."""
+    meta = results["meta"]
+    assert re.fullmatch(r"[0-9a-f]{7,40}", meta["commit"]), meta
+    assert isinstance(meta["dirty"], bool)
+    assert len(meta["loadavg_before"]) == len(meta["loadavg_after"]) == 3
+    assert meta["started_utc"] <= meta["finished_utc"]
+
+
 def run_quick(
     name: str, out_dir: Path, timeout: float = 120
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
@@ -144,6 +156,14 @@ def test_reporting_benchmark_runs(tmp_path: Path) -> None:
     assert all(path[case]["n"] > 0 for case in ("floor", "prefetch", "prefetch_report", "memory_read"))
     assert set(results["lighthouse_cpu"]["cpu_pct"]) == {"silent", "reporting", "reporting_dashboard"}
     assert all(w["errors"] == 0 and w["client_calls"] > 0 for w in results["lighthouse_cpu"]["windows"])
+    cpu = results["lighthouse_cpu"]  # the ratio is of CPU per call served, not of CPU shares
+    for case, us in cpu["cpu_us_per_call"].items():
+        windows = [w for w in cpu["windows"] if w["case"] == case]
+        expected = [w["lighthouse_cpu_pct"] / 100 / w["lighthouse_calls_per_s"] * 1e6 for w in windows]
+        assert us == pytest.approx(statistics.median(expected))
+    per_call = cpu["cpu_us_per_call"]
+    assert cpu["ratio"] == pytest.approx(per_call["reporting"] / per_call["silent"])
+    assert_run_meta(results)
     memory = results["memory"]
     assert memory["entries"]["loss"]["trail_steps"] > 0 and len(memory["checkpoints"]) == 2
     assert "report() on the critical path" in out.stdout

@@ -5,8 +5,10 @@ reflected descriptors alone)."""
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -14,8 +16,12 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from lighthouse import LighthouseServer
+from manager.server import ManagerServer
+from manager.upstream import FetchFailed
 from protos.rpc import LIGHTHOUSE_SERVICE, MANAGER_SERVICE, make_channel
 from tests.procs import ProcessPool, poll, worker_records
+from worker_client import ManagerClient
 
 Status = health_pb2.HealthCheckResponse
 CONFIG = {"lr": 0.25}
@@ -110,6 +116,27 @@ def test_manager_with_serve_stale_keeps_serving_the_last_good_config(procs: Proc
     assert check(m.address) == "SERVING"  # its workers still get a lighthouse's config
     record = worker_records(procs.worker(m.address, group="g", rank=0, steps=1))[0]
     assert (record["source"], record["config"]) == ("stale", {"lr": "0.25"})
+
+
+def test_a_fetch_begun_before_the_push_brought_a_config_fails_serving(tmp_path: Path) -> None:
+    """The race behind a NOT_SERVING read after the lighthouse's death: the manager's first fetch
+    (begun holding nothing) failed after the push stream had brought a config, and judged by what
+    it began with. Replayed here in order, in-process: that fetch fails after the lighthouse is gone."""
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(CONFIG))
+    lh = LighthouseServer("127.0.0.1:0", path)
+    manager = ManagerServer(lh.address(), "127.0.0.1:0", "g0", backoff=600, serve_stale=True)
+    try:
+        poll(lambda: check(manager.address()) == "SERVING", 20, what="the manager serving")
+        lh.shutdown()
+        poll(lambda: manager.info().upstream_failures >= 1, 20, what="the manager's first failed fetch")
+        with pytest.raises(FetchFailed):
+            manager._fetch_and_report(None)  # the fetch begun before any config was held
+        assert check(manager.address()) == "SERVING"
+        assert dict(ManagerClient(manager.address()).get_config()) == {"lr": "0.25"}
+    finally:
+        manager.shutdown()
+        lh.shutdown()
 
 
 def test_manager_shutdown_is_told_to_watchers(procs: ProcessPool) -> None:

@@ -346,7 +346,8 @@ def test_tls_benchmark_smoke(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     for case in ("relay_hit_plain", "relay_hit_tls", "lighthouse_plain", "lighthouse_tls", "lighthouse_mtls"):
         assert case in out.stdout
-    assert (tmp_path / "results-tls.json").exists()
+    results = json.loads((tmp_path / "tls.json").read_text())  # the shared writer's file and meta
+    assert set(results["cases"]) >= {"relay_hit_plain", "lighthouse_mtls"} and results["meta"]["commit"]
 
 
 def test_half_written_rotation_keeps_the_previous_pair(
