@@ -45,7 +45,7 @@ from lighthouse.config.values import (
 from lighthouse.jobs.leases import CommitWindow, LeaseBook, LeasePolicy
 from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, StoreBackend, Switch
 from lighthouse.store.sqlite import SqliteBackend, StateInUse
-from protos.job_ids import DEFAULT_JOB
+from protos.job_ids import DEFAULT_JOB, JobId
 
 __all__ = ["FOREVER", "Change", "ConfigStore", "NotFound", "Segment", "StateInUse", "VersionConflict"]
 
@@ -138,7 +138,7 @@ class ConfigStore:
         path: Path | None = None,
         history_limit: int | None = None,
         *,
-        job: str = DEFAULT_JOB,
+        job: JobId = DEFAULT_JOB,
         backend: StoreBackend | None = None,
         owner: str = "",
         lease_policy: LeasePolicy | None = None,

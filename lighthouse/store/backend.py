@@ -12,8 +12,14 @@ respects the step-lease ceiling it stored (see ``leases``).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from protos.job_ids import InvalidJobId, JobId, check_job_name
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,21 @@ class StoreUnavailable(Exception):
     """The backend cannot commit now (etcd without quorum); nothing was stored."""
 
 
+def stored_job(name: str) -> JobId | None:
+    """A job id read from a store; None (logged) for a name no lighthouse writes (a foreign key),
+    as a request naming it would be refused."""
+    try:
+        return check_job_name(name)
+    except InvalidJobId as exc:
+        logger.warning("a stored job ignored: %s", exc)
+        return None
+
+
+def stored_jobs(names: Iterable[str]) -> list[JobId]:
+    """The job ids among names read from a store, sorted (see ``stored_job``)."""
+    return sorted(job for job in map(stored_job, names) if job is not None)
+
+
 class StoreBackend(Protocol):
     """Durable records of every job. ``append`` returns only once the record is committed."""
 
@@ -100,7 +121,7 @@ class StoreBackend(Protocol):
     # queues steps and writes them in the background takes every one (0).
     step_save_interval: float
 
-    def jobs(self) -> list[str]:
+    def jobs(self) -> list[JobId]:
         """Jobs with at least one stored version, sorted."""
         ...
 

@@ -39,7 +39,7 @@ from lighthouse.web.messages import (
     json_response,
     parse_int,
 )
-from protos.job_ids import DEFAULT_JOB, InvalidJobId, check_job_id
+from protos.job_ids import DEFAULT_JOB, check_job_id
 
 MAX_AUTHOR_CHARS = 64
 MAX_COMMENT_CHARS = 500
@@ -120,10 +120,7 @@ class AdminApi:
         routes = self.routes
         prefixed = _JOB_PREFIX.fullmatch(req.path)
         if prefixed is not None:
-            try:
-                req.job = check_job_id(prefixed.group(2))
-            except InvalidJobId as exc:
-                raise HttpError(400, str(exc)) from None
+            req.job = check_job_id(prefixed.group(2))  # where an HTTP request's job id is checked
             rest = prefixed.group(3) or ""
             if prefixed.group(1) is None:  # a job's pages: /jobs/{job} and /jobs/{job}/config
                 req.path = rest or "/"
