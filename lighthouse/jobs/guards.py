@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from lighthouse.config.values import ConfigError
 from lighthouse.jobs.series import JobSeries, Point
-from lighthouse.jobs.versions import NotFound, Plan, VersionConflict
+from lighthouse.jobs.versions import NotCancellable, NotFound, Plan, VersionConflict
 from protos.metrics import is_metric_name
 
 if TYPE_CHECKING:
@@ -204,13 +204,13 @@ class JobGuards:
         return guard
 
     def cancel(self, version: int, author: str) -> dict[str, Any]:
-        """Stop watching; NotFound without such a guard, ConfigError when it is no longer active."""
+        """Stop watching; NotFound without such a guard, NotCancellable when it is no longer active."""
         with self._lock:
             guard = self._guards.get(version)
             if guard is None:
                 raise NotFound(f"version {version} has no guard")
             if guard["status"] != "active":
-                raise ConfigError(f"the guard of version {version} is {guard['status']} already")
+                raise NotCancellable(f"the guard of version {version} is {guard['status']} already")
             done = {
                 **guard,
                 "status": "cancelled",

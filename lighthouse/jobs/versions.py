@@ -66,6 +66,15 @@ class NotFound(LookupError):
     pass
 
 
+class NotCancellable(ConfigError):
+    """What a cancel names is not pending: a change not scheduled, cancelled or in effect already
+    (``head``: the job's version then), or a guard that passed or triggered (``head`` None)."""
+
+    def __init__(self, message: str, head: int | None = None) -> None:
+        super().__init__(message)
+        self.head = head
+
+
 class StepPromised(ConfigError):
     """The change would take effect at (or cancel one at) a step groups were already promised."""
 
@@ -640,9 +649,9 @@ class ConfigStore:
     def _check_cancellable(self, target: int, rows: list[Change], horizon: int) -> None:
         row = self.get(target)
         if row.effective_step is None:
-            raise ConfigError(f"version {target} is not a scheduled change")
+            raise NotCancellable(f"version {target} is not a scheduled change", self.head)
         if target in self._cancelled or any(r.op == "cancel" and r.change["version"] == target for r in rows):
-            raise ConfigError(f"version {target} is already cancelled")
+            raise NotCancellable(f"version {target} is already cancelled", self.head)
         if row.effective_step <= horizon:
             raise StepPromised(
                 f"version {target} takes effect at step {row.effective_step}, already promised to the "
@@ -650,9 +659,10 @@ class ConfigStore:
                 horizon + 1,
             )
         if row.effective_step <= self._current_step:
-            raise ConfigError(
+            raise NotCancellable(
                 f"version {target} took effect at step {row.effective_step} "
-                f"(the job is at step {self._current_step}); make a new change instead"
+                f"(the job is at step {self._current_step}); make a new change instead",
+                self.head,
             )
 
     @staticmethod

@@ -22,13 +22,11 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from lighthouse.config.schema import SchemaViolation
-from lighthouse.config.values import ConfigError
 from lighthouse.jobs.guards import GuardSpec, JobGuards
-from lighthouse.jobs.registry import JobBusy, JobRegistry
+from lighthouse.jobs.registry import JobRegistry
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.timeline import DEFAULT_SEGMENTS, timeline
-from lighthouse.jobs.versions import ConfigStore, NotFound, Plan, StepPromised
+from lighthouse.jobs.versions import ConfigStore, NotFound, Plan
 from lighthouse.web.access import Access
 from lighthouse.web.messages import (
     HttpError,
@@ -219,10 +217,7 @@ class AdminApi:
 
     def delete_job(self, req: Request) -> Response:
         author = self.authorize(req, admin_only=True)
-        try:
-            self.jobs.delete(req.job)
-        except JobBusy as exc:
-            raise HttpError(409, str(exc)) from None
+        self.jobs.delete(req.job)
         return json_response({"deleted": req.job, "author": author})
 
     def get_config(self, req: Request) -> Response:
@@ -296,11 +291,7 @@ class AdminApi:
     def cancel_guard(self, req: Request) -> Response:
         author = self.authorize(req)
         version = parse_int(req.params[0], "version", minimum=1)
-        try:
-            guard = self.state(req).guards.cancel(version, author)
-        except ConfigError as exc:  # passed or triggered already
-            raise HttpError(409, str(exc)) from None
-        return json_response({"guard": guard})
+        return json_response({"guard": self.state(req).guards.cancel(version, author)})
 
     def metrics(self, req: Request) -> Response:
         lines: list[str] = []
@@ -481,13 +472,7 @@ class AdminApi:
     def cancel(self, req: Request) -> Response:
         author = self.authorize(req)
         version = parse_int(req.params[0], "version", minimum=1)
-        state = self.state(req)
-        try:
-            plan = state.cancel(version, author=author, comment=self._comment(req))
-        except (SchemaViolation, StepPromised):
-            raise
-        except ConfigError as exc:  # not scheduled, already cancelled or already in effect
-            raise HttpError(409, str(exc), version=state.store.head) from None
+        plan = self.state(req).cancel(version, author=author, comment=self._comment(req))
         return self._changed(req, plan)
 
     # ------------------------------------------------------------ schema
