@@ -33,7 +33,7 @@ from google.protobuf.message import DecodeError
 from lighthouse.jobs.registry import JobRegistry, TooManyJobs
 from lighthouse.jobs.state import LighthouseState
 from protos import lighthouse_config_pb2 as pb
-from protos.job_ids import DEFAULT_JOB, InvalidJobId
+from protos.job_ids import InvalidJobId, JobId, check_job_id
 from protos.rpc import varint_field
 
 logger = logging.getLogger(__name__)
@@ -71,20 +71,20 @@ class LighthouseService:
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, known from the first stream on
         self.keepalive = keepalive
         self._keepalive_field = varint_field(_KEEPALIVE_MS, round(keepalive * 1000))
-        self._streams: dict[str, set[_Stream]] = defaultdict(set)
+        self._streams: dict[JobId, set[_Stream]] = defaultdict(set)
         jobs.on_served(self._served)
 
-    def streams(self, job: str) -> int:
+    def streams(self, job: JobId) -> int:
         """Open streams of ``job`` (for /metrics; read from any thread)."""
         return len(self._streams.get(job, ()))
 
-    def _served(self, job: str) -> None:
+    def _served(self, job: JobId) -> None:
         """A new snapshot of ``job`` (from any thread: a commit, another lighthouse's change)."""
         loop = self.loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._wake_job, job)
 
-    def _wake_job(self, job: str) -> None:
+    def _wake_job(self, job: JobId) -> None:
         for stream in self._streams.get(job, ()):
             stream.wake.set()
 
@@ -115,8 +115,8 @@ class LighthouseService:
         if raw is EOF:
             return
         first = await _parse(pb.LighthouseConfigRequest, raw, context)
-        job = first.job or DEFAULT_JOB
         state = await self._state(first.job, context)
+        job = state.job
         stream = _Stream(first, context.peer())
         streams = self._streams[job]
         streams.add(stream)
@@ -151,15 +151,19 @@ class LighthouseService:
                 state.watched(stream.replica, -1)
 
     async def _state(self, job: str, context: grpc.aio.ServicerContext) -> LighthouseState:
-        """The job's state; one this lighthouse does not hold yet is served (empty) from now on,
-        opened from the store off the loop, or the call is refused (a bad id, too many jobs)."""
-        state = self.jobs.get(job or DEFAULT_JOB)
+        """The job a call names (where its id is checked); one this lighthouse does not hold yet is
+        served (empty) from now on, opened from the store off the loop, or the call is refused (a
+        bad id, too many jobs)."""
+        try:
+            checked = check_job_id(job)
+        except InvalidJobId as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise AssertionError("context.abort raises") from None
+        state = self.jobs.get(checked)
         if state is not None:
             return state
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, self.jobs.serve, job)
-        except InvalidJobId as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return await asyncio.get_running_loop().run_in_executor(None, self.jobs.serve, checked)
         except TooManyJobs as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         raise AssertionError("context.abort raises")

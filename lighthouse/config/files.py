@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lighthouse.config.values import ConfigError, json_type, parse_config, parse_json
-from protos.job_ids import InvalidJobId, check_job_id
+from protos.job_ids import InvalidJobId, JobId, check_job_name
 
 logger = logging.getLogger(__name__)
 
@@ -160,8 +160,8 @@ class ConfigDirWatcher(_Poller):
     def __init__(
         self,
         folder: Path,
-        on_config: Callable[[str, Path, FileContent, bool], object],
-        on_schema: Callable[[str, Path, FileContent, FileContent | None, bool], object],
+        on_config: Callable[[JobId, Path, FileContent, bool], object],
+        on_schema: Callable[[JobId, Path, FileContent, FileContent | None, bool], object],
         interval: float = 1.0,
     ) -> None:
         super().__init__("config-dir-watcher", interval)
@@ -186,9 +186,8 @@ class ConfigDirWatcher(_Poller):
             if not name.endswith(".json") or name in self._watchers:
                 continue
             schema = name.endswith(SCHEMA_SUFFIX)
-            job = name[: -len(SCHEMA_SUFFIX if schema else ".json")]
             try:
-                check_job_id(job)
+                job = check_job_name(name[: -len(SCHEMA_SUFFIX if schema else ".json")])
             except InvalidJobId as exc:
                 if name not in self._refused:
                     self._refused.add(name)
@@ -208,14 +207,14 @@ class ConfigDirWatcher(_Poller):
         for watcher in list(self._watchers.values()):
             watcher.poll()
 
-    def _report_config(self, job: str, path: Path, startup: bool, content: FileContent) -> None:
+    def _report_config(self, job: JobId, path: Path, startup: bool, content: FileContent) -> None:
         try:
             self._on_config(job, path, content, startup)
         except Exception:
             logger.exception("applying the config file %s failed", path)
 
     def _report_schema(
-        self, job: str, path: Path, config: FileContent | None, startup: bool, content: FileContent
+        self, job: JobId, path: Path, config: FileContent | None, startup: bool, content: FileContent
     ) -> None:
         try:
             self._on_schema(job, path, content, config, startup)

@@ -24,11 +24,11 @@ MAX_VIOLATIONS = 100  # a config of a thousand wrong keys answers with the first
 
 
 class SchemaInvalid(ConfigError):
-    """The document is not a usable draft 2020-12 JSON Schema (HTTP 400, or a file error)."""
+    """The document is not a usable draft 2020-12 JSON Schema."""
 
 
 class SchemaViolation(ConfigError):
-    """A change would produce a config the schema refuses (HTTP 422); nothing was changed."""
+    """A change would produce a config the schema refuses; nothing was changed."""
 
     def __init__(self, violations: Sequence[dict[str, str]], what: str = "the config") -> None:
         listed = "; ".join(f"{v['path'] or '/'}: {v['message']}" for v in violations[:10])

@@ -22,7 +22,7 @@ class ConfigError(ValueError):
 
 
 class ConfigTooLarge(ConfigError):
-    """The resulting config would exceed MAX_CONFIG_BYTES (HTTP 413)."""
+    """The resulting config would exceed MAX_CONFIG_BYTES."""
 
 
 def _reject_constant(name: str) -> Any:

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from lighthouse.config.values import ConfigError
 from lighthouse.jobs.series import JobSeries, Point
-from lighthouse.jobs.versions import ConfigStore, NotFound, Plan, VersionConflict
+from lighthouse.jobs.versions import ConfigStore, NotCancellable, NotFound, Plan, VersionConflict
 from protos.limits import EVERY_RECORD, GUARD_STEPS, GUARD_WINDOW
 from protos.metrics import is_metric_name
 
@@ -220,13 +220,13 @@ class JobGuards:
         return guard
 
     def cancel(self, version: int, author: str) -> dict[str, Any]:
-        """Stop watching; NotFound without such a guard, ConfigError when it is no longer active."""
+        """Stop watching; NotFound without such a guard, NotCancellable when it is no longer active."""
         with self._lock:
             guard = self._guards.get(version)
             if guard is None:
                 raise NotFound(f"version {version} has no guard")
             if guard["status"] != "active":
-                raise ConfigError(f"the guard of version {version} is {guard['status']} already")
+                raise NotCancellable(f"the guard of version {version} is {guard['status']} already")
             done = {
                 **guard,
                 "status": "cancelled",

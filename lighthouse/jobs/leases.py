@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from protos.job_ids import JobId
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -239,7 +241,7 @@ class CeilingWriter:
 
     def __init__(
         self,
-        save: Callable[[str, int, int], None],
+        save: Callable[[JobId, int, int], None],
         *,
         retry: tuple[type[BaseException], ...],
         unavailable: tuple[type[BaseException], ...],
@@ -248,13 +250,13 @@ class CeilingWriter:
         self._retry = retry
         self._unavailable = unavailable
         self._lock = threading.Lock()
-        self._queue: dict[str, LeaseBook[object]] = {}
+        self._queue: dict[JobId, LeaseBook[object]] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-ceilings", daemon=True)
         self._thread.start()
 
-    def request(self, job: str, book: LeaseBook[object]) -> None:
+    def request(self, job: JobId, book: LeaseBook[object]) -> None:
         with self._lock:
             self._queue[job] = book
         self._wake.set()

@@ -22,7 +22,7 @@ from lighthouse.jobs.leases import CeilingWriter, LeaseBook, LeasePolicy
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import ConfigStore, NotFound
 from lighthouse.store.backend import HeadMoved, SharedBackend, StoreBackend, StoreUnavailable
-from protos.job_ids import DEFAULT_JOB, check_job_id
+from protos.job_ids import DEFAULT_JOB, JobId
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +57,9 @@ class JobRegistry:
             self._save_ceiling, retry=(HeadMoved,), unavailable=(StoreUnavailable,)
         )
         self._lock = threading.Lock()
-        self._states: dict[str, LighthouseState] = {}
-        self._peers: Callable[[str], list[dict[str, Any]]] | None = None
-        self._served_listener: Callable[[str], None] | None = None
+        self._states: dict[JobId, LighthouseState] = {}
+        self._peers: Callable[[JobId], list[dict[str, Any]]] | None = None
+        self._served_listener: Callable[[JobId], None] | None = None
         self._lighthouse = ""
         for job in backend.jobs():
             if job != DEFAULT_JOB:
@@ -70,7 +70,7 @@ class JobRegistry:
         if isinstance(backend, SharedBackend):  # other lighthouses write it too (etcd)
             backend.subscribe(self._job_changed, self._step_stored, self._ceiling_stored)
 
-    def _job_changed(self, job: str, head: int) -> None:
+    def _job_changed(self, job: JobId, head: int) -> None:
         """Another lighthouse changed ``job`` (its head is now ``head``): serve what the store holds.
 
         StoreUnavailable propagates (the watch delivers the change again); any other failure
@@ -90,28 +90,28 @@ class JobRegistry:
         except Exception:
             logger.exception("job %s: change from the shared store not taken", job)
 
-    def _step_stored(self, job: str, step: int) -> None:
+    def _step_stored(self, job: JobId, step: int) -> None:
         state = self._states.get(job)
         if state is not None:
             state.adopt_step(step)
 
-    def _ceiling_stored(self, job: str, key: str, ceiling: int, revision: int) -> None:
+    def _ceiling_stored(self, job: JobId, key: str, ceiling: int, revision: int) -> None:
         """A lighthouse stored a step-lease ceiling of ``job``: another one's bounds our changes."""
         state = self._states.get(job)
         if state is not None and key != self.backend.lease_ceiling_key(self.owner):
             state.store.leases.raise_floor(ceiling, revision)
 
-    def _save_ceiling(self, job: str, ceiling: int, served_version: int) -> None:
+    def _save_ceiling(self, job: JobId, ceiling: int, served_version: int) -> None:
         state = self._states.get(job)
         if state is not None:
             state.store.save_lease_ceiling(ceiling, served_version)
 
-    def _request_ceiling(self, job: str, book: LeaseBook[object]) -> None:
+    def _request_ceiling(self, job: JobId, book: LeaseBook[object]) -> None:
         self._ceilings.request(job, book)
 
     def _new_state(
         self,
-        job: str,
+        job: JobId,
         config_path: Path | None = None,
         schema_path: Path | None = None,
         strict: bool = False,
@@ -128,7 +128,7 @@ class JobRegistry:
         self._attach(state)
         return state
 
-    def set_peers(self, peers: Callable[[str], list[dict[str, Any]]], lighthouse: str) -> None:
+    def set_peers(self, peers: Callable[[JobId], list[dict[str, Any]]], lighthouse: str) -> None:
         """Merge ``peers(job)`` (the job's managers that talk to other lighthouses on the same store)
         into every job's managers table; ``lighthouse`` names this one in that table."""
         with self._lock:
@@ -136,7 +136,7 @@ class JobRegistry:
             for state in self._states.values():
                 self._attach(state)
 
-    def on_served(self, listener: Callable[[str], None]) -> None:
+    def on_served(self, listener: Callable[[JobId], None]) -> None:
         """Call ``listener(job)`` whenever a job serves a new snapshot (every job, also later ones)."""
         with self._lock:
             self._served_listener = listener
@@ -155,19 +155,16 @@ class JobRegistry:
     def default(self) -> LighthouseState:
         return self._states[DEFAULT_JOB]
 
-    def get(self, job: str) -> LighthouseState | None:
+    def get(self, job: JobId) -> LighthouseState | None:
         """The job's state if this lighthouse holds it (the hot path: one dict lookup)."""
         return self._states.get(job)
 
-    def serve(self, job: str) -> LighthouseState:
-        """The state a manager of ``job`` is served from, held from now on (empty until configured).
-
-        Raises InvalidJobId for a bad id and TooManyJobs past MAX_JOBS.
-        """
+    def serve(self, job: JobId) -> LighthouseState:
+        """The state a manager of ``job`` is served from, held from now on (empty until configured);
+        TooManyJobs past MAX_JOBS."""
         state = self._states.get(job)
         if state is not None:
             return state
-        job = check_job_id(job)
         with self._lock:
             state = self._states.get(job)
             if state is None:
@@ -177,14 +174,14 @@ class JobRegistry:
                 logger.info("job %s: first request", job)
             return state
 
-    def existing(self, job: str) -> LighthouseState:
+    def existing(self, job: JobId) -> LighthouseState:
         """A job that exists (the job ``default`` always does); else NotFound."""
-        state = self._states.get(check_job_id(job))
+        state = self._states.get(job)
         if state is None or not (job == DEFAULT_JOB or _exists(state)):
             raise NotFound(f"no job {job!r} on this lighthouse")
         return state
 
-    def names(self) -> list[str]:
+    def names(self) -> list[JobId]:
         """Jobs that exist, sorted (``default`` only when it exists or is alone)."""
         names = [job for job, state in list(self._states.items()) if _exists(state)]
         return sorted(names) or [DEFAULT_JOB]
@@ -193,14 +190,14 @@ class JobRegistry:
         return [self._states[job] for job in self.names() if job in self._states]
 
     # ------------------------------------------------------------- changes
-    def apply_file(self, job: str, path: Path, content: FileContent, startup: bool = False) -> None:
+    def apply_file(self, job: JobId, path: Path, content: FileContent, startup: bool = False) -> None:
         """A ``--config-dir`` file of ``job``: creates the job when new, else a new version when changed."""
         state = self.serve(job)
         state.config_path = path.resolve()
         state.apply_file(content, startup=startup)
 
     def apply_schema_file(
-        self, job: str, path: Path, content: FileContent, config: FileContent | None, startup: bool = False
+        self, job: JobId, path: Path, content: FileContent, config: FileContent | None, startup: bool = False
     ) -> None:
         """A ``--config-dir`` schema file of ``job``; at startup ``config`` is the job's config file
         read at the same time (a schema and a config edited together while down both load)."""
@@ -212,7 +209,7 @@ class JobRegistry:
         else:
             state.schema.apply_file(content)
 
-    def delete(self, job: str) -> None:
+    def delete(self, job: JobId) -> None:
         """Forget a job and its history; JobBusy while a manager of it is live or a file defines it."""
         state = self.existing(job)
         recent = [m for m in state.managers() if m["last_seen_s"] < LIVE_MANAGER_SECONDS]

@@ -43,7 +43,7 @@ from lighthouse.config.values import (
 )
 from lighthouse.jobs.leases import CommitWindow, LeaseBook, LeasePolicy
 from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, StoreBackend, Switch
-from protos.job_ids import DEFAULT_JOB
+from protos.job_ids import DEFAULT_JOB, JobId
 from protos.limits import FOREVER
 
 __all__ = ["FOREVER", "Change", "ConfigStore", "NotFound", "Segment", "VersionConflict"]
@@ -62,6 +62,15 @@ class VersionConflict(Exception):
 
 class NotFound(LookupError):
     pass
+
+
+class NotCancellable(ConfigError):
+    """What a cancel names is not pending: a change not scheduled, cancelled or in effect already
+    (``head``: the job's version then), or a guard that passed or triggered (``head`` None)."""
+
+    def __init__(self, message: str, head: int | None = None) -> None:
+        super().__init__(message)
+        self.head = head
 
 
 class StepPromised(ConfigError):
@@ -135,7 +144,7 @@ class ConfigStore:
         self,
         backend: StoreBackend,
         *,
-        job: str = DEFAULT_JOB,
+        job: JobId = DEFAULT_JOB,
         history_limit: int | None = None,
         owner: str = "",
         lease_policy: LeasePolicy | None = None,
@@ -633,9 +642,9 @@ class ConfigStore:
     def _check_cancellable(self, target: int, rows: list[Change], horizon: int) -> None:
         row = self.get(target)
         if row.effective_step is None:
-            raise ConfigError(f"version {target} is not a scheduled change")
+            raise NotCancellable(f"version {target} is not a scheduled change", self.head)
         if target in self._cancelled or any(r.op == "cancel" and r.change["version"] == target for r in rows):
-            raise ConfigError(f"version {target} is already cancelled")
+            raise NotCancellable(f"version {target} is already cancelled", self.head)
         if row.effective_step <= horizon:
             raise StepPromised(
                 f"version {target} takes effect at step {row.effective_step}, already promised to the "
@@ -643,9 +652,10 @@ class ConfigStore:
                 horizon + 1,
             )
         if row.effective_step <= self._current_step:
-            raise ConfigError(
+            raise NotCancellable(
                 f"version {target} took effect at step {row.effective_step} "
-                f"(the job is at step {self._current_step}); make a new change instead"
+                f"(the job is at step {self._current_step}); make a new change instead",
+                self.head,
             )
 
     @staticmethod

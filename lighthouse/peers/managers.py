@@ -23,6 +23,7 @@ from lighthouse.etcd.client import EtcdClient
 from lighthouse.etcd.types import Delete, Event, Put
 from lighthouse.jobs.registry import JobRegistry
 from lighthouse.peers.share import LEASE_TTL, PUBLISH_INTERVAL, EtcdShare, batches, hold_job
+from protos.job_ids import JobId
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class PeerManagers(EtcdShare):
         self._lock = threading.Lock()
         # job -> instance -> (its lighthouse's address, its managers as published)
         self._remote: dict[str, dict[str, tuple[str, list[dict[str, Any]]]]] = {}
-        self._published: dict[str, list[dict[str, Any]]] = {}  # job -> what our key holds
+        self._published: dict[JobId, list[dict[str, Any]]] = {}  # job -> what our key holds
 
     # ------------------------------------------------------------ reading
     def remote(self, job: str) -> list[dict[str, Any]]:
@@ -117,8 +118,7 @@ class PeerManagers(EtcdShare):
     def _hold(self, jobs: list[str]) -> None:
         """Hold a job whose managers all talk to other lighthouses, so this one lists it too."""
         for job in jobs:
-            if self.registry.get(job) is None:
-                hold_job(self.registry, job)
+            hold_job(self.registry, job)
 
     def _on_events(self, events: list[Event]) -> None:
         new = [self._take(e.kv.key, e.kv.value if e.type == "put" else None) for e in events]
@@ -145,7 +145,7 @@ class PeerManagers(EtcdShare):
         lease = self._ensure_lease()
         current = {state.job: state.local_managers() for state in self.registry.states()}
         current = {job: managers for job, managers in current.items() if managers}
-        ops: list[tuple[str, Put | Delete]] = [
+        ops: list[tuple[JobId, Put | Delete]] = [
             (job, Delete(self._key(job))) for job in self._published if job not in current
         ]
         for job, managers in current.items():

@@ -24,7 +24,7 @@ from lighthouse.etcd.watch import Watch
 from lighthouse.jobs.registry import JobRegistry, TooManyJobs
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.store.backend import StoreUnavailable
-from protos.job_ids import InvalidJobId, check_job_id
+from protos.job_ids import InvalidJobId, check_job_name
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +37,11 @@ T = TypeVar("T")
 
 
 def hold_job(registry: JobRegistry, job: str) -> LighthouseState | None:
-    """The state of a job seen on another lighthouse, held from now on; None (logged) when this
-    lighthouse cannot hold it (a bad id, too many jobs, the store out of reach)."""
+    """The state of a job named in another lighthouse's key (its id is checked here), held from now
+    on; None (logged) when this lighthouse cannot hold it (a bad id, too many jobs, the store out of
+    reach)."""
     try:
-        return registry.serve(check_job_id(job))
+        return registry.serve(check_job_name(job))
     except (InvalidJobId, TooManyJobs, StoreUnavailable, EtcdError) as exc:
         logger.warning("not holding job %r seen on a peer: %s", job[:100], exc)
         return None

@@ -14,12 +14,17 @@ over its etcd client.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from protos.job_ids import InvalidJobId, JobId, check_job_name
+
 if TYPE_CHECKING:
     from lighthouse.etcd.client import EtcdClient
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -73,9 +78,9 @@ class Change:
 # (replica_id, version, step, previous_step): a group began serving `version` at `step`.
 Switch = tuple[str, int, int, int]
 
-JobChanged = Callable[[str, int], None]  # (job, head now; 0 when deleted, -1 when unknown)
-StepChanged = Callable[[str, int], None]  # (job, step stored)
-CeilingChanged = Callable[[str, str, int, int], None]  # (job, meta key, ceiling, revision)
+JobChanged = Callable[[JobId, int], None]  # (job, head now; 0 when deleted, -1 when unknown)
+StepChanged = Callable[[JobId, int], None]  # (job, step stored)
+CeilingChanged = Callable[[JobId, str, int, int], None]  # (job, meta key, ceiling, revision)
 
 
 @dataclass
@@ -109,6 +114,21 @@ class StoreUnavailable(Exception):
     """The backend cannot commit now (etcd without quorum); nothing was stored."""
 
 
+def stored_job(name: str) -> JobId | None:
+    """A job id read from a store; None (logged) for a name no lighthouse writes (a foreign key),
+    as a request naming it would be refused."""
+    try:
+        return check_job_name(name)
+    except InvalidJobId as exc:
+        logger.warning("a stored job ignored: %s", exc)
+        return None
+
+
+def stored_jobs(names: Iterable[str]) -> list[JobId]:
+    """The job ids among names read from a store, sorted (see ``stored_job``)."""
+    return sorted(job for job in map(stored_job, names) if job is not None)
+
+
 class StoreBackend(Protocol):
     """Durable records of every job. ``append`` returns only once the record is committed."""
 
@@ -119,7 +139,7 @@ class StoreBackend(Protocol):
     # queues steps and writes them in the background takes every one (0).
     step_save_interval: float
 
-    def jobs(self) -> list[str]:
+    def jobs(self) -> list[JobId]:
         """Jobs with at least one stored version, sorted."""
         ...
 

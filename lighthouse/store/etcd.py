@@ -61,7 +61,10 @@ from lighthouse.store.backend import (
     StepChanged,
     StoreUnavailable,
     Switch,
+    stored_job,
+    stored_jobs,
 )
+from protos.job_ids import JobId
 from protos.tls import TLSConfig
 
 log = logging.getLogger(__name__)
@@ -213,11 +216,11 @@ class EtcdBackend:
         with _mapped():
             return not self.client.get(self.prefix + "/", prefix=True, limit=1, keys_only=True).kvs
 
-    def jobs(self) -> list[str]:
+    def jobs(self) -> list[JobId]:
         index = f"{self.prefix}/index/"
         with _mapped():
             kvs = self.client.get(index, prefix=True, keys_only=True).kvs
-        return sorted(kv.key.decode()[len(index) :] for kv in kvs)
+        return stored_jobs(kv.key.decode()[len(index) :] for kv in kvs)
 
     def load(self, job: str) -> JobRecords:
         base = self._job(job)
@@ -510,15 +513,18 @@ class EtcdBackend:
         """
 
         def events(batch: list[Event]) -> None:
-            heads: dict[str, int] = {}
-            steps: dict[str, int] = {}
-            ceilings: list[tuple[str, str, int, int]] = []
-            pruned: set[str] = set()
+            heads: dict[JobId, int] = {}
+            steps: dict[JobId, int] = {}
+            ceilings: list[tuple[JobId, str, int, int]] = []
+            pruned: set[JobId] = set()
             for event in batch:
                 key = event.kv.key.decode()
                 if not key.startswith(self._jobs_key):
                     continue
-                job, _, sub = key[len(self._jobs_key) :].partition("/")
+                name, _, sub = key[len(self._jobs_key) :].partition("/")
+                job = stored_job(name)
+                if job is None:
+                    continue
                 if sub == "head":
                     heads[job] = int(event.kv.value) if event.type == "put" else 0
                 elif sub == "meta/current_step" and event.type == "put":
@@ -541,9 +547,9 @@ class EtcdBackend:
         def compacted() -> int:
             result = self.client.get(f"{self.prefix}/index/", prefix=True, keys_only=True)
             with self._lock:
-                jobs = set(self._known_jobs)
-            jobs.update(kv.key.decode().rsplit("/", 1)[1] for kv in result.kvs)
-            for job in sorted(jobs):
+                names = set(self._known_jobs)
+            names.update(kv.key.decode().rsplit("/", 1)[1] for kv in result.kvs)
+            for job in stored_jobs(names):
                 on_job_changed(job, -1)
             return result.revision
 

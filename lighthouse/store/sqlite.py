@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, Switch
+from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, Switch, stored_jobs
+from protos.job_ids import JobId
 
 logger = logging.getLogger(__name__)
 
@@ -184,9 +185,9 @@ class SqliteBackend:
             self._db.execute(f"PRAGMA user_version = {FORMAT_VERSION}")
 
     # ------------------------------------------------------------------ reads
-    def jobs(self) -> list[str]:
+    def jobs(self) -> list[JobId]:
         with self._lock:
-            return [r[0] for r in self._db.execute("SELECT DISTINCT job FROM job_versions ORDER BY job")]
+            return stored_jobs(r[0] for r in self._db.execute("SELECT DISTINCT job FROM job_versions"))
 
     def load(self, job: str) -> JobRecords:
         with self._lock:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from lighthouse.web.messages import HttpError
-from protos.job_ids import InvalidJobId, check_job_id
+from protos.job_ids import InvalidJobId, JobId, check_job_name
 
 
 class Access:
@@ -20,11 +20,11 @@ class Access:
         self._admin = admin_token.encode() if admin_token else None
         self._jobs = {job: [t.encode() for t in tokens] for job, tokens in (job_tokens or {}).items()}
 
-    def enforced(self, job: str) -> bool:
+    def enforced(self, job: JobId) -> bool:
         """Whether changes to ``job`` need a token."""
         return self._admin is not None or bool(self._jobs.get(job))
 
-    def check(self, job: str, token: str, admin_only: bool = False) -> str:
+    def check(self, job: JobId, token: str, admin_only: bool = False) -> str:
         """Who is changing ``job`` for the history ("token": the admin token, "job token", or "-");
         raises 401 (no or wrong token) or 403 (a token of another job)."""
         if admin_only and self._admin is None:
@@ -67,9 +67,9 @@ def load_job_tokens(path: Path) -> dict[str, list[str]]:
     if not isinstance(data, dict):
         raise ValueError(f'--tokens {path}: expected a JSON object {{"job": ["token", ...]}}')
     out: dict[str, list[str]] = {}
-    for job, tokens in data.items():
+    for name, tokens in data.items():
         try:
-            check_job_id(job)
+            job = check_job_name(name)  # an empty name is no job, not "default"
         except InvalidJobId as exc:
             raise ValueError(f"--tokens {path}: {exc}") from None
         if isinstance(tokens, str):

@@ -15,6 +15,7 @@ from email.message import Message
 from typing import Any
 
 from lighthouse.config.values import parse_json
+from protos.job_ids import DEFAULT_JOB, JobId
 
 MAX_BODY_BYTES = 1024 * 1024
 
@@ -58,7 +59,7 @@ class Request:
     rfile: io.BufferedIOBase
     params: tuple[str, ...] = ()
     body_read: bool = False
-    job: str = "default"  # from an /api/jobs/{job}/... or /jobs/{job}/... path
+    job: JobId = DEFAULT_JOB  # from an /api/jobs/{job}/... or /jobs/{job}/... path (checked there)
 
     def arg(self, name: str) -> str | None:
         values = self.query.get(name)

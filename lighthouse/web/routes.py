@@ -22,13 +22,11 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from lighthouse.config.schema import SchemaViolation
-from lighthouse.config.values import ConfigError
 from lighthouse.jobs.guards import GuardSpec, JobGuards
-from lighthouse.jobs.registry import JobBusy, JobRegistry
+from lighthouse.jobs.registry import JobRegistry
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.timeline import DEFAULT_SEGMENTS, timeline
-from lighthouse.jobs.versions import ConfigStore, NotFound, Plan, StepPromised
+from lighthouse.jobs.versions import ConfigStore, NotFound, Plan
 from lighthouse.web.access import Access
 from lighthouse.web.messages import (
     HttpError,
@@ -39,7 +37,7 @@ from lighthouse.web.messages import (
     json_response,
     parse_int,
 )
-from protos.job_ids import DEFAULT_JOB, InvalidJobId, check_job_id
+from protos.job_ids import DEFAULT_JOB, check_job_id
 from protos.limits import FOREVER
 
 MAX_AUTHOR_CHARS = 64
@@ -121,10 +119,7 @@ class AdminApi:
         routes = self.routes
         prefixed = _JOB_PREFIX.fullmatch(req.path)
         if prefixed is not None:
-            try:
-                req.job = check_job_id(prefixed.group(2))
-            except InvalidJobId as exc:
-                raise HttpError(400, str(exc)) from None
+            req.job = check_job_id(prefixed.group(2))  # where an HTTP request's job id is checked
             rest = prefixed.group(3) or ""
             if prefixed.group(1) is None:  # a job's pages: /jobs/{job} and /jobs/{job}/config
                 req.path = rest or "/"
@@ -223,10 +218,7 @@ class AdminApi:
 
     def delete_job(self, req: Request) -> Response:
         author = self.authorize(req, admin_only=True)
-        try:
-            self.jobs.delete(req.job)
-        except JobBusy as exc:
-            raise HttpError(409, str(exc)) from None
+        self.jobs.delete(req.job)
         return json_response({"deleted": req.job, "author": author})
 
     def get_config(self, req: Request) -> Response:
@@ -300,11 +292,7 @@ class AdminApi:
     def cancel_guard(self, req: Request) -> Response:
         author = self.authorize(req)
         version = parse_int(req.params[0], "version", minimum=1)
-        try:
-            guard = self.state(req).guards.cancel(version, author)
-        except ConfigError as exc:  # passed or triggered already
-            raise HttpError(409, str(exc)) from None
-        return json_response({"guard": guard})
+        return json_response({"guard": self.state(req).guards.cancel(version, author)})
 
     def metrics(self, req: Request) -> Response:
         lines: list[str] = []
@@ -485,13 +473,7 @@ class AdminApi:
     def cancel(self, req: Request) -> Response:
         author = self.authorize(req)
         version = parse_int(req.params[0], "version", minimum=1)
-        state = self.state(req)
-        try:
-            plan = state.cancel(version, author=author, comment=self._comment(req))
-        except (SchemaViolation, StepPromised):
-            raise
-        except ConfigError as exc:  # not scheduled, already cancelled or already in effect
-            raise HttpError(409, str(exc), version=state.store.head) from None
+        plan = self.state(req).cancel(version, author=author, comment=self._comment(req))
         return self._changed(req, plan)
 
     # ------------------------------------------------------------ schema

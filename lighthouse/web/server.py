@@ -1,4 +1,4 @@
-"""The HTTP server of the lighthouse's dashboard and admin API (routes in ``admin_api``).
+"""The HTTP server of the lighthouse's dashboard and admin API (routes in ``routes``, statuses in ``errors``).
 
 Built on the standard library's ``http.server``: the API is a dozen JSON routes,
 and every training cluster that runs a lighthouse would otherwise carry a web
@@ -23,11 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from lighthouse.config.schema import SchemaViolation
-from lighthouse.config.values import ConfigError, ConfigTooLarge
-from lighthouse.jobs.registry import JobRegistry, TooManyJobs
-from lighthouse.jobs.versions import NotFound, StepPromised, VersionConflict
-from lighthouse.store.backend import StoreUnavailable
+from lighthouse.jobs.registry import JobRegistry
+from lighthouse.web.errors import http_error
 from lighthouse.web.messages import (
     MAX_BODY_BYTES,
     HttpError,
@@ -37,7 +34,6 @@ from lighthouse.web.messages import (
     error_response,
 )
 from lighthouse.web.routes import AdminApi
-from protos.job_ids import InvalidJobId
 from protos.rpc import dialable_address, parse_address
 from protos.tls import ServerCertificates, ssl_failure
 
@@ -93,32 +89,16 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 raise HttpError(400, "too many query parameters (max 50)") from None
             req.content_length()  # a malformed one is a 400 whatever the route (the framing is unknown)
             resp = self.server.api.dispatch(req)
-        except HttpError as exc:
-            resp = error_response(exc)
-        except VersionConflict as exc:
-            resp = error_response(HttpError(409, str(exc), version=exc.head))
-        except NotFound as exc:
-            resp = error_response(HttpError(404, str(exc)))
-        except InvalidJobId as exc:
-            resp = error_response(HttpError(400, str(exc)))
-        except TooManyJobs as exc:
-            resp = error_response(HttpError(507, str(exc)))
-        except ConfigTooLarge as exc:
-            resp = error_response(HttpError(413, str(exc)))
-        except SchemaViolation as exc:
-            resp = error_response(HttpError(422, str(exc), violations=exc.violations))
-        except StepPromised as exc:
-            resp = error_response(HttpError(409, str(exc), earliest_step=exc.earliest))
-        except ConfigError as exc:
-            resp = error_response(HttpError(400, str(exc)))
-        except StoreUnavailable as exc:
-            resp = error_response(HttpError(503, str(exc)))
         except (TimeoutError, ConnectionError):
             self.close_connection = True
             return
-        except Exception:
-            logger.exception("HTTP %s %s failed", self.command, parts.path[:200])
-            resp = error_answer(500, "internal error (see the lighthouse log)")
+        except Exception as exc:
+            error = http_error(exc)  # a refusal (an HttpError, a domain error in the table)
+            if error is not None:
+                resp = error_response(error)
+            else:
+                logger.exception("HTTP %s %s failed", self.command, parts.path[:200])
+                resp = error_answer(500, "internal error (see the lighthouse log)")
         linger = req.has_unread_body()
         if linger or resp.status >= 400:
             self.close_connection = True
