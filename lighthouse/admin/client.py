@@ -329,7 +329,7 @@ class AdminClient:
         sent = {"Accept": "application/json", **(headers or {})}
         data = None
         if body is not None:
-            data = json.dumps(body, ensure_ascii=False).encode()
+            data = json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
             sent["Content-Type"] = "application/json"
         if self.token:
             sent["Authorization"] = f"Bearer {self.token}"
