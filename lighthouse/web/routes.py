@@ -23,7 +23,7 @@ from importlib import resources
 from typing import Any
 
 from lighthouse.config.schema import SchemaViolation
-from lighthouse.config.values import ConfigError
+from lighthouse.config.values import MAX_JSON_DEPTH, ConfigError
 from lighthouse.jobs.guards import GuardSpec, JobGuards
 from lighthouse.jobs.registry import JobBusy, JobRegistry
 from lighthouse.jobs.state import LighthouseState
@@ -591,13 +591,17 @@ def _label(value: str) -> str:
 
 
 def load_assets() -> dict[str, tuple[bytes, str, str]]:
-    """Every file of lighthouse/web/static, in memory: a handful of small files, served without disk I/O."""
+    """Every file of lighthouse/web/static, in memory: a handful of small files, served without disk I/O.
+
+    Pages get the lighthouse's nesting limit, so the dashboard's parser refuses exactly what it does."""
     assets: dict[str, tuple[bytes, str, str]] = {}
     folder = resources.files("lighthouse.web").joinpath("static")
     for entry in folder.iterdir():
         suffix = "." + entry.name.rpartition(".")[2]
         if entry.is_file() and suffix in CONTENT_TYPES:
             data = entry.read_bytes()
+            if suffix == ".html":
+                data = data.replace(b"{{MAX_JSON_DEPTH}}", str(MAX_JSON_DEPTH).encode())
             etag = '"' + hashlib.sha256(data).hexdigest()[:20] + '"'
             assets[entry.name] = (data, CONTENT_TYPES[suffix], etag)
     return assets
