@@ -113,10 +113,12 @@ def check_storable(document: Any, what: str) -> None:
         if isinstance(value, dict | list):
             if depth >= MAX_JSON_DEPTH:
                 raise UnstorableValue(f"{_where(what, key)} is nested too deeply (max {MAX_JSON_DEPTH})")
-            pairs = value.items() if isinstance(value, dict) else ((key, item) for item in value)
-            for name, item in pairs:
+            if isinstance(value, list):
+                stack.extend((item, depth + 1, key) for item in value)
+                continue
+            for name, item in value.items():
                 named = name if depth == 0 else key
-                if isinstance(value, dict) and _SURROGATE.search(name):
+                if _SURROGATE.search(name):
                     raise UnstorableValue(f"{_where(what, named)} has a lone surrogate (not Unicode)")
                 stack.append((item, depth + 1, named))
         elif isinstance(value, str) and _SURROGATE.search(value):
