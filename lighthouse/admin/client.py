@@ -125,8 +125,17 @@ class AdminClient:
         return self._call("GET", f"{self._api}/config")
 
     def history(self, limit: int = 100) -> dict[str, Any]:
-        """The newest ``limit`` versions, newest first."""
-        return self._call("GET", f"{self._api}/config/history", query={"limit": limit})
+        """The newest ``limit`` versions, newest first: as many pages as that takes (a page
+        stops at the lighthouse's byte budget and names the next with ``next_before``)."""
+        versions: list[dict[str, Any]] = []
+        query: dict[str, Any] = {"limit": limit}
+        while True:
+            answer = self._call("GET", f"{self._api}/config/history", query=query)
+            versions.extend(answer["versions"])
+            following = answer.get("next_before")
+            if following is None or len(versions) >= limit:
+                return {"versions": versions[:limit]}
+            query = {"limit": limit - len(versions), "before": following}
 
     def versions_after(self, version: int, limit: int = 100, wait: float = 0.0) -> list[dict[str, Any]]:
         """The versions after ``version``, oldest first; with ``wait``, a blocking query: answered as
