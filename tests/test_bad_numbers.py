@@ -61,6 +61,7 @@ BAD_BODIES = [
     pytest.param('{"lr": 0.2, "big": {"x": [1, 2e400]}}', "'big'", "out of range", id="nested-1e999"),
     pytest.param('{"lr": 0.2, "huge": ' + "7" * DIGITS + "}", "'huge'", f"{DIGITS} digits", id="digits"),
     pytest.param('{"lr": 0.2, "huge": -' + "7" * DIGITS + "}", "'huge'", f"{DIGITS} digits", id="-digits"),
+    pytest.param('{"lr": 0.2, "huge": ' + "1" * 5001 + "}", "'huge'", "5001 digits", id="5001-digits"),
     pytest.param('{"lr": 0.2, "s": "a\\ud800b"}', "'s'", "lone surrogate", id="surrogate-value"),
     pytest.param('{"lr": 0.2, "s": ["\\udfff"]}', "'s'", "lone surrogate", id="surrogate-in-array"),
     pytest.param('{"lr": 0.2, "\\ud800": 1}', "'\\ud800'", "lone surrogate", id="surrogate-key"),
@@ -84,6 +85,18 @@ def test_a_body_no_store_can_hold_is_a_400_naming_the_key(
     assert (after["version"], after["config"]) == (before["version"], before["config"]) == (1, START)
     assert [v["version"] for v in get(lh, "/api/config/history")["versions"]] == [1]
     assert "Traceback" not in lh.stderr()
+
+
+def test_numbers_at_the_limits_are_stored_as_written(procs: ProcessPool) -> None:
+    lh = procs.lighthouse(START)
+    longest = "9" * (DIGITS - 1)
+    body = '{"lr": 1.7976931348623157e308, "low": -1.7976931348623157e308, "long": ' + longest + "}"
+    assert send(lh, "PUT", "/api/config", body).status == 200
+    config = strict(call(lh.url, "GET", "/api/config").body)["config"]
+    assert config == {"lr": 1.7976931348623157e308, "low": -1.7976931348623157e308, "long": int(longest)}
+    with LighthouseClient(lh.address) as client:
+        served = client.get_config(timeout=10)
+    assert served["long"] == longest and served["lr"] == "1.7976931348623157e+308"
 
 
 def test_a_schema_no_store_can_hold_is_a_400_naming_the_key(procs: ProcessPool) -> None:
