@@ -19,6 +19,8 @@ from playwright.sync_api import Page, expect
 
 from lighthouse.client import LighthouseClient
 from lighthouse.config.values import MAX_JSON_DEPTH
+from lighthouse.jobs.versions import ConfigStore
+from lighthouse.store.sqlite import STORE_FILE
 from lighthouse.web.routes import MAX_HISTORY_BYTES
 from protos import lighthouse_config_pb2 as pb
 from protos.metrics import pack
@@ -204,6 +206,21 @@ def test_every_answer_is_strict_json_also_with_non_finite_reports(procs: Process
         "/healthz",
     ):
         get(lh, path)
+
+
+def test_a_version_stored_before_numbers_were_checked_is_answered_as_strict_json(
+    procs: ProcessPool, tmp_path: Path
+) -> None:
+    """Such a version stays in the history: its infinity is answered as the string "Infinity"."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    store = ConfigStore(state_dir / STORE_FILE)
+    store.commit("put", {"lr": 0.1, "big": float("inf"), "low": [float("-inf")]}, source="api")
+    store.close()
+    lh = procs.lighthouse(state_dir=state_dir)
+    expected = {"lr": 0.1, "big": "Infinity", "low": ["-Infinity"]}
+    assert get(lh, "/api/config")["config"] == expected
+    assert get(lh, "/api/config/history")["versions"][0]["config"] == expected
 
 
 def test_history_of_a_big_config_pages_within_the_byte_budget(procs: ProcessPool) -> None:
