@@ -127,8 +127,17 @@ class AdminClient:
         return self._call("GET", f"{self._api}/config")
 
     def history(self, limit: int = 100) -> dict[str, Any]:
-        """The newest ``limit`` versions, newest first."""
-        return self._call("GET", f"{self._api}/config/history", query={"limit": limit})
+        """The newest ``limit`` versions, newest first: as many pages as that takes (a page
+        stops at the lighthouse's byte budget and names the next with ``next_before``)."""
+        versions: list[dict[str, Any]] = []
+        query: dict[str, Any] = {"limit": limit}
+        while True:
+            answer = self._call("GET", f"{self._api}/config/history", query=query)
+            versions.extend(answer["versions"])
+            following = answer.get("next_before")
+            if following is None or len(versions) >= limit:
+                return {"versions": versions[:limit]}
+            query = {"limit": limit - len(versions), "before": following}
 
     def versions_after(self, version: int, limit: int = 100, wait: float = 0.0) -> list[dict[str, Any]]:
         """The versions after ``version``, oldest first; with ``wait``, a blocking query: answered as
@@ -342,7 +351,7 @@ class AdminClient:
         sent = {"Accept": "application/json", **(headers or {})}
         data = None
         if body is not None:
-            data = json.dumps(body, ensure_ascii=False).encode()
+            data = json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
             sent["Content-Type"] = "application/json"
         if self.token:
             sent["Authorization"] = f"Bearer {self.token}"

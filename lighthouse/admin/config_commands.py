@@ -144,7 +144,10 @@ def parse_assignments(assignments: tuple[str, ...]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="KEY=VALUE")
-        changes[key] = decode_cli_value(value)
+        try:
+            changes[key] = decode_cli_value(value, key)
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc), param_hint="KEY=VALUE") from None
     return changes
 
 

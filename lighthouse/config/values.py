@@ -9,12 +9,22 @@ PUT; only the store's PATCH reads a ``null`` as "delete this key".
 from __future__ import annotations
 
 import json
+import math
+import re
+import sys
 from typing import Any
 
 MAX_KEY_LENGTH = 256
 
 
 MAX_CONFIG_BYTES = 1024 * 1024
+
+# Containers nested in one JSON document, the config object itself counting 1. The dashboard
+# and the editor read this very number from the page (``data-max-json-depth``), so whatever the
+# lighthouse stores, they can show.
+MAX_JSON_DEPTH = 100
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ConfigError(ValueError):
@@ -23,6 +33,36 @@ class ConfigError(ValueError):
 
 class ConfigTooLarge(ConfigError):
     """The resulting config would exceed MAX_CONFIG_BYTES."""
+
+
+class UnstorableValue(ConfigError):
+    """Valid JSON the config cannot hold as written: a number past a double's range, an integer
+    past Python's digit limit, a lone surrogate, nesting past MAX_JSON_DEPTH (the message names the key)."""
+
+
+class _BadNumber:
+    """What the parse hooks return for a number the config cannot hold: refused, naming its key,
+    once the whole document is parsed (a hook does not know where it is)."""
+
+    __slots__ = ("problem",)
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+
+
+def _parse_float(text: str) -> float | _BadNumber:
+    value = float(text)
+    if math.isfinite(value):
+        return value
+    return _BadNumber(f"{text[:40]} is out of range for a number (a double ends near 1.8e308)")
+
+
+def _parse_int(text: str) -> int | _BadNumber:
+    digits = len(text) - text.startswith("-")
+    limit = sys.get_int_max_str_digits()
+    if limit and digits > limit:
+        return _BadNumber(f"an integer of {digits} digits is too long (max {limit}; use a string)")
+    return int(text)
 
 
 def _reject_constant(name: str) -> Any:
@@ -46,7 +86,13 @@ def parse_json(text: str | bytes, what: str = "body") -> Any:
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{what} is not valid UTF-8 (byte {exc.start})") from None
     try:
-        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
+        document = json.loads(
+            text,
+            parse_constant=_reject_constant,
+            parse_float=_parse_float,
+            parse_int=_parse_int,
+            object_pairs_hook=_no_duplicate_keys,
+        )
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
@@ -55,6 +101,34 @@ def parse_json(text: str | bytes, what: str = "body") -> Any:
         raise ConfigError(f"{what} is not valid JSON: {exc}") from None
     except RecursionError:
         raise ConfigError(f"{what} is nested too deeply") from None
+    check_storable(document, what)
+    return document
+
+
+def check_storable(document: Any, what: str) -> None:
+    """Raise UnstorableValue, naming the top-level key, for what no store or answer can hold."""
+    stack: list[tuple[Any, int, str | None]] = [(document, 0, None)]  # value, containers above it, key
+    while stack:
+        value, depth, key = stack.pop()
+        if isinstance(value, dict | list):
+            if depth >= MAX_JSON_DEPTH:
+                raise UnstorableValue(f"{_where(what, key)} is nested too deeply (max {MAX_JSON_DEPTH})")
+            if isinstance(value, list):
+                stack.extend((item, depth + 1, key) for item in value)
+                continue
+            for name, item in value.items():
+                named = name if depth == 0 else key
+                if _SURROGATE.search(name):
+                    raise UnstorableValue(f"{_where(what, named)} has a lone surrogate (not Unicode)")
+                stack.append((item, depth + 1, named))
+        elif isinstance(value, str) and _SURROGATE.search(value):
+            raise UnstorableValue(f"{_where(what, key)} holds a lone surrogate (not Unicode)")
+        elif isinstance(value, _BadNumber):
+            raise UnstorableValue(f"{_where(what, key)}: {value.problem}")
+
+
+def _where(what: str, key: str | None) -> str:
+    return what if key is None else f"{what} key {key[:64]!r}"
 
 
 def validate_object(obj: Any, *, what: str = "config") -> dict[str, Any]:
@@ -100,11 +174,14 @@ def encode_config(config: dict[str, Any]) -> dict[str, str]:
     return {key: encode_value(value) for key, value in config.items()}
 
 
-def decode_cli_value(text: str) -> Any:
-    """``lr=0.01`` stores the number 0.01, ``name=abc`` the string "abc": JSON when it parses."""
+def decode_cli_value(text: str, key: str | None = None) -> Any:
+    """``lr=0.01`` stores the number 0.01, ``name=abc`` the string "abc": JSON when it parses.
+    JSON the config cannot hold (``big=1e999``) is refused, not sent as a string."""
     try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, ConfigError):
+        return parse_json(text, "value" if key is None else f"key {key[:64]!r}")
+    except UnstorableValue:
+        raise
+    except ConfigError:
         return text
 
 

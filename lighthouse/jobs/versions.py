@@ -46,7 +46,7 @@ from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, S
 from protos.job_ids import DEFAULT_JOB, JobId
 from protos.limits import FOREVER
 
-__all__ = ["FOREVER", "Change", "ConfigStore", "NotFound", "Segment", "VersionConflict"]
+__all__ = ["FOREVER", "Change", "ConfigStore", "HistoryPage", "NotFound", "Segment", "VersionConflict"]
 
 LEASE_META = "lease_ceiling"  # meta keys of step-lease ceilings start with this
 MAX_COMMIT_RETRIES = 20  # another lighthouse appending first, again and again
@@ -119,6 +119,16 @@ class Plan:
     def changes(self) -> dict[str, dict[str, Any]]:
         """Per key ``{"before": .., "after": ..}``; a key added has no "before", one removed no "after"."""
         return config_changes(self.before, self.after)
+
+
+@dataclass(frozen=True)
+class HistoryPage:
+    """One page of a job's history: ``more`` when versions lie past its last entry,
+    ``truncated`` when the byte budget, not the limit, ended it."""
+
+    versions: list[dict[str, Any]]
+    more: bool
+    truncated: bool
 
 
 @dataclass(frozen=True)
@@ -260,12 +270,33 @@ class ConfigStore:
             rows = self._rows[::-1][:limit]
             return [r.to_json(cancelled=r.version in self._cancelled) for r in rows]
 
-    def history_after(self, version: int, limit: int = 100) -> list[dict[str, Any]]:
-        """The versions after ``version``, oldest first (a feed to follow), at most ``limit``."""
+    def history_page(
+        self, limit: int, max_bytes: int, *, before: int | None = None, after: int | None = None
+    ) -> HistoryPage:
+        """Newest first below ``before`` (none: from the head), or with ``after`` the versions
+        after it oldest first (a feed to follow); at most ``limit`` entries and ``max_bytes`` of
+        JSON (one entry at least, so every page moves on)."""
         with self._lock:
-            start = bisect.bisect_right(self._rows, version, key=lambda r: r.version)
-            rows = self._rows[start : start + limit]
-            return [r.to_json(cancelled=r.version in self._cancelled) for r in rows]
+            if after is not None:
+                start = bisect.bisect_right(self._rows, after, key=lambda r: r.version)
+                rows = self._rows[start : start + limit + 1]
+            else:
+                end = (
+                    len(self._rows)
+                    if before is None
+                    else bisect.bisect_left(self._rows, before, key=lambda r: r.version)
+                )
+                rows = self._rows[max(0, end - limit - 1) : end][::-1]
+            cancelled = {r.version for r in rows if r.version in self._cancelled}
+        entries: list[dict[str, Any]] = []
+        used = 0
+        for row in rows[:limit]:  # encoded outside the lock: a page may be megabytes
+            entry = row.to_json(cancelled=row.version in cancelled)
+            used += len(json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode()) + 1
+            if entries and used > max_bytes:
+                return HistoryPage(entries, more=True, truncated=True)
+            entries.append(entry)
+        return HistoryPage(entries, more=len(rows) > limit, truncated=False)
 
     def held_changes(self) -> list[Change]:
         """The changes that apply (no cancels, none cancelled) in apply order: each holds from its

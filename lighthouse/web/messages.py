@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from email.message import Message
@@ -40,8 +41,24 @@ class Response:
 
 
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    """Always valid JSON: a float that is not finite (held only by versions stored before numbers
+    were checked) is written as the string "Infinity", "-Infinity" or "NaN"."""
+    try:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    body = text.encode()
     return Response(status, body, "application/json", {"Cache-Control": "no-store", **(headers or {})})
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value).replace("inf", "Infinity").replace("nan", "NaN")
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def error_response(exc: HttpError) -> Response:

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from lighthouse.config.values import MAX_JSON_DEPTH
 from lighthouse.jobs.guards import GuardSpec, JobGuards
 from lighthouse.jobs.registry import JobRegistry
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.timeline import DEFAULT_SEGMENTS, timeline
-from lighthouse.jobs.versions import ConfigStore, NotFound, Plan
+from lighthouse.jobs.versions import ConfigStore, HistoryPage, NotFound, Plan
 from lighthouse.web.access import Access
 from lighthouse.web.messages import (
     HttpError,
@@ -44,6 +45,10 @@ MAX_AUTHOR_CHARS = 64
 MAX_COMMENT_CHARS = 500
 DEFAULT_HISTORY_LIMIT = 100
 MAX_HISTORY_LIMIT = 100_000
+# A history answer stops before this many bytes and names the next page (a config and its change
+# are at most 1 MiB each, so one version always fits).
+MAX_HISTORY_BYTES = 4 * 1024 * 1024
+_HISTORY_ENTRIES_BYTES = MAX_HISTORY_BYTES - 256  # the rest is the answer around the entries
 MAX_METRIC_POINTS = 10_000
 # Blocking history queries (?after=V&wait=S, what `config watch` follows): each holds a thread.
 MAX_WAIT_SECONDS = 60.0
@@ -225,16 +230,22 @@ class AdminApi:
         return json_response(self.state(req).view())
 
     def history(self, req: Request) -> Response:
-        """Newest first; with ``after=V`` the versions after V, oldest first (a feed), and with
-        ``wait=S`` too, answered as soon as one exists or empty after S seconds (a blocking query)."""
+        """Newest first (``before=V``: older than V); with ``after=V`` the versions after V, oldest
+        first (a feed), and with ``wait=S`` too, answered as soon as one exists or empty after S
+        seconds (a blocking query). Pages: see ``_history_page``."""
         limit = min(req.int_arg("limit", minimum=1) or DEFAULT_HISTORY_LIMIT, MAX_HISTORY_LIMIT)
         after = req.int_arg("after")
+        before = req.int_arg("before")
         wait = _seconds_arg(req, "wait", MAX_WAIT_SECONDS)
         state = self.state(req)
         if after is None:
             if wait:
                 raise HttpError(400, "wait needs after=VERSION (the version you hold)")
-            return json_response({"versions": state.store.history(limit)})
+            return _history_page(
+                state.store.history_page(limit, _HISTORY_ENTRIES_BYTES, before=before), "before"
+            )
+        if before is not None:
+            raise HttpError(400, "before and after do not go together")
         if wait and state.store.head <= after:
             if not self._waiting.acquire(blocking=False):
                 raise HttpError(
@@ -246,7 +257,7 @@ class AdminApi:
                 state.wait_for_version(after, wait)
             finally:
                 self._waiting.release()
-        return json_response({"versions": state.store.history_after(after, limit)})
+        return _history_page(state.store.history_page(limit, _HISTORY_ENTRIES_BYTES, after=after), "after")
 
     def scheduled(self, req: Request) -> Response:
         return json_response({"scheduled": self.state(req).store.scheduled()})
@@ -532,6 +543,17 @@ class AdminApi:
         )
 
 
+def _history_page(page: HistoryPage, direction: str) -> Response:
+    """``next_before`` (``next_after`` for a feed) when more versions lie past this page: ask with
+    it for them; ``truncated`` when the byte budget ended the page before ``limit``."""
+    answer: dict[str, Any] = {"versions": page.versions}
+    if page.more:
+        answer[f"next_{direction}"] = page.versions[-1]["version"]
+    if page.truncated:
+        answer["truncated"] = True
+    return json_response(answer)
+
+
 def _resolve_or_none(store: ConfigStore, version: int, step: int) -> dict[str, Any] | None:
     try:
         return store.resolve(version, step)
@@ -574,13 +596,17 @@ def _label(value: str) -> str:
 
 
 def load_assets() -> dict[str, tuple[bytes, str, str]]:
-    """Every file of lighthouse/web/static, in memory: a handful of small files, served without disk I/O."""
+    """Every file of lighthouse/web/static, in memory: a handful of small files, served without disk I/O.
+
+    Pages get the lighthouse's nesting limit, so the dashboard's parser refuses exactly what it does."""
     assets: dict[str, tuple[bytes, str, str]] = {}
     folder = resources.files("lighthouse.web").joinpath("static")
     for entry in folder.iterdir():
         suffix = "." + entry.name.rpartition(".")[2]
         if entry.is_file() and suffix in CONTENT_TYPES:
             data = entry.read_bytes()
+            if suffix == ".html":
+                data = data.replace(b"{{MAX_JSON_DEPTH}}", str(MAX_JSON_DEPTH).encode())
             etag = '"' + hashlib.sha256(data).hexdigest()[:20] + '"'
             assets[entry.name] = (data, CONTENT_TYPES[suffix], etag)
     return assets

@@ -62,7 +62,12 @@ const LH = (() => {
     valueOf() { return Number(this.raw); } // arithmetic and comparisons see the number
   }
 
-  function parseJson(text) {
+  // Containers one config may nest (the lighthouse's MAX_JSON_DEPTH, put on the page by it); an
+  // API answer holds a config at most ANSWER_DEPTH levels down (history: versions[i].changes[key].before).
+  const MAX_JSON_DEPTH = Number(document.documentElement.dataset.maxJsonDepth);
+  const ANSWER_DEPTH = 8;
+
+  function parseJson(text, maxDepth = MAX_JSON_DEPTH) {
     let i = 0;
     const n = text.length;
     const fail = (msg, at = i) => {
@@ -75,7 +80,6 @@ const LH = (() => {
     const numberRe = /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/y;
 
     function value(depth) {
-      if (depth > 200) fail("nested too deeply");
       ws();
       if (i >= n) fail("unexpected end of input");
       const c = text[i];
@@ -88,8 +92,13 @@ const LH = (() => {
       }
       fail(`unexpected character ${JSON.stringify(c)}`);
     }
-    function object(depth) {
+    // A container opened below `depth` others is nested depth + 1 levels deep.
+    const open = (depth) => {
+      if (!(depth < maxDepth)) fail(`nested too deeply (max ${maxDepth} levels)`);
       i++;
+    };
+    function object(depth) {
+      open(depth);
       const obj = Object.create(null);
       ws();
       if (text[i] === "}") { i++; return obj; }
@@ -110,7 +119,7 @@ const LH = (() => {
       }
     }
     function array(depth) {
-      i++;
+      open(depth);
       const out = [];
       ws();
       if (text[i] === "]") { i++; return out; }
@@ -237,7 +246,7 @@ const LH = (() => {
     const text = await res.text();
     let data;
     try {
-      data = parseJson(text);
+      data = parseJson(text, MAX_JSON_DEPTH + ANSWER_DEPTH);
     } catch {
       data = { error: `${res.status} ${res.statusText}` };
     }

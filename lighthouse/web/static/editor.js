@@ -285,14 +285,26 @@
     }
   }
 
+  // A history answer stops at the lighthouse's byte budget and names the next page (next_before):
+  // the newest page is polled; older pages are fetched when asked for ("Show older versions") and
+  // kept while the newest page still ends where they begin.
   let shownHistory = null;
+  let older = { from: null, versions: [], next: null };
   async function loadHistory() {
     const res = await api("GET", "/api/config/history?limit=50");
-    const versions = res.data.versions;
-    const key = stringify(versions.map((v) => [v.version, v.cancelled]));
+    const newest = res.data.versions;
+    const last = newest.length ? newest[newest.length - 1].version : 0;
+    if (older.from !== last) older = { from: null, versions: [], next: null };
+    const versions = [...newest, ...older.versions];
+    const next = older.from === null ? res.data.next_before : older.next;
+    const key = stringify([versions.map((v) => [v.version, v.cancelled]), next ?? null]);
     if (key === shownHistory) return;
     shownHistory = key;
     const head = versions.length ? versions[0].version : 0;
+    const more = next === undefined || next === null ? [] : [
+      el("tr", { class: "history-more" }, el("td", { colspan: 8 },
+        el("button", { type: "button", class: "small", "data-testid": "history-older", onclick: () => loadOlder(next) }, "Show older versions"))),
+    ];
     $("history").replaceChildren(
       ...versions.map((v) =>
         el(
@@ -323,7 +335,17 @@
           ),
         ),
       ),
+      ...more,
     );
+  }
+
+  async function loadOlder(before) {
+    const res = await api("GET", `/api/config/history?limit=50&before=${before}`);
+    if (!res.ok) return;
+    const from = older.from === null ? before : older.from;
+    const kept = older.versions.filter((v) => v.version > before);
+    older = { from, versions: [...kept, ...res.data.versions], next: res.data.next_before };
+    await loadHistory();
   }
 
   async function poll() {
