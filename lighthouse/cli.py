@@ -147,6 +147,13 @@ def main() -> None:
     "change made through another lighthouse, or after a restart, waits up to this long). "
     "Default: 10 with --state-dir, 1 with --store.",
 )
+@click.option(
+    "--keepalive-interval",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    help="Seconds between keep-alives on a quiet push stream; a manager ends one silent for two. "
+    "Default: 15.",
+)
 @click.option("--log-level", default="info", show_default=True, help="debug, info, warning or error.")
 def serve(
     bind: str,
@@ -170,12 +177,14 @@ def serve(
     lease_extra_steps: int,
     lease_min_steps: int,
     lease_ceiling_ahead: float | None,
+    keepalive_interval: float | None,
 ) -> None:
     """Serve the config. Prints the gRPC address (line 1) and dashboard URL (line 2)."""
     configure_logging(log_level)
     tune_for_many_streams()
     termination = Termination()
     from lighthouse.server import LighthouseServer
+    from lighthouse.service import KEEPALIVE
     from lighthouse.store.backend import StoreUnavailable
     from lighthouse.store.etcd import open_etcd_store
 
@@ -207,6 +216,7 @@ def serve(
             lease_policy=LeasePolicy(
                 min_steps=lease_min_steps, extra_steps=lease_extra_steps, ceiling_ahead=lease_ceiling_ahead
             ),
+            keepalive_interval=KEEPALIVE if keepalive_interval is None else keepalive_interval,
         )
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)

@@ -17,7 +17,7 @@ from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import ConfigStore
 from lighthouse.peers.managers import PeerManagers
 from lighthouse.peers.series import PeerSeries
-from lighthouse.service import LighthouseService
+from lighthouse.service import KEEPALIVE, LighthouseService
 from lighthouse.store.backend import StoreBackend
 from lighthouse.store.sqlite import STORE_FILE, SqliteBackend
 from protos import lighthouse_config_pb2 as pb
@@ -39,6 +39,8 @@ class LighthouseServer:
     ``tls`` serves gRPC over TLS (mutual with ``client_ca``) and the dashboard
     over HTTPS with the same pair, unless ``http_tls=False``. ``lease_policy``
     sizes the step leases granted to managers (see ``lighthouse.jobs.leases``).
+    ``keepalive_interval``: seconds between keep-alives on a quiet push stream (a manager ends one
+    silent for two of them); tests shorten it.
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class LighthouseServer:
         tls: ServerTLS | None = None,
         http_tls: bool = True,
         lease_policy: LeasePolicy | None = None,
+        keepalive_interval: float = KEEPALIVE,
     ) -> None:
         path = Path(config_path) if config_path is not None else None
         schema_file = Path(schema_path) if schema_path is not None else None
@@ -81,7 +84,8 @@ class LighthouseServer:
             strict=strict,
             lease_policy=lease_policy,
         )
-        self.service = LighthouseService(self.jobs)  # the gRPC handlers and the push streams
+        # the gRPC handlers and the push streams
+        self.service = LighthouseService(self.jobs, keepalive_interval)
         try:
             certificates = ServerCertificates(tls) if tls is not None else None
             if config_dir is not None:
