@@ -21,7 +21,8 @@ and both groups stop at its effective step. So every change is reached however s
 machine, and the stop is one more change that every group applies at one step.
 
 Variants: the lighthouse SIGKILLed and restarted on its state directory halfway through;
-two lighthouses on one etcd prefix, one group on each, changes made through both.
+two lighthouses on one etcd prefix, one group on each, changes made through both. And the
+example's own stop: two groups on different configs stop at the first step both run.
 """
 
 from __future__ import annotations
