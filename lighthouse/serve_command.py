@@ -22,6 +22,7 @@ from lighthouse.config.values import ConfigError
 from lighthouse.jobs.leases import LeasePolicy
 from lighthouse.options import ConfigSources, HttpOptions
 from lighthouse.server import LighthouseServer
+from lighthouse.service import KEEPALIVE
 from lighthouse.store.backend import StoreUnavailable
 from lighthouse.store.etcd import open_etcd_store
 from lighthouse.web.access import load_job_tokens
@@ -253,6 +254,13 @@ lease_options = _grouped(
 @http_options
 @server_tls_options
 @lease_options
+@click.option(
+    "--keepalive-interval",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=KEEPALIVE,
+    show_default=True,
+    help="Seconds between keep-alives on a quiet push stream; a manager ends one silent for two.",
+)
 @click.option("--log-level", default="info", show_default=True, help="debug, info, warning or error.")
 def serve(
     bind: str,
@@ -263,6 +271,7 @@ def serve(
     http: HttpOptions,
     tls: ServerTLS | None,
     lease_policy: LeasePolicy,
+    keepalive_interval: float,
     log_level: str,
 ) -> None:
     """Serve the config. Prints the gRPC address (line 1) and dashboard URL (line 2)."""
@@ -285,6 +294,7 @@ def serve(
             http=http,
             lease_policy=lease_policy,
             history_limit=store.history_limit,
+            keepalive_interval=keepalive_interval,
         )
     except ConfigError as exc:
         _fail(exc, 2)

@@ -17,7 +17,7 @@ from lighthouse.jobs.versions import ConfigStore
 from lighthouse.options import ConfigSources, HttpOptions
 from lighthouse.peers.managers import PeerManagers
 from lighthouse.peers.series import PeerSeries
-from lighthouse.service import LighthouseService
+from lighthouse.service import KEEPALIVE, LighthouseService
 from lighthouse.store.backend import SharedBackend, StoreBackend
 from lighthouse.store.sqlite import STORE_FILE, SqliteBackend
 from protos import lighthouse_config_pb2 as pb
@@ -39,6 +39,8 @@ class LighthouseServer:
     over HTTPS with the same pair. The rest comes in groups: ``sources`` (schema,
     per-job files), ``http`` (tokens, hosts), ``lease_policy`` (the step leases
     granted to managers, see ``lighthouse.jobs.leases``).
+    ``keepalive_interval``: seconds between keep-alives on a quiet push stream (a manager ends one
+    silent for two of them); tests shorten it.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class LighthouseServer:
         lease_policy: LeasePolicy | None = None,
         history_limit: int | None = None,
         max_workers: int = 16,
+        keepalive_interval: float = KEEPALIVE,
     ) -> None:
         sources = sources or ConfigSources()
         http = http or HttpOptions()
@@ -77,7 +80,8 @@ class LighthouseServer:
             strict=sources.strict,
             lease_policy=lease_policy,
         )
-        self.service = LighthouseService(self.jobs)  # the gRPC handlers and the push streams
+        # the gRPC handlers and the push streams
+        self.service = LighthouseService(self.jobs, keepalive_interval)
         try:
             certificates = ServerCertificates(tls) if tls is not None else None
             if sources.config_dir is not None:

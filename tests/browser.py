@@ -1,6 +1,6 @@
 """Real headless Chromium for the page tests (Debian's, never a downloaded build).
 
-The ``browser`` and ``page`` fixtures live here, not in a test module, so that a
+The ``browser`` and ``page`` fixtures and page helpers live here, not in a test module, so that a
 module that only needs them imports no other module's tests; tests/conftest.py
 makes them available to every test. A missing Chromium fails the tests that
 use it (.ci/run installs it): a skip would hide that the pages went untested.
@@ -61,3 +61,12 @@ def page(browser: Browser) -> Iterator[Page]:
         assert errors == [], f"script errors: {errors}"
     finally:
         context.close()
+
+
+def watch_csp(page: Page) -> list[str]:
+    """Content Security Policy violations the page reports (inline styles, scripts, foreign assets)."""
+    violations: list[str] = []
+    page.on(
+        "console", lambda msg: violations.append(msg.text) if "Content Security Policy" in msg.text else None
+    )
+    return violations

@@ -17,8 +17,8 @@ from playwright.sync_api import Page, expect
 from lighthouse import LighthouseClient
 from protos import lighthouse_config_pb2 as pb
 from protos.metrics import pack
+from tests.browser import watch_csp
 from tests.helpers_lighthouse import LighthouseProc, start_lighthouse
-from tests.test_jobs_browser import watch_csp
 
 NAN_STEP = 50
 

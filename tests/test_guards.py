@@ -1,20 +1,22 @@
 """Guarded changes with real processes: a lighthouse, two managers and two groups x two ranks of
 workers (``tests/worker_proc.py --report``) whose loss triples while ``lr`` is above 0.015, as a bad learning
-rate would make it. The scenarios run in order on one running job:
+rate would make it. The scenarios share one running job, each from the calm ``lr`` it sets itself:
 
 1. a guarded change whose loss triples is rolled back (history: the ``guard`` version, its reason);
    every group switches back at the same step (this needs issue 16's step leases);
 2. a guarded change whose loss stays flat passes;
 3. a cancelled guard does nothing (its change stays, though the loss triples);
-4. a guard survives a lighthouse restart (it was stored before its change took effect; the
-   restarted lighthouse rolls the change back).
+4. a guard survives a lighthouse restart, clean or SIGKILL (it was stored before its change took
+   effect; the restarted lighthouse rolls the change back).
+
+A job of its own shows a reported NaN rolling a guarded change back.
 """
 
 from __future__ import annotations
 
-import time
+import signal
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ import pytest
 from tests.helpers_lighthouse import run_cli, start_lighthouse
 from tests.http_util import get_json, history, live, wait_healthy
 from tests.procs import LighthouseProc, ManagerProc, Proc, ProcessPool, poll, records_so_far, wait_ready
+from tests.worker_proc import known_loss
 
 GROUPS, RANKS = 2, 2
 CALM_LR, HOT_LR = 0.01, 0.02  # the workers' loss triples while lr > 0.015
@@ -37,7 +40,6 @@ class Job:
     lighthouse: LighthouseProc
     managers: list[ManagerProc]
     workers: list[Proc]
-    rollback: dict[str, Any] = field(default_factory=dict)  # scenario 1's guard, for the same-step check
 
     def cli(self, *args: str) -> str:
         done = run_cli("config", *args, "--url", self.lighthouse.url)
@@ -74,10 +76,42 @@ class Job:
     def records(self) -> list[dict[str, Any]]:
         return [r for w in self.workers for r in records_so_far(w)]
 
-    def restart(self) -> None:
-        """Stop the lighthouse and start it again on its state and ports (managers find it again)."""
+    def calm(self, steps: int = 0) -> None:
+        """Make the calm lr the live one, and wait until the job has used it for ``steps`` steps (the
+        baseline a guard measures): a scenario starts from it whatever ran before."""
+        self.set(f"lr={CALM_LR}")
+        since = history(self.lighthouse.url)[0]["effective_step"]
+        since = self.step() if since is None else int(since)
+        if steps:
+            poll(lambda: self.step() >= since + steps, 60, 0.2, f"{steps} steps on the calm lr")
+
+    def hot_change_rolled_back(self) -> tuple[int, dict[str, Any]]:
+        """A guarded change to the hot lr, from a calm baseline; once every rank trained with it and
+        then with its rollback: its version and its (triggered) guard."""
+        self.calm(GUARD_STEPS)
+        version = self.set(f"lr={HOT_LR}", "--guard", "loss:1.5", "--guard-steps", str(GUARD_STEPS))
+        guard = self.decided(version)
+        assert guard["status"] == "triggered", guard
+
+        def back(lrs: dict[int, float]) -> bool:
+            return HOT_LR in lrs.values() and lrs[max(lrs)] == CALM_LR
+
+        def every_rank_back() -> bool:
+            records = self.records()
+            return all(back(_lr_at(records, g, r, version)) for g in range(GROUPS) for r in range(RANKS))
+
+        poll(every_rank_back, 30, 0.2, "every rank trained with the hot lr, then the calm one again")
+        return version, guard
+
+    def restart(self, how: str) -> None:
+        """Stop (``how="stop"``) or SIGKILL (``"kill"``) the lighthouse and start it again on its
+        state and ports (managers find it again)."""
         old = self.lighthouse
-        assert old.stop() == 0
+        if how == "stop":
+            assert old.stop() == 0
+        else:
+            old.signal(signal.SIGKILL)
+            assert old.wait(10) == -signal.SIGKILL
         port = old.address.rpartition(":")[2]
         http_port = old.url.rstrip("/").rpartition(":")[2]
 
@@ -126,14 +160,15 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
         procs.stop_all()
 
 
-def _lr_at(records: list[dict[str, Any]], group: int, rank: int) -> dict[int, float]:
-    return {r["step"]: r["lr"] for r in records if (r["group"], r["rank"]) == (f"g{group}", rank)}
+def _lr_at(records: list[dict[str, Any]], group: int, rank: int, since: int) -> dict[int, float]:
+    """The lr of each step of one rank, from the first step it got version ``since`` or newer."""
+    mine = [r for r in records if (r["group"], r["rank"]) == (f"g{group}", rank)]
+    first = min((r["step"] for r in mine if r["version"] >= since), default=None)
+    return {} if first is None else {r["step"]: r["lr"] for r in mine if r["step"] >= first}
 
 
 def test_a_guarded_change_whose_loss_triples_is_rolled_back(job: Job) -> None:
-    version = job.set(f"lr={HOT_LR}", "--guard", "loss:1.5", "--guard-steps", str(GUARD_STEPS))
-    guard = job.decided(version)
-    assert guard["status"] == "triggered", guard
+    version, guard = job.hot_change_rolled_back()
     rollback = guard["rollback_version"]
     newest = history(job.lighthouse.url)[0]
     assert newest["version"] == rollback and newest["author"] == "guard" and newest["source"] == "guard"
@@ -141,38 +176,31 @@ def test_a_guarded_change_whose_loss_triples_is_rolled_back(job: Job) -> None:
     assert comment.startswith(f"guard of v{version}: loss ") and "> 1.5 x " in comment, comment
     assert " at step " in comment and comment.endswith("rolled back lr"), comment
     assert newest["config"]["lr"] == CALM_LR
-    assert guard["baseline"] == pytest.approx(1.4, rel=0.1)  # the calm loss: 1 + 0.5g + 0.25r + ~0.1
-
-    def back(lrs: dict[int, float]) -> bool:
-        return HOT_LR in lrs.values() and lrs[max(lrs)] == CALM_LR
-
-    def every_rank_back() -> bool:
-        records = job.records()
-        return all(back(_lr_at(records, g, r)) for g in range(GROUPS) for r in range(RANKS))
-
-    poll(every_rank_back, 30, 0.2, "every rank trained with the hot lr, then the calm one again")
-    job.rollback.update(guard)
+    first, last = guard["baseline_steps"]  # the calm loss over them (it rises with the step)
+    calm = [
+        known_loss(f"g{g}", r, s) for g in range(GROUPS) for r in range(RANKS) for s in range(first, last + 1)
+    ]
+    assert guard["baseline"] == pytest.approx(sum(calm) / len(calm), rel=0.01)
 
 
 def test_every_group_switches_back_at_the_same_step(job: Job) -> None:
     """The rollback is a change made now; with issue 16's step leases it takes effect at one step
     (``rollback_step``) in every group. Without them each group switches within its cache TTL, at
     whatever step it is then, and this fails."""
-    guard = job.rollback
-    assert guard, "runs after test_a_guarded_change_whose_loss_triples_is_rolled_back"
+    version, guard = job.hot_change_rolled_back()
+    assert isinstance(guard["rollback_step"], int), guard  # steps were promised: a step of its own
     records = job.records()
     back_at = set()
     for g in range(GROUPS):
         for r in range(RANKS):
-            lrs = _lr_at(records, g, r)
+            lrs = _lr_at(records, g, r, version)
             hot = [s for s, lr in lrs.items() if lr == HOT_LR]
             back_at.add(min(s for s, lr in lrs.items() if lr == CALM_LR and s > max(hot)))
-    assert len(back_at) == 1, f"the groups switched back at steps {sorted(back_at)}"
-    if guard["rollback_step"] is not None:
-        assert back_at == {guard["rollback_step"]}
+    assert back_at == {guard["rollback_step"]}, f"the groups switched back at steps {sorted(back_at)}"
 
 
 def test_a_guarded_change_whose_loss_stays_flat_passes(job: Job) -> None:
+    job.calm(40)
     version = job.set("batch_size=64", "--guard", "loss:1.5", "--guard-steps", "40")
     guard = job.decided(version)
     assert guard["status"] == "passed", guard
@@ -181,25 +209,29 @@ def test_a_guarded_change_whose_loss_stays_flat_passes(job: Job) -> None:
 
 
 def test_a_cancelled_guard_does_nothing(job: Job) -> None:
+    job.calm()
     at = job.ahead(100)
     version = job.set(f"lr={HOT_LR}", "--at-step", str(at), "--guard", "loss:1.5", "--guard-steps", "40")
     assert job.cli("guards", "--cancel", str(version)) == f"the guard of v{version} is cancelled\n"
     listed = job.cli("guards")
     assert any(line.split()[:2] == [f"v{version}", "cancelled"] for line in listed.splitlines()), listed
-    poll(lambda: job.step() > at + 40 + 20, 60, 0.2, "the guarded steps, and some more")
-    time.sleep(1.0)  # a few of the lighthouse's guard checks (every 0.5 s) on the tripled loss
+    # A witness: a guard that cannot regress (loss x1000), from the next step through 20 steps past
+    # the cancelled guard's. Once it passed, the lighthouse has judged those steps of tripled loss.
+    witness = job.set("probe=1", "--at-step", str(at + 1), "--guard", "loss:1000", "--guard-steps", "60")
+    assert job.decided(witness)["status"] == "passed"
     assert job.guard(version)["status"] == "cancelled"
-    assert history(job.lighthouse.url)[0]["version"] == version  # not rolled back
+    assert [v["version"] for v in history(job.lighthouse.url)][:2] == [witness, version]  # no rollback
     assert live(job.lighthouse.url)["config"]["lr"] == HOT_LR
     refused = run_cli("config", "guards", "--cancel", str(version), "--url", job.lighthouse.url)
     assert refused.returncode == 1 and "cancelled already" in refused.stderr
-    job.set(f"lr={CALM_LR}")
 
 
-def test_a_guard_survives_a_lighthouse_restart(job: Job) -> None:
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_guard_survives_a_lighthouse_restart(job: Job, how: str) -> None:
+    job.calm()
     at = job.ahead(150)  # stored now, takes effect after the restart
     version = job.set(f"lr={HOT_LR}", "--at-step", str(at), "--guard", "loss:1.5", "--guard-steps", "60")
-    job.restart()
+    job.restart(how)
     assert job.guard(version)["status"] == "active"
     guard = job.decided(version)
     assert guard["status"] == "triggered", guard
@@ -247,3 +279,41 @@ def test_a_guard_is_checked_before_its_change_and_cancelled_with_a_token(tmp_pat
         assert lh.http("DELETE", f"/api/config/guards/{version}", headers=auth).status == 409
         assert lh.http("DELETE", "/api/config/guards/999", headers=auth).status == 404
         assert live(lh.url)["config"]["lr"] == HOT_LR  # cancelling a guard leaves its change
+
+
+NAN_STEP = 600
+
+
+def test_a_nan_in_the_guarded_steps_rolls_the_change_back(procs: ProcessPool) -> None:
+    """A loss that stays below any factor (x10) but is NaN at one step of one group: rolled back."""
+    lh = procs.lighthouse({"lr": CALM_LR})
+    managers = [procs.manager(lh.address, f"g{g}", cache_ttl=0.2) for g in range(GROUPS)]
+    for g, manager in enumerate(managers):
+        nan = ["--nan-at", str(NAN_STEP)] if g == 1 else []
+        procs.worker(
+            manager.address,
+            group=f"g{g}",
+            rank=0,
+            steps=1_000_000,
+            step_interval=0.01,
+            extra=["--report", *nan],
+        )
+    poll(lambda: live(lh.url)["current_step"] >= 50, 60, 0.2, "a baseline's worth of steps")
+    made = run_cli(
+        "config", "set", "batch_size=64", "--guard", "loss:10", "--guard-steps", "1000", "--url", lh.url
+    )
+    assert made.returncode == 0, made.stderr
+    version = int(made.stdout.split()[1])
+    active = next(g for g in get_json(lh.url, "/api/config/guards")["guards"] if g["version"] == version)
+    assert active["effective_step"] < NAN_STEP, active  # the NaN falls in the guarded steps
+    guard = poll(
+        lambda: (g := get_json(lh.url, "/api/config/guards")["guards"][0])["status"] != "active" and g,
+        DECIDED,
+        0.2,
+        "the guard decided",
+    )
+    assert (guard["version"], guard["status"]) == (version, "triggered"), guard
+    assert guard["reason"] == f"loss was not finite (NaN or inf) in group g1 at step {NAN_STEP}", guard
+    newest = history(lh.url)[0]
+    assert (newest["version"], newest["author"]) == (guard["rollback_version"], "guard")
+    assert newest["config"] == {"lr": CALM_LR}  # batch_size, which it added, is gone again

@@ -15,7 +15,7 @@ from playwright.sync_api import Page, expect
 
 from lighthouse import LighthouseClient
 from protos import lighthouse_config_pb2 as pb
-from tests.browser import HOSTILE
+from tests.browser import HOSTILE, watch_csp
 from tests.helpers_lighthouse import LighthouseProc, start_lighthouse
 from tests.procs import ProcessPool, poll
 from worker_client import ManagerClient
@@ -25,15 +25,6 @@ def put(lh: LighthouseProc, job: str, config: dict[str, object], **kw: object) -
     res = lh.http("PUT", f"/api/jobs/{job}/config", config, **kw)
     assert res.status == 200, res.body
     return int(res.json["version"])
-
-
-def watch_csp(page: Page) -> list[str]:
-    """Content Security Policy violations the page reports (inline styles, scripts, foreign assets)."""
-    violations: list[str] = []
-    page.on(
-        "console", lambda msg: violations.append(msg.text) if "Content Security Policy" in msg.text else None
-    )
-    return violations
 
 
 def served(address: str) -> dict[str, str]:

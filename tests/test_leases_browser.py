@@ -27,6 +27,8 @@ def test_save_says_where_every_group_switches_and_the_change_shows_while_pending
     placeholder = page.get_attribute("#at-step", "placeholder") or ""
     assert placeholder.startswith("now, or ≥ ") and int(placeholder.rsplit(" ", 1)[1]) > 0, placeholder
     page.fill("#editor", page.input_value("#editor").replace("0.1", "0.2"))
+    # The group holds still while the pages are read: the change stays pending however slow they are.
+    worker.signal(signal.SIGSTOP)
     page.click("#save")
     status = page.locator("#status")
     expect(status).to_contain_text("in every group")
@@ -39,16 +41,17 @@ def test_save_says_where_every_group_switches_and_the_change_shows_while_pending
 
     # Reopened while it is pending, the editor edits the config as of that step, not the live one.
     page.reload()
-    if live(lh.url)["current_step"] < at:
-        expect(page.locator("#upcoming")).to_contain_text(f"as of step {at}")
-        assert '"lr": 0.2' in page.input_value("#editor")
+    assert live(lh.url)["current_step"] < at
+    expect(page.locator("#upcoming")).to_contain_text(f"as of step {at}")
+    assert '"lr": 0.2' in page.input_value("#editor")
 
     dashboard = page.context.new_page()
     dashboard.goto(lh.url)
     row = dashboard.locator('#scheduled tr[data-version="2"]')
-    if live(lh.url)["current_step"] < at:  # the dashboard lists it as pending, made now, promised
-        expect(row).to_contain_text("made now")
-        expect(row).to_contain_text(str(at))
+    expect(row).to_contain_text("made now")  # the dashboard lists it as pending, made now, promised
+    expect(row).to_contain_text(str(at))
+    assert live(lh.url)["current_step"] < at  # all of the above was read while it was pending
+    worker.signal(signal.SIGCONT)
     expect(row).to_have_count(0, timeout=30_000)  # gone once the job passed its step
     expect(dashboard.locator("#step-detail")).to_contain_text("promised through step")
     expect(dashboard.locator('#managers tr[data-replica="g0"] td.lease')).to_have_text(re.compile(r"^\d+"))

@@ -21,7 +21,8 @@ and both groups stop at its effective step. So every change is reached however s
 machine, and the stop is one more change that every group applies at one step.
 
 Variants: the lighthouse SIGKILLed and restarted on its state directory halfway through;
-two lighthouses on one etcd prefix, one group on each, changes made through both.
+two lighthouses on one etcd prefix, one group on each, changes made through both. And the
+example's own stop: two groups on different configs stop at the first step both run.
 """
 
 from __future__ import annotations
@@ -359,3 +360,44 @@ def test_the_same_with_two_lighthouses_on_one_etcd_prefix(
     poll(lambda: call(b.url, "GET", "/api/config")["version"] >= 1, 10, what="b serving the file's version")
     groups, params, operator = run_job(procs, [a.address, b.address], [a.url, b.url], config, seed=18)
     check_run(groups, params, operator, history(a.url))
+
+
+def test_groups_on_different_configs_stop_naming_the_step(procs: ProcessPool, tmp_path: Path) -> None:
+    """The example's own check: two groups whose configs differ (each its own config lighthouse, lr
+    0.01 and 0.02) stop at the first step both run, naming it, and neither trains it."""
+    lighthouses = []
+    for group, lr in enumerate((0.01, 0.02)):
+        lh = procs.lighthouse(
+            {"lr": lr, "momentum": 0.0},
+            config_path=tmp_path / f"config{group}.json",
+            state_dir=tmp_path / f"state{group}",
+        )
+        wait_healthy(lh.url)
+        lighthouses.append(lh.address)
+    env = {"TORCHFT_LIGHTHOUSE": torchft_lighthouse(procs)}
+    groups = []
+    for group, lighthouse in enumerate(lighthouses):
+        args = ["--torchft", "--lighthouse", lighthouse, "--steps", "2000", "--step-time", str(STEP_TIME)]
+        args += ["--gloo-timeout", "10", "--timeout", "10"]
+        groups.append(torchrun(procs, group, EXAMPLE, args, env))
+    stops = []
+    for group, proc in enumerate(groups):
+        try:
+            code = proc.wait(240)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"group {group} still training after 240 s\n{proc.stderr()[-3000:]}"
+            ) from None
+        assert code != 0, f"group {group} trained to the end on its own lr"
+        stop = re.search(
+            r"step (\d+): the replica groups used different lr values \(mean \S+ over 2 groups, this "
+            r"group (\S+)\); stopping before they diverge",
+            proc.stderr(),
+        )
+        assert stop, proc.stderr()[-3000:]
+        assert float(stop.group(2)) == (0.01, 0.02)[group]
+        stops.append(int(stop.group(1)))
+    assert stops[0] == stops[1], stops  # the same step in both groups
+    for proc in groups:  # nothing trained at or after it (a group may train alone before the other joins)
+        trained = records(proc)
+        assert all(r["step"] < stops[0] for r in trained), trained[-3:]

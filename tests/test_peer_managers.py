@@ -224,8 +224,8 @@ def test_nothing_new_nothing_written(lighthouses: list[Lighthouse]) -> None:
     poll(lambda: "g0" in b.managers(), VISIBLE_WITHIN + MARGIN, what="lh-b sees g0")
     # lh-b's watch can deliver the write before lh-a's transaction call returns and counts it.
     poll(lambda: a.peers.puts == 1, MARGIN, what="lh-a counted its one write")
-    before = a.peers.puts
-    time.sleep(3 * a.peers.interval)  # observing an absence: three publishing rounds pass
+    before, rounds = a.peers.puts, a.peers.rounds
+    poll(lambda: a.peers.rounds >= rounds + 3, 3 * a.peers.interval + MARGIN, what="three publishing rounds")
     assert a.peers.puts == before
 
 

@@ -71,7 +71,7 @@ def test_the_stride_is_learned_from_every_ask_not_from_the_prefetchers_samples(p
             client.get_config(step=step + 1)
             time.sleep(0.06)
         poll(lambda: 160 in prefetcher.ready, 10, what="the next step (160) prefetched")
-        time.sleep(0.2)  # the thread had time to fetch a wrong step too
+        poll(lambda: prefetcher.acted_on == 159, 10, what="the thread's fetch for the last ask (159)")
         assert 161 not in prefetcher.ready and 161 not in prefetcher.in_flight
         assert client.get_config(step=160).step == 160
 

@@ -7,8 +7,10 @@ what they see is when a version reached their manager, not a step lease's switch
 from __future__ import annotations
 
 import itertools
+import re
 import signal
 import threading
+import time
 import uuid
 from concurrent import futures
 from typing import Any
@@ -16,8 +18,9 @@ from typing import Any
 import grpc
 import pytest
 
+from manager.status_client import manager_info
 from protos import lighthouse_config_pb2 as pb
-from protos.rpc import LIGHTHOUSE_SERVICE
+from protos.rpc import LIGHTHOUSE_SERVICE, LIGHTHOUSE_WATCH
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import change, get_json, live, wait_healthy
 from tests.procs import Proc, ProcessPool, metric, poll, records_so_far, wait_ready
@@ -231,3 +234,98 @@ def test_a_change_through_one_lighthouse_reaches_the_managers_of_another_by_push
     )
     firsts = [min(r["t"] for r in records_so_far(w) if r["version"] == version) for w in workers]
     assert max(firsts) - answer.json["created_at"] < 2.0  # pushed, not polled (TTL 30 s)
+
+
+def _watch(address: str, replica: str, stop: threading.Event, options: list[tuple[str, Any]]) -> Any:
+    """A raw ``WatchConfig`` stream of ``replica``: its first request, then nothing until ``stop``."""
+
+    def requests() -> Any:
+        yield pb.LighthouseConfigRequest(replica_id=replica, status=pb.ManagerStatus(replica_id=replica))
+        stop.wait()
+
+    channel = grpc.insecure_channel(address, options=options)
+    watch = channel.stream_stream(
+        LIGHTHOUSE_WATCH,
+        request_serializer=pb.LighthouseConfigRequest.SerializeToString,
+        response_deserializer=pb.LighthouseConfigResponse.FromString,
+    )
+    return channel, watch(requests())
+
+
+def test_a_stream_silent_for_two_keepalives_ends_and_the_manager_polls(procs: ProcessPool) -> None:
+    """``--keepalive-interval 1``: the keep-alives come each second; a hung lighthouse sends none, and
+    the manager (nothing to report, no lease to renew: only the silence can end it) ends the stream
+    after two of them and polls."""
+    lh = procs.lighthouse({"lr": 0.1}, extra=["--keepalive-interval", "1"])
+    wait_healthy(lh.url)
+    stop = threading.Event()
+    channel, raw = _watch(lh.address, "reader", stop, [])
+    try:
+        first, began = next(raw), time.monotonic()
+        keepalive = next(raw)  # nothing changed: only a keep-alive comes
+        assert (first.keepalive_ms, keepalive.keepalive_ms) == (1000, 1000)
+        assert keepalive.version == first.version and time.monotonic() - began < 5.0  # not the 15 s default
+    finally:
+        stop.set()
+        raw.cancel()
+        channel.close()
+    m = procs.manager(lh.address, "g0", cache_ttl=30.0, lighthouse_timeout=0.5)
+    poll(lambda: "push stream from" in m.stderr() and "open" in m.stderr(), 20, what="the push stream open")
+    # The manager's one report after its first request (its version changed, 0 to 1); then it has
+    # nothing to say. (The raw stream above sent one message too.)
+    poll(lambda: metric(lh.url, "lighthouse_watch_messages_total") >= 3, 20, what="the manager's report")
+    before = manager_info(m.address, 5).upstream_failures
+    lh.signal(signal.SIGSTOP)
+    try:
+        dropped = poll(
+            lambda: re.search(r"dropped: silent for ([0-9.]+)s \(keep-alive every 1s\)", m.stderr()),
+            20,
+            what="the manager ending the silent stream",
+        )
+        assert float(dropped.group(1)) > 2 * 1.0  # two keep-alives missed (plus the deadline's slack)
+        assert "no answer to a request" not in m.stderr()  # the silence ended it, nothing else
+        poll(
+            lambda: manager_info(m.address, 5).upstream_failures > before,
+            20,
+            what="the manager polling the hung lighthouse",
+        )
+    finally:
+        lh.signal(signal.SIGCONT)
+    poll(lambda: m.stderr().count(" open") >= 2, 20, what="a new push stream once the lighthouse is back")
+
+
+def test_a_manager_that_reads_nothing_holds_up_no_other(procs: ProcessPool) -> None:
+    """A raw stream that never reads (flow control stops the lighthouse's writes to it: the config
+    is ~800 KB a message) while two real managers get every change within 2 s."""
+    lh = procs.lighthouse({"lr": 0.1, "blob": "x" * 800_000})
+    wait_healthy(lh.url)
+    stop = threading.Event()
+    # No BDP probing: the stream's receive window stays at its 64 KiB, far below one message.
+    channel, _slow = _watch(lh.address, "slow", stop, [("grpc.http2.bdp_probe", 0)])
+    try:
+        poll(lambda: "slow" in managers_table(lh.url), 20, what="the slow stream's first request taken")
+        managers = [procs.manager(lh.address, f"m{i}", cache_ttl=30.0).address for i in range(2)]
+        workers = no_step_workers(procs, managers)
+        poll(lambda: all(records_so_far(w) for w in workers), 20, what="the workers calling")
+        for value in (0.2, 0.3, 0.4):
+            answer = change(lh.url, "PATCH", {"lr": value})
+            assert answer.status == 200, answer.body
+            version, changed_at = answer.json["version"], answer.json["created_at"]
+            poll(
+                lambda v=version: all(records_so_far(w)[-1]["version"] == v for w in workers),
+                10,
+                interval=0.05,
+                what=f"both managers' workers on version {version}",
+            )
+            firsts = [min(r["t"] for r in records_so_far(w) if r["version"] == version) for w in workers]
+            assert max(firsts) - changed_at < 2.0, [round(t - changed_at, 3) for t in firsts]
+        table = managers_table(lh.url)
+        # The slow stream got none of it: its first write never completed (so it is not counted as a
+        # stream, and it is listed as polling), and it is behind by every version.
+        assert table["slow"]["behind_versions"] >= 4 and table["slow"]["mode"] == "poll", table["slow"]
+        assert metric(lh.url, "lighthouse_watch_streams") == 2
+        assert {table[f"m{i}"]["behind_versions"] for i in range(2)} == {0}
+    finally:
+        stop.set()
+        _slow.cancel()
+        channel.close()

@@ -20,6 +20,7 @@ from lighthouse.jobs.leases import NO_LEASE, LeaseBook, LeasePolicy
 from lighthouse.jobs.state import RATE_WINDOW, LighthouseState
 from lighthouse.jobs.versions import ConfigStore, Edit, StepPromised
 from lighthouse.store.sqlite import SqliteBackend
+from manager.status_client import manager_info
 from protos import lighthouse_config_pb2 as pb
 from tests.http_steps import call, change, scheduled
 from tests.http_util import call as http_call
@@ -285,17 +286,36 @@ def test_the_effective_step_in_the_reply_is_where_every_group_switches(procs: Pr
 
 
 def test_an_outage_shorter_than_the_lease_changes_nothing_workers_see(procs: ProcessPool) -> None:
+    """A hung lighthouse through a renewal: the renewal fails (the manager counts it) and the group
+    runs on its lease; once the lighthouse is back the lease is renewed. No step got the fallback."""
     lh = procs.lighthouse({"lr": 0.1})
     wait_healthy(lh.url)
-    m = procs.manager(lh.address, "g0", cache_ttl=3.0, lighthouse_timeout=0.5, backoff=0.2)
-    worker = procs.worker(m.address, group="g0", rank=0, steps=300, step_interval=0.01, extra=["--strict"])
+    # A lease of ~6 s of steps, renewed half-way: the outage below reaches past the half with ~3 s left.
+    m = procs.manager(lh.address, "g0", cache_ttl=6.0, lighthouse_timeout=0.5, backoff=0.2)
+    worker = procs.worker(m.address, group="g0", rank=0, steps=1000, step_interval=0.01, extra=["--strict"])
     poll(lambda: len(records_so_far(worker)) > 100, 30, what="worker stepping for a second")
-    lh.signal(signal.SIGSTOP)  # a hung host: the lease (~3 s of steps) outlasts it
+    lh.signal(signal.SIGSTOP)  # a hung host
     try:
-        start = records_so_far(worker)[-1]["step"]
-        poll(lambda: records_so_far(worker)[-1]["step"] >= start + 30, 20, what="steps during the outage")
+        before = manager_info(m.address, 5)  # the manager's own view: it asks no lighthouse
+        # The last renewal asked from a step at or below the group's step now: past the middle of
+        # that step and the lease's end, the next renewal was due.
+        due = (before.last_pinned_step + before.lease_through_step) // 2 + 1
+
+        def renewal_failed() -> pb.ManagerInfo | None:
+            info = manager_info(m.address, 5)
+            failed = info.upstream_failures > before.upstream_failures
+            return info if failed and info.last_pinned_step >= due else None
+
+        during = poll(renewal_failed, 20, 0.05, f"a failed renewal once the group passed step {due}")
     finally:
         lh.signal(signal.SIGCONT)
+    assert during.last_pinned_step <= during.lease_through_step  # the group is still on its lease
+    poll(
+        lambda: manager_info(m.address, 5).lease_through_step > during.lease_through_step,
+        20,
+        0.05,
+        "the lease renewed after the outage",
+    )
     records = manager_records(worker)
     assert all(r["source"] == "cache" or r["source"] == "lighthouse" for r in records), {
         r["source"] for r in records

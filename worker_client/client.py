@@ -110,6 +110,7 @@ class _Prefetcher:
         self.consumed: int | None = None  # last step the worker asked for (written by the worker)
         self.ready: dict[int, Config] = {}  # step -> config (written by gRPC callbacks)
         self.in_flight: dict[int, grpc.Future] = {}
+        self.acted_on: int | None = None  # the last asked step the thread has fetched for, if it had to
         self._stride = 1
         self._last_delta = 1
         self._step_time: float | None = None  # moving average of the worker's step time
@@ -133,6 +134,7 @@ class _Prefetcher:
                 target = consumed + self._stride
                 if target not in self.ready and target not in self.in_flight:
                     self._start(client, target)
+                self.acted_on = consumed
             del client
             wait = self._next_wait(now)
 

@@ -88,6 +88,7 @@ class EtcdShare:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"etcd-share-{root}", daemon=True)
         self.puts = 0  # etcd writes made (one transaction counts once)
+        self.rounds = 0  # publishing rounds done, written or not: what a wait for "nothing written" counts
 
     # ------------------------------------------------------------ subclass hooks
     def _load(self) -> int:
@@ -154,6 +155,7 @@ class EtcdShare:
                 if failing:
                     logger.info("sharing %s through etcd again", self.what)
                 failing = False
+            self.rounds += 1
             self._stop.wait(self.interval)
 
     def stop(self) -> None:
