@@ -20,7 +20,7 @@ from playwright.sync_api import Page, expect
 from lighthouse.client import LighthouseClient
 from lighthouse.config.values import MAX_JSON_DEPTH
 from lighthouse.jobs.versions import ConfigStore
-from lighthouse.store.sqlite import STORE_FILE
+from lighthouse.store.sqlite import STORE_FILE, SqliteBackend
 from lighthouse.web.routes import MAX_HISTORY_BYTES
 from protos import lighthouse_config_pb2 as pb
 from protos.metrics import pack
@@ -214,9 +214,11 @@ def test_a_version_stored_before_numbers_were_checked_is_answered_as_strict_json
     """Such a version stays in the history: its infinity is answered as the string "Infinity"."""
     state_dir = tmp_path / "state"
     state_dir.mkdir()
-    store = ConfigStore(state_dir / STORE_FILE)
+    backend = SqliteBackend(state_dir / STORE_FILE)
+    store = ConfigStore(backend)
     store.commit("put", {"lr": 0.1, "big": float("inf"), "low": [float("-inf")]}, source="api")
     store.close()
+    backend.close()
     lh = procs.lighthouse(state_dir=state_dir)
     expected = {"lr": 0.1, "big": "Infinity", "low": ["-Infinity"]}
     assert get(lh, "/api/config")["config"] == expected
