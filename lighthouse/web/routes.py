@@ -165,7 +165,7 @@ class AdminApi:
     def authorize(self, req: Request, admin_only: bool = False) -> str:
         """The author recorded for a change to ``req.job``; raises 401/403 when not allowed."""
         if not self.access.enforced(req.job):
-            self._check_host(req, "changes are not accepted", "or set --admin-token")
+            self._check_host(req, "changes are not accepted without a token", ", or set --admin-token")
         credential = self.access.check(req.job, _bearer(req), admin_only=admin_only)
         return author_of(req.headers.get("X-Author", ""), credential)
 
@@ -181,7 +181,7 @@ class AdminApi:
         raise HttpError(
             403,
             f"{refused} under Host {host[:100]!r} (protection against DNS rebinding): use the "
-            f"lighthouse's address, or start it with --allowed-host {host[:100]} {remedy}".rstrip(),
+            f"lighthouse's address, start it with --allowed-host {host[:100]}{remedy}",
         )
 
     # ------------------------------------------------------------ pages
