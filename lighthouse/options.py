@@ -27,15 +27,21 @@ class ConfigSources:
 
 @dataclass(frozen=True)
 class HttpOptions:
-    """Who may change configs over HTTP, and whether the dashboard speaks TLS."""
+    """Who may change configs over HTTP, under which names it answers, its limits, and whether the
+    dashboard speaks TLS."""
 
     admin_token: str | None = None
     """Bearer token that edits every job (``--admin-token``); None: anyone who passes the host check."""
     job_tokens: dict[str, list[str]] | None = None
     """Editor tokens per job, each editing only its job (``--tokens``)."""
     allowed_hosts: tuple[str, ...] = ()
-    """Without an admin token, DNS names (besides IPs, localhost and this host's names) under which
-    the dashboard accepts changes (``--allowed-host``)."""
+    """DNS names (besides IPs, localhost, this host's names and the bound one) under which the
+    dashboard answers reads, and changes without a token (``--allowed-host``)."""
     https: bool = True
     """With ``tls``, serve the dashboard over HTTPS with the gRPC pair; False keeps it plain HTTP
     (``--http-tls off``: a port only a local proxy reaches)."""
+    request_seconds: float = 30.0
+    """Seconds a whole request (line, headers, body) may take to arrive; then the connection is
+    closed (``--http-request-timeout``)."""
+    max_connections: int = 128
+    """HTTP connections served at once, a thread each; more get 503 (``--http-max-connections``)."""

@@ -6,6 +6,7 @@ pay for the server side.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from lighthouse.config.values import ConfigError
 from lighthouse.jobs.leases import LeasePolicy
@@ -103,13 +105,60 @@ def _store(
 
 
 def _http(
-    admin_token: str | None, tokens_path: Path | None, allowed_hosts: tuple[str, ...], http_tls: str
+    admin_token: str | None,
+    admin_token_file: Path | None,
+    tokens_path: Path | None,
+    allowed_hosts: tuple[str, ...],
+    http_tls: str,
+    http_request_timeout: float,
+    http_max_connections: int,
 ) -> HttpOptions:
+    if admin_token_file is not None:
+        if admin_token is not None:
+            raise click.UsageError(
+                "--admin-token-file and --admin-token (or LIGHTHOUSE_ADMIN_TOKEN) exclude each other"
+            )
+        try:
+            admin_token = admin_token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            _fail(ValueError(f"--admin-token-file {admin_token_file}: {exc}"), 1)
+        if not admin_token:
+            _fail(ValueError(f"--admin-token-file {admin_token_file} is empty"), 1)
     try:
         job_tokens = load_job_tokens(tokens_path) if tokens_path is not None else None
     except ValueError as exc:
         _fail(exc, 1)
-    return HttpOptions(admin_token, job_tokens, allowed_hosts, https=http_tls == "on")
+    return HttpOptions(
+        admin_token,
+        job_tokens,
+        allowed_hosts,
+        https=http_tls == "on",
+        request_seconds=http_request_timeout,
+        max_connections=http_max_connections,
+    )
+
+
+def _warn_about_secrets(ctx: click.Context, tls: ServerTLS | None, store: StoreOptions) -> None:
+    """A secret others can read is a secret no more: say so at start (still serving)."""
+    if ctx.get_parameter_source("admin_token") == ParameterSource.COMMANDLINE:
+        logger.warning(
+            "--admin-token is visible to every user in ps: use --admin-token-file or LIGHTHOUSE_ADMIN_TOKEN"
+        )
+    secrets = {
+        "--tls-key": tls.key if tls is not None else None,
+        "--store-key": store.key,
+        "--tokens": ctx.params.get("tokens_path"),
+        "--admin-token-file": ctx.params.get("admin_token_file"),
+    }
+    for flag, path in secrets.items():
+        if path is None:
+            continue
+        with contextlib.suppress(OSError):
+            mode = os.stat(path).st_mode
+            if mode & 0o077:
+                logger.warning(
+                    "%s %s can be read by other users (mode %o): chmod 600 it", flag, path, mode & 0o777
+                )
 
 
 def _leases(lease_min_steps: int, lease_extra_steps: int, lease_ceiling_ahead: float | None) -> LeasePolicy:
@@ -174,7 +223,14 @@ http_options = _grouped(
         "--admin-token",
         envvar="LIGHTHOUSE_ADMIN_TOKEN",
         default=None,
-        help="Bearer token required for changes (env LIGHTHOUSE_ADMIN_TOKEN). Unset: anyone can edit.",
+        help="Bearer token required for changes; prefer env LIGHTHOUSE_ADMIN_TOKEN or --admin-token-file "
+        "(a flag is visible in ps). Unset: anyone can edit.",
+    ),
+    click.option(
+        "--admin-token-file",
+        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        default=None,
+        help="File holding the admin token (one line; chmod 600).",
     ),
     click.option(
         "--tokens",
@@ -187,8 +243,22 @@ http_options = _grouped(
         "--allowed-host",
         "allowed_hosts",
         multiple=True,
-        help="Without --admin-token, a DNS name (besides IPs, localhost and this host's names) under "
-        "which the dashboard accepts changes. Repeatable.",
+        help="A DNS name (besides IPs, localhost, this host's names and --http-bind's) under which the "
+        "dashboard answers, and takes changes without a token. Repeatable.",
+    ),
+    click.option(
+        "--http-request-timeout",
+        type=click.FloatRange(min=0.1),
+        default=HttpOptions.request_seconds,
+        show_default=True,
+        help="Seconds a whole HTTP request (headers and body) may take to arrive; then it is cut off.",
+    ),
+    click.option(
+        "--http-max-connections",
+        type=click.IntRange(min=1),
+        default=HttpOptions.max_connections,
+        show_default=True,
+        help="HTTP connections served at once (a thread each); more get 503.",
     ),
     click.option(
         "--http-tls",
@@ -276,6 +346,7 @@ def serve(
 ) -> None:
     """Serve the config. Prints the gRPC address (line 1) and dashboard URL (line 2)."""
     configure_logging(log_level)
+    _warn_about_secrets(click.get_current_context(), tls, store)
     tune_for_many_streams()
     termination = Termination()
     state_dir = None if store.url is not None else store.state_dir or default_state_dir()

@@ -122,6 +122,8 @@ class LighthouseServer:
                     allowed_hosts=http.allowed_hosts,
                     job_tokens=http.job_tokens,
                     tls=certificates if http.https else None,
+                    request_seconds=http.request_seconds,
+                    max_connections=http.max_connections,
                 )
             if path is not None:
                 self._watchers.append(

@@ -133,7 +133,7 @@ def test_token_is_asked_once_and_kept(page: Page, tmp_path: Path) -> None:
         page.click("#save")
         expect(page.locator("#status")).to_contain_text("Saved as version 3")
         history = secured.http("GET", "/api/config/history").json["versions"]
-        assert [v["author"] for v in history[:2]] == ["token", "token"]
+        assert [v["author"] for v in history[:2]] == ["admin token", "admin token"]
 
 
 def test_dashboard_shows_managers_schedule_and_file_errors(page: Page, lh: LighthouseProc) -> None:

@@ -144,8 +144,8 @@ def test_changes_under_a_foreign_host_name_need_a_token(tmp_path: Path) -> None:
         rebound = call(lh.url, "PATCH", "/api/config", {"lr": 9}, headers={"Host": "evil.example:29511"})
         assert rebound.status == 403 and "--allowed-host" in rebound.json["error"]
         assert (
-            call(lh.url, "GET", "/api/config", headers={"Host": "evil.example"}).status == 200
-        )  # reads open
+            call(lh.url, "GET", "/api/config", headers={"Host": "evil.example"}).status == 403
+        )  # reads too (issue 26: tests/test_http_hardening.py)
         named = call(lh.url, "PATCH", "/api/config", {"lr": 2}, headers={"Host": "lighthouse.internal:1"})
         assert named.status == 200
         assert call(lh.url, "PATCH", "/api/config", {"lr": 3}).status == 200  # Host is an IP literal

@@ -415,7 +415,7 @@ def test_token_accepted(secured: LighthouseProc) -> None:
     version, _ = live(secured)
     answer = secured.http("PATCH", "/api/config", {"lr": 3}, headers=secured.auth())
     assert answer.status == 200 and answer.json["version"] == version + 1
-    assert answer.json["author"] == "token"
+    assert answer.json["author"] == "admin token"
     back = secured.http("POST", "/api/config/rollback", {"version": version}, headers=secured.auth())
     assert back.status == 200 and back.json["config"] == {"lr": 1}
 

@@ -3,7 +3,7 @@
 Every per-job route exists twice: ``/api/config...`` is the job ``default``,
 ``/api/jobs/{job}/config...`` any job (and ``/jobs/{job}`` its pages); the
 prefix is taken off before routing, so both run the same handler.
-Reads are open; changes need a token when one is set (see ``access``), a JSON
+Reads are open under an allowed Host; changes need a token when one is set (see ``access``), a JSON
 body, and they act through ``LighthouseState`` exactly like gRPC sees them.
 """
 
@@ -28,7 +28,7 @@ from lighthouse.jobs.registry import JobRegistry
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.timeline import DEFAULT_SEGMENTS, timeline
 from lighthouse.jobs.versions import ConfigStore, HistoryPage, NotFound, Plan
-from lighthouse.web.access import Access
+from lighthouse.web.access import Access, author_of
 from lighthouse.web.messages import (
     HttpError,
     Request,
@@ -41,7 +41,6 @@ from lighthouse.web.messages import (
 from protos.job_ids import DEFAULT_JOB, check_job_id
 from protos.limits import FOREVER
 
-MAX_AUTHOR_CHARS = 64
 MAX_COMMENT_CHARS = 500
 DEFAULT_HISTORY_LIMIT = 100
 MAX_HISTORY_LIMIT = 100_000
@@ -121,6 +120,8 @@ class AdminApi:
         self._job_pages = [Route(re.compile(re.escape(p)), {"GET": self.job_page}) for p in PAGES]
 
     def dispatch(self, req: Request) -> Response:
+        if req.method in ("GET", "HEAD") and req.path != "/healthz" and not self.access.valid(_bearer(req)):
+            self._check_host(req, "this lighthouse does not answer")  # a token is what a rebound page lacks
         routes = self.routes
         prefixed = _JOB_PREFIX.fullmatch(req.path)
         if prefixed is not None:
@@ -164,27 +165,23 @@ class AdminApi:
     def authorize(self, req: Request, admin_only: bool = False) -> str:
         """The author recorded for a change to ``req.job``; raises 401/403 when not allowed."""
         if not self.access.enforced(req.job):
-            self._check_host(req)
-        scheme, _, presented = req.headers.get("Authorization", "").strip().partition(" ")
-        token = presented.strip() if scheme.lower() == "bearer" else ""
-        who = self.access.check(req.job, token, admin_only=admin_only)
-        author = clean_text(req.headers.get("X-Author", ""), MAX_AUTHOR_CHARS)
-        return author or who
+            self._check_host(req, "changes are not accepted without a token", ", or set --admin-token")
+        credential = self.access.check(req.job, _bearer(req), admin_only=admin_only)
+        return author_of(req.headers.get("X-Author", ""), credential)
 
-    def _check_host(self, req: Request) -> None:
-        """Without a token, changes are taken only under a Host this lighthouse answers to.
+    def _check_host(self, req: Request, refused: str, remedy: str = "") -> None:
+        """Only under a Host this lighthouse answers to (its names, IP literals, --allowed-host).
 
         A web page can make the browser of anyone who reaches the port send requests under
-        its own (rebound) domain name; those name a foreign Host and are refused here.
+        its own (rebound) domain name, and read the answers; those name a foreign Host.
         """
         host = _host_name(req.headers.get("Host", ""))
         if host in self._allowed_hosts or _is_ip_literal(host):
             return
         raise HttpError(
             403,
-            f"changes are not accepted under Host {host[:100]!r} without an admin token (protection "
-            "against DNS rebinding): use the lighthouse's address, start it with --allowed-host "
-            f"{host[:100]}, or set --admin-token",
+            f"{refused} under Host {host[:100]!r} (protection against DNS rebinding): use the "
+            f"lighthouse's address, start it with --allowed-host {host[:100]}{remedy}",
         )
 
     # ------------------------------------------------------------ pages
@@ -610,6 +607,12 @@ def load_assets() -> dict[str, tuple[bytes, str, str]]:
             etag = '"' + hashlib.sha256(data).hexdigest()[:20] + '"'
             assets[entry.name] = (data, CONTENT_TYPES[suffix], etag)
     return assets
+
+
+def _bearer(req: Request) -> str:
+    """The token of ``Authorization: Bearer <token>`` ("" without one)."""
+    scheme, _, presented = req.headers.get("Authorization", "").strip().partition(" ")
+    return presented.strip() if scheme.lower() == "bearer" else ""
 
 
 def _host_name(header: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import logging
 import socket
 import socketserver
@@ -62,16 +63,63 @@ COMMON_HEADERS = {
 }
 
 
+# A whole request (line, headers and body) must arrive within this many seconds: a client that
+# sends a byte now and then must not hold its thread for as long as it likes.
+REQUEST_SECONDS = 30.0
+# Connections served at once, one thread each; past it a connection gets 503 and is closed.
+MAX_CONNECTIONS = 128
+_FULL_BODY = b'{"error": "too many connections to this lighthouse; retry later"}'
+FULL_ANSWER = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Retry-After: 1\r\nContent-Length: %d\r\n\r\n%s" % (len(_FULL_BODY), _FULL_BODY)
+)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket's reads, each bounded by what is left of the request's deadline."""
+
+    def __init__(self, sock: socket.socket, write_seconds: float) -> None:
+        self._sock = sock
+        self._write_seconds = write_seconds
+        self.deadline = float("inf")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request deadline passed")
+        self._sock.settimeout(left)
+        try:
+            return self._sock.recv_into(buffer)
+        finally:
+            self._sock.settimeout(self._write_seconds)  # the answer gets its own time
+
+
 class _RequestHandler(BaseHTTPRequestHandler):
     """Thin socket layer: parse, dispatch to AdminApi, write; every failure is a JSON answer."""
 
     server: _HttpServer
     server_version = "lighthouse-config"
     protocol_version = "HTTP/1.1"
-    timeout = 30  # an idle or stalled keep-alive connection frees its thread
+    timeout = REQUEST_SECONDS  # replaced per read by what is left of the request's deadline
 
     def version_string(self) -> str:
         return self.server_version  # not the Python version
+
+    def setup(self) -> None:
+        super().setup()
+        self._reader = _DeadlineReader(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        # The deadline covers the wait for the request too: an idle keep-alive connection ends with it.
+        self._reader.deadline = time.monotonic() + self.server.request_seconds
+        try:
+            super().handle_one_request()
+        finally:
+            self._reader.deadline = float("inf")
 
     def do_GET(self) -> None:
         self._handle()
@@ -164,9 +212,20 @@ class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
 
-    def __init__(self, host: str, port: int, api: AdminApi, tls: ServerCertificates | None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        api: AdminApi,
+        tls: ServerCertificates | None,
+        request_seconds: float = REQUEST_SECONDS,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.api = api
         self.tls = tls
+        self.request_seconds = request_seconds
+        self.max_connections = max_connections
+        self._slots = threading.BoundedSemaphore(max_connections)
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), _RequestHandler, bind_and_activate=False)
         try:
@@ -183,6 +242,30 @@ class _HttpServer(ThreadingHTTPServer):
         socketserver.TCPServer.server_bind(self)
         self.server_name = str(self.server_address[0])
         self.server_port = int(self.server_address[1])
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread per connection, at most ``max_connections``: past it, 503 (plaintext) and close."""
+        if not self._slots.acquire(blocking=False):
+            logger.warning(
+                "HTTP: %d connections open, refusing one from %s", self.max_connections, client_address[0]
+            )
+            with contextlib.suppress(OSError):
+                if self.tls is None:
+                    request.setblocking(False)  # the accept loop never waits for a client
+                    request.send(FULL_ANSWER)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         """With TLS, the handshake runs here, in the connection's thread, with the pair on disk now."""
@@ -237,18 +320,20 @@ class DashboardServer:
         allowed_hosts: Iterable[str] = (),
         job_tokens: dict[str, list[str]] | None = None,
         tls: ServerCertificates | None = None,
+        request_seconds: float = REQUEST_SECONDS,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         host, port = parse_address(bind)
         if host in ("*", "[::]"):
             host = "::"
-        api = AdminApi(jobs, admin_token, allowed_hosts, job_tokens)
+        api = AdminApi(jobs, admin_token, [*allowed_hosts, host], job_tokens)  # and the name it bound
         try:
-            self._server = _HttpServer(host, port, api, tls)
+            self._server = _HttpServer(host, port, api, tls, request_seconds, max_connections)
         except OSError as exc:
             if host != "::" or exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
                 raise OSError(f"cannot listen on {bind} (HTTP): {exc.strerror or exc}") from None
             logger.info("no IPv6 on this host (%s): dashboard on 0.0.0.0", exc)
-            self._server = _HttpServer("0.0.0.0", port, api, tls)
+            self._server = _HttpServer("0.0.0.0", port, api, tls, request_seconds, max_connections)
         bound_port = int(self._server.server_address[1])
         scheme = "https" if tls is not None else "http"
         self.url = f"{scheme}://{dialable_address(bind, bound_port)}/"
