@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lighthouse.config.files import FileContent, load_initial, read_schema_file
-from lighthouse.config.values import ConfigError, encode_config, validate_object
+from lighthouse.config.values import ConfigError, TypeChanged, encode_config, type_changes, validate_object
 from lighthouse.jobs.guards import JobGuards
 from lighthouse.jobs.leases import NO_LEASE
 from lighthouse.jobs.schema_check import JobSchema
@@ -110,7 +110,7 @@ class LighthouseState:
         if store.backend.shared:
             self.series.share()  # other lighthouses take what this one's managers send (peer_series)
         # Changes that roll themselves back when a metric regresses, as a change made here.
-        self.guards = JobGuards(store, self.series, self.change)
+        self.guards = JobGuards(store, self.series, self._revert_change)
         self.get_config_calls = 0
         self.heartbeat_calls = 0
         self._get_config_count = itertools.count(1)  # next() is atomic: no call lost across threads
@@ -380,12 +380,36 @@ class LighthouseState:
         effective_step: int | None = None,
         if_match: int | None = None,
         dry_run: bool = False,
+        allow_type_change: bool = False,
     ) -> Plan:
         """Validate, check against the schema and durably commit a put/patch (a dry run stops
-        before writing); the reply served to managers follows at once."""
+        before writing); the reply served to managers follows at once. A key whose JSON type
+        it alters refuses it (TypeChanged) unless ``allow_type_change``."""
         config = validate_object(body)
         edit = Edit(op, config, source, author, comment, effective_step)
-        return self._apply([edit], if_match=if_match, dry_run=dry_run)
+        check = self.schema.check if allow_type_change else self._check_types
+        return self._apply([edit], if_match=if_match, dry_run=dry_run, check=check)
+
+    def _check_types(self, plan: Plan) -> None:
+        changed = type_changes(plan.before, plan.after)
+        if changed:
+            raise TypeChanged(changed)
+        self.schema.check(plan)
+
+    def _revert_change(
+        self,
+        op: str,
+        body: Any,
+        *,
+        source: str,
+        author: str = "-",
+        comment: str = "",
+        if_match: int | None = None,
+    ) -> Plan:
+        """A guard's rollback: explicit by nature, so it may put a key's old type back."""
+        return self.change(
+            op, body, source=source, author=author, comment=comment, if_match=if_match, allow_type_change=True
+        )
 
     def rollback(self, version: int, *, author: str = "-", comment: str = "", dry_run: bool = False) -> Plan:
         """A new version with ``version``'s content; cancels pending scheduled changes made after it.
@@ -420,11 +444,22 @@ class LighthouseState:
         edit = Edit("cancel", {"version": version}, "api", author, comment or f"cancel {version}")
         return self._apply([edit])
 
-    def _apply(self, edits: list[Edit], *, if_match: int | None = None, dry_run: bool = False) -> Plan:
+    def _apply(
+        self,
+        edits: list[Edit],
+        *,
+        if_match: int | None = None,
+        dry_run: bool = False,
+        check: Callable[[Plan], None] | None = None,
+    ) -> Plan:
         if self.store.backend.shared:  # another lighthouse may have changed the schema a moment ago
             self.schema.reload()  # (read before the store's lock: an etcd outage never blocks readers)
         plan = self.store.apply(
-            edits, if_match=if_match, check=self.schema.check, dry_run=dry_run, committed=self.refresh
+            edits,
+            if_match=if_match,
+            check=check or self.schema.check,
+            dry_run=dry_run,
+            committed=self.refresh,
         )
         if not dry_run:
             row = plan.row

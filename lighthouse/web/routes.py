@@ -420,6 +420,7 @@ class AdminApi:
         if_match = if_match_version(req.headers.get("If-Match"))
         comment = self._comment(req)
         dry_run = _flag(req, "dry_run")
+        allow_type_change = _flag(req, "allow_type_change")
         spec = self._guard_spec(req)
         body = req.json_body()
         state = self.state_to_change(req)
@@ -434,6 +435,7 @@ class AdminApi:
                 effective_step=effective_step,
                 if_match=if_match,
                 dry_run=dry_run,
+                allow_type_change=allow_type_change,
             )
 
         if spec is None:
