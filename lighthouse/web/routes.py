@@ -351,6 +351,12 @@ class AdminApi:
             lambda st: int(st.file_error is not None or st.schema.error is not None),
         )
         job_metric(
+            "lighthouse_job_stalled",
+            "gauge",
+            "1 while the job is stalled: every manager gone, or no step progress (see /api/jobs for why).",
+            lambda st: int(st.stall() is not None),
+        )
+        job_metric(
             "lighthouse_current_step",
             "gauge",
             "Highest step any manager reported.",
