@@ -98,9 +98,7 @@ def test_a_file_reload_with_a_type_change_is_refused_as_the_files_error(
     before = http_util.live(lh.url)
 
     _write(path, json.dumps({**START, "lr": "0.0.1"}))
-    view = poll(
-        lambda: (v := http_util.live(lh.url))["file"]["error"] and v, 10.0, 0.1, "the file's error"
-    )
+    view = poll(lambda: (v := http_util.live(lh.url))["file"]["error"] and v, 10.0, 0.1, "the file's error")
     assert "lr: number -> string" in view["file"]["error"], view["file"]
     assert (view["version"], view["config"]) == (before["version"], before["config"])
 
