@@ -148,9 +148,10 @@ def test_jobs(job: Job) -> None:
         "STEP",
         "SCHEDULED",
         "FILE ERROR",
+        "STATUS",
     ]
     row = columns(lines[1])
-    assert row[:2] == ["default", "4"] and row[3:] == ["1/0/0", "-", "1", "-"], row
+    assert row[:2] == ["default", "4"] and row[3:] == ["1/0/0", "-", "1", "-", "ok"], row
     assert len(lines) == 2
 
 

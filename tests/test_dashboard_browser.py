@@ -158,7 +158,9 @@ def test_dashboard_shows_managers_schedule_and_file_errors(page: Page, lh: Light
     expect(current).to_contain_text("75.0 %")
     expect(behind).to_contain_text("behind")
     expect(page.locator("#step")).to_have_text("42")
-    expect(page.locator("#version")).to_have_text(f"v{scheduled}")
+    # The card names the version served at the job's step; the scheduled one is named apart.
+    expect(page.locator("#version")).to_have_text(f"v{scheduled - 1}")
+    expect(page.locator("#pending-version")).to_have_text(f"v{scheduled} pending, from step 9000")
 
     cancel = page.get_by_test_id(f"cancel-{scheduled}")
     cancel.click()

@@ -257,15 +257,18 @@ class AdminClient:
         guard: str | None = None,
         guard_steps: int | None = None,
         guard_window: int | None = None,
+        allow_type_change: bool = False,
     ) -> dict[str, Any]:
         """Replace the whole config (at ``effective_step`` if given); ``dry_run`` stores nothing.
 
         ``guard="loss:1.5"`` makes it a guarded change: the lighthouse rolls it back if, in the
         ``guard_steps`` steps (default 200) after it takes effect, the loss smoothed over
         ``guard_window`` steps (default 10) exceeds 1.5 times its mean before, or is not finite
-        (see ``lighthouse.jobs.guards``). The answer's ``guard`` describes it.
+        (see ``lighthouse.jobs.guards``). The answer's ``guard`` describes it. A key whose JSON
+        type the change alters is refused (422) unless ``allow_type_change``.
         """
         query = {"guard": guard, "guard_steps": guard_steps, "guard_window": guard_window}
+        query["allow_type_change"] = 1 if allow_type_change else None
         return self._change("PUT", config, if_match, effective_step, comment, dry_run, query)
 
     def patch(
@@ -279,9 +282,11 @@ class AdminClient:
         guard: str | None = None,
         guard_steps: int | None = None,
         guard_window: int | None = None,
+        allow_type_change: bool = False,
     ) -> dict[str, Any]:
         """Merge ``changes`` into the config; a ``None`` value deletes the key. ``guard``: as ``put``."""
         query = {"guard": guard, "guard_steps": guard_steps, "guard_window": guard_window}
+        query["allow_type_change"] = 1 if allow_type_change else None
         return self._change("PATCH", changes, if_match, effective_step, comment, dry_run, query)
 
     def rollback(self, version: int, comment: str | None = None, dry_run: bool = False) -> dict[str, Any]:

@@ -23,7 +23,14 @@ import click
 from lighthouse.admin import tables as admin_tables
 from lighthouse.admin.client import DEFAULT_URL, AdminClient, AdminError
 from lighthouse.admin.guard_options import describe_guard, guard_options
-from lighthouse.config.values import ConfigError, config_changes, decode_cli_value, parse_config, parse_json
+from lighthouse.config.values import (
+    ConfigError,
+    config_changes,
+    decode_cli_value,
+    looks_numeric_text,
+    parse_config,
+    parse_json,
+)
 from protos.cli_options import client_tls_options, job_option
 from protos.cli_output import JSON, echo_lines, fail, output_option, print_json, with_iso_times
 from protos.job_ids import DEFAULT_JOB, InvalidJobId
@@ -148,6 +155,12 @@ def parse_assignments(assignments: tuple[str, ...]) -> dict[str, Any]:
             changes[key] = decode_cli_value(value, key)
         except ConfigError as exc:
             raise click.BadParameter(str(exc), param_hint="KEY=VALUE") from None
+        if isinstance(changes[key], str) and looks_numeric_text(value):
+            click.echo(
+                f"warning: {key}={value} is not a JSON number: stored as the string {value!r} "
+                f"(quote it, {key}='\"{value}\"', if a string is meant)",
+                err=True,
+            )
     return changes
 
 
@@ -161,6 +174,11 @@ at_step_option = click.option(
 comment_option = click.option("--comment", default=None, help="Why; shown in the history.")
 dry_run_option = click.option(
     "--dry-run", is_flag=True, help="Print what would change (or why it is refused) and store nothing."
+)
+allow_type_change_option = click.option(
+    "--allow-type-change",
+    is_flag=True,
+    help="Store a change that alters a key's JSON type (a number becoming a string); refused without.",
 )
 
 
@@ -183,6 +201,7 @@ def show(client: AdminClient, output: str) -> None:
 @comment_option
 @click.option("--if-match", type=int, default=None, help="Refuse the change unless VERSION is still live.")
 @dry_run_option
+@allow_type_change_option
 @create_option
 @guard_options
 @connection_options
@@ -194,6 +213,7 @@ def set_(
     comment: str | None,
     if_match: int | None,
     dry_run: bool,
+    allow_type_change: bool,
     create: bool,
     guard: dict[str, Any],
 ) -> None:
@@ -201,7 +221,7 @@ def set_(
 
     A VALUE that parses as JSON is stored as that JSON value (lr=0.01 stores the
     number 0.01, flag=true a boolean); anything else as a string (name=abc).
-    KEY=null deletes the key.
+    KEY=null deletes the key. A change of a key's JSON type needs --allow-type-change.
     """
     changes = parse_assignments(assignments)
     require_job(client, create)
@@ -211,6 +231,7 @@ def set_(
         effective_step=at_step,
         comment=comment,
         dry_run=dry_run,
+        allow_type_change=allow_type_change,
         **guard,
     )
     emit(output, answer, lambda: change_lines(answer))
@@ -222,6 +243,7 @@ def set_(
 @comment_option
 @click.option("--if-match", type=int, default=None, help="Refuse the change unless VERSION is still live.")
 @dry_run_option
+@allow_type_change_option
 @create_option
 @guard_options
 @connection_options
@@ -233,6 +255,7 @@ def load(
     comment: str | None,
     if_match: int | None,
     dry_run: bool,
+    allow_type_change: bool,
     create: bool,
     guard: dict[str, Any],
 ) -> None:
@@ -245,7 +268,13 @@ def load(
         fail(f"{file}: {exc.strerror or exc}")
     require_job(client, create)
     answer = client.put(
-        new, if_match=if_match, effective_step=at_step, comment=comment or str(file), dry_run=dry_run, **guard
+        new,
+        if_match=if_match,
+        effective_step=at_step,
+        comment=comment or str(file),
+        dry_run=dry_run,
+        allow_type_change=allow_type_change,
+        **guard,
     )
     emit(output, answer, lambda: change_lines(answer))
 

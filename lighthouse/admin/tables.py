@@ -183,6 +183,7 @@ def jobs(answer: dict[str, Any], now: float | None = None) -> list[str]:
         counts = f"{job['managers_live']}/{job['managers_behind']}/{job['late_groups']}"
         trouble = job["managers_behind"] or job["late_groups"]
         error = job.get("file_error")
+        stall = job.get("stall_reason")
         rows.append(
             [
                 job["job"],
@@ -192,9 +193,19 @@ def jobs(answer: dict[str, Any], now: float | None = None) -> list[str]:
                 steps(job.get("current_step")),
                 str(job["scheduled"]),
                 Styled(error, fg="red") if error else "-",
+                Styled(f"stalled: {stall}", fg="red") if stall else "ok",
             ]
         )
-    headers = ["JOB", "VERSION", "CHANGED", "MANAGERS (live/behind/late)", "STEP", "SCHEDULED", "FILE ERROR"]
+    headers = [
+        "JOB",
+        "VERSION",
+        "CHANGED",
+        "MANAGERS (live/behind/late)",
+        "STEP",
+        "SCHEDULED",
+        "FILE ERROR",
+        "STATUS",
+    ]
     return table(headers, rows)
 
 

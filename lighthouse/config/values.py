@@ -148,18 +148,55 @@ def parse_config(text: str | bytes, what: str = "config") -> dict[str, Any]:
     return validate_object(parse_json(text, what), what=what)
 
 
-def json_type(value: Any) -> str:
+def value_type(value: Any) -> str:
+    """A JSON value's type: integer and float are both "number", null is its own."""
     if value is None:
         return "null"
     if isinstance(value, bool):
-        return "a boolean"
+        return "boolean"
     if isinstance(value, int | float):
-        return "a number"
+        return "number"
     if isinstance(value, str):
-        return "a string"
+        return "string"
     if isinstance(value, list):
-        return "an array"
-    return "an object"
+        return "array"
+    return "object"
+
+
+def json_type(value: Any) -> str:
+    kind = value_type(value)
+    return kind if kind == "null" else f"{'an' if kind[0] in 'ao' else 'a'} {kind}"
+
+
+class TypeChanged(ConfigError):
+    """A change would alter the JSON type of an existing key (``lr=0.0.1`` storing a string over a
+    number bricks every worker that reads it as a float): it must be asked for explicitly."""
+
+    def __init__(self, changes: list[dict[str, str]]) -> None:
+        listed = ", ".join(f"{c['key']}: {c['before']} -> {c['after']}" for c in changes[:10])
+        more = f" (and {len(changes) - 10} more)" if len(changes) > 10 else ""
+        super().__init__(
+            f"the change alters the type of {listed}{more}; "
+            "allow it explicitly (--allow-type-change, ?allow_type_change=1) if it is meant"
+        )
+        self.type_changes = changes
+
+
+def type_changes(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, str]]:
+    """Keys in both configs whose JSON type differs; a key added or deleted is no type change."""
+    out = []
+    for key, value in after.items():
+        if key in before and value_type(before[key]) != value_type(value):
+            out.append({"key": key, "before": value_type(before[key]), "after": value_type(value)})
+    return out
+
+
+def looks_numeric_text(text: str) -> bool:
+    """``0.0.1``, ``1e-3.5``, ``.5``, ``-``: what a number typed wrong looks like (digits, dots,
+    signs and exponents only, with a digit), for a value that did not parse as JSON."""
+    return re.fullmatch(r"[+-]?[0-9.]*([eE][+-]?[0-9.]*)?", text) is not None and any(
+        c.isdigit() for c in text
+    )
 
 
 def encode_value(value: Any) -> str:

@@ -240,6 +240,7 @@ class JobRegistry:
         latest = store.latest()
         managers = state.managers()
         scheduled = store.scheduled()  # reads the step switches from the backend: once
+        stall = state.progress.stall(managers)
         return {
             "job": store.job,
             "version": store.head,
@@ -253,6 +254,8 @@ class JobRegistry:
             "current_step": store.current_step,
             "scheduled": sum(1 for s in scheduled if s["status"] == "pending"),
             "file_error": state.file_error,
+            "stalled": stall is not None,
+            "stall_reason": stall,
         }
 
     def close(self) -> None:

@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from lighthouse.config.files import FileContent, load_initial, read_schema_file
-from lighthouse.config.values import ConfigError, encode_config, validate_object
+from lighthouse.config.values import ConfigError, TypeChanged, encode_config, type_changes, validate_object
 from lighthouse.jobs.guards import JobGuards
 from lighthouse.jobs.leases import NO_LEASE
 from lighthouse.jobs.schema_check import JobSchema
 from lighthouse.jobs.series import JobSeries
+from lighthouse.jobs.stall import Progress
+from lighthouse.jobs.timeline import live_version
 from lighthouse.jobs.versions import ConfigStore, Edit, Plan, Segment
 from protos import lighthouse_config_pb2 as pb
 from protos.rpc import varint_field
@@ -61,6 +63,7 @@ class ManagerRecord:
     rate: float = 0.0  # its steps per second: samples over RATE_WINDOW or more of its reports, smoothed
     rate_anchor: tuple[int, float] = (-1, 0.0)  # (step, time) the rate is measured from
     streams: int = 0  # its open push streams to this lighthouse (0: it polls)
+    ttl: float = 0.0  # the cache TTL it asks leases for: how often a polling manager is heard from
 
     def to_json(self, now: float, head: int) -> dict[str, Any]:
         return {
@@ -78,6 +81,7 @@ class ManagerRecord:
             "lease_through_step": self.lease_through,
             "past_lease": self.past_lease or now - self.past_lease_at < PAST_LEASE_SHOWN,
             "steps_past_lease": self.steps_past_lease,
+            "ttl_s": self.ttl,
         }
 
 
@@ -110,9 +114,10 @@ class LighthouseState:
         if store.backend.shared:
             self.series.share()  # other lighthouses take what this one's managers send (peer_series)
         # Changes that roll themselves back when a metric regresses, as a change made here.
-        self.guards = JobGuards(store, self.series, self.change)
+        self.guards = JobGuards(store, self.series, self._revert_change)
         self.get_config_calls = 0
         self.heartbeat_calls = 0
+        self.progress = Progress()  # when the job's step last moved: a stalled job is shown as such
         self._get_config_count = itertools.count(1)  # next() is atomic: no call lost across threads
         self._heartbeat_count = itertools.count(1)
         self._lock = threading.Lock()
@@ -196,6 +201,11 @@ class LighthouseState:
         if not request.HasField("status"):
             return -1
         step = self.observe(request.status, peer, fetch=True)
+        if request.lease_seconds > 0:
+            with self._lock:
+                record = self._managers.get(request.status.replica_id or peer)
+                if record is not None:
+                    record.ttl = request.lease_seconds
         if step < 0 <= self.store.current_step:
             # A new manager of a job that steps (a group restarting, say): store a ceiling for its
             # first lease now, so its first steps need not wait for a store write. Not for a job
@@ -301,6 +311,7 @@ class LighthouseState:
         return status.step if plausible else -1
 
     def _step_moved(self) -> None:
+        self.progress.moved(self.store.current_step)
         # Appended to every reply: protobuf keeps the last value of a field, so the
         # serialized snapshots stay as they are.
         self._step_field = varint_field(_CURRENT_STEP, self.store.current_step)
@@ -353,6 +364,10 @@ class LighthouseState:
                 merged[m["replica_id"]] = m
         return [merged[r] for r in sorted(merged)]
 
+    def stall(self) -> str | None:
+        """Why the job is stalled (every rank gone, or no step progress), None when it is not."""
+        return self.progress.stall(self.managers())
+
     def _records(self, now: float) -> list[dict[str, Any]]:
         """The managers that talk to this lighthouse, by replica id, ages from ``now`` (monotonic)."""
         head = self.store.head
@@ -380,12 +395,36 @@ class LighthouseState:
         effective_step: int | None = None,
         if_match: int | None = None,
         dry_run: bool = False,
+        allow_type_change: bool = False,
     ) -> Plan:
         """Validate, check against the schema and durably commit a put/patch (a dry run stops
-        before writing); the reply served to managers follows at once."""
+        before writing); the reply served to managers follows at once. A key whose JSON type
+        it alters refuses it (TypeChanged) unless ``allow_type_change``."""
         config = validate_object(body)
         edit = Edit(op, config, source, author, comment, effective_step)
-        return self._apply([edit], if_match=if_match, dry_run=dry_run)
+        check = self.schema.check if allow_type_change else self._check_types
+        return self._apply([edit], if_match=if_match, dry_run=dry_run, check=check)
+
+    def _check_types(self, plan: Plan) -> None:
+        self.schema.check(plan)  # first: a schema's violation says more than a type change
+        changed = type_changes(plan.before, plan.after)
+        if changed:
+            raise TypeChanged(changed)
+
+    def _revert_change(
+        self,
+        op: str,
+        body: Any,
+        *,
+        source: str,
+        author: str = "-",
+        comment: str = "",
+        if_match: int | None = None,
+    ) -> Plan:
+        """A guard's rollback: explicit by nature, so it may put a key's old type back."""
+        return self.change(
+            op, body, source=source, author=author, comment=comment, if_match=if_match, allow_type_change=True
+        )
 
     def rollback(self, version: int, *, author: str = "-", comment: str = "", dry_run: bool = False) -> Plan:
         """A new version with ``version``'s content; cancels pending scheduled changes made after it.
@@ -420,11 +459,22 @@ class LighthouseState:
         edit = Edit("cancel", {"version": version}, "api", author, comment or f"cancel {version}")
         return self._apply([edit])
 
-    def _apply(self, edits: list[Edit], *, if_match: int | None = None, dry_run: bool = False) -> Plan:
+    def _apply(
+        self,
+        edits: list[Edit],
+        *,
+        if_match: int | None = None,
+        dry_run: bool = False,
+        check: Callable[[Plan], None] | None = None,
+    ) -> Plan:
         if self.store.backend.shared:  # another lighthouse may have changed the schema a moment ago
             self.schema.reload()  # (read before the store's lock: an etcd outage never blocks readers)
         plan = self.store.apply(
-            edits, if_match=if_match, check=self.schema.check, dry_run=dry_run, committed=self.refresh
+            edits,
+            if_match=if_match,
+            check=check or self.schema.check,
+            dry_run=dry_run,
+            committed=self.refresh,
         )
         if not dry_run:
             row = plan.row
@@ -469,6 +519,7 @@ class LighthouseState:
         with store.lock:  # version and config from the same instant
             latest = store.latest()
             config = store.live()
+            served = live_version(store.held_changes(), store.current_step)
             made_now = [s["effective_step"] for s in pending if not s["scheduled"]]
             upcoming = None
             if latest is not None and made_now:
@@ -478,8 +529,15 @@ class LighthouseState:
                     "effective_step": at,
                     "config": store.resolve(latest.version, at),
                 }
+        next_change = min(pending, key=lambda s: (s["effective_step"], s["version"]), default=None)
         return {
             "version": latest.version if latest else 0,
+            # The version whose config ``config`` is (served at the job's step); the head
+            # (``version``) differs while a change is pending, which ``pending`` names apart.
+            "live_version": served,
+            "pending": None
+            if next_change is None
+            else {"version": next_change["version"], "effective_step": next_change["effective_step"]},
             "config": config,
             "updated_at": latest.created_at if latest else None,
             "source": latest.source if latest else None,

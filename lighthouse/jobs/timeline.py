@@ -12,8 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from lighthouse.jobs.versions import ConfigStore
+from lighthouse.store.backend import Change
 
 DEFAULT_SEGMENTS = 50
+
+
+def live_version(held: list[Change], current_step: int) -> int:
+    """The version whose config is served at the job's step: the last held change in apply order
+    that is not pending (the card, the timeline and the live config all name this one)."""
+    live = [row.version for row in held if row.order_step <= current_step]
+    return live[-1] if live else 0
 
 
 def timeline(store: ConfigStore, limit: int = DEFAULT_SEGMENTS) -> dict[str, Any]:
@@ -49,6 +57,7 @@ def timeline(store: ConfigStore, limit: int = DEFAULT_SEGMENTS) -> dict[str, Any
     return {
         "job": store.job,
         "version": head,
+        "live_version": live_version(held, current),
         "current_step": current,
         "segments": segments[-limit:],
         "earlier": max(0, len(segments) - limit),

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lighthouse.config.schema import SchemaViolation
-from lighthouse.config.values import ConfigError, ConfigTooLarge
+from lighthouse.config.values import ConfigError, ConfigTooLarge, TypeChanged
 from lighthouse.jobs.registry import JobBusy, TooManyJobs
 from lighthouse.jobs.versions import NotCancellable, NotFound, StepPromised, VersionConflict
 from lighthouse.store.backend import StoreUnavailable
@@ -33,6 +33,7 @@ STATUSES: dict[type[Exception], tuple[int, Callable[[Any], dict[str, Any]]]] = {
     JobBusy: (409, _none),
     ConfigTooLarge: (413, _none),
     SchemaViolation: (422, lambda exc: {"violations": exc.violations}),
+    TypeChanged: (422, lambda exc: {"type_changes": exc.type_changes}),
     StoreUnavailable: (503, _none),
     TooManyJobs: (507, _none),
 }

@@ -359,6 +359,12 @@ class AdminApi:
             lambda st: int(st.file_error is not None or st.schema.error is not None),
         )
         job_metric(
+            "lighthouse_job_stalled",
+            "gauge",
+            "1 while the job is stalled: every manager gone, or no step progress (see /api/jobs for why).",
+            lambda st: int(st.stall() is not None),
+        )
+        job_metric(
             "lighthouse_current_step",
             "gauge",
             "Highest step any manager reported.",
@@ -428,6 +434,7 @@ class AdminApi:
         if_match = if_match_version(req.headers.get("If-Match"))
         comment = self._comment(req)
         dry_run = _flag(req, "dry_run")
+        allow_type_change = _flag(req, "allow_type_change")
         spec = self._guard_spec(req)
         body = req.json_body()
         state = self.state_to_change(req)
@@ -442,6 +449,7 @@ class AdminApi:
                 effective_step=effective_step,
                 if_match=if_match,
                 dry_run=dry_run,
+                allow_type_change=allow_type_change,
             )
 
         if spec is None:

@@ -10,7 +10,11 @@
   const $ = (id) => document.getElementById(id);
 
   function renderConfig(view) {
-    $("version").textContent = `v${view.version}`;
+    // The version served at the job's step (whose config is shown below); a pending one apart.
+    $("version").textContent = `v${view.live_version ?? view.version}`;
+    const pending = view.pending;
+    $("pending-version").hidden = !pending;
+    $("pending-version").textContent = pending ? `v${pending.version} pending, from step ${pending.effective_step}` : "";
     $("updated").textContent = view.updated_at ? `${fmtTime(view.updated_at)} (${fmtAgo(view.updated_at)})` : "never";
     const by = view.author && view.author !== "-" ? `${view.author} via ${view.source}` : view.source;
     $("changed-by").textContent = by || "–";
@@ -29,6 +33,11 @@
       ...keys.map((k) => el("tr", {}, el("td", { class: "key" }, k), el("td", { class: "value" }, stringify(view.config[k])))),
     );
     $("config-empty").hidden = keys.length > 0;
+  }
+
+  function renderStall(job) {
+    $("stalled").hidden = !job.stalled;
+    $("stalled").textContent = job.stalled ? `stalled: ${job.stall_reason}` : "";
   }
 
   function renderManagers(managers, current) {
@@ -148,13 +157,15 @@
   async function refresh() {
     clearTimeout(timer);
     try {
-      const [view, managers, scheduled, timeline] = await Promise.all([
+      const [view, managers, scheduled, timeline, job] = await Promise.all([
         api("GET", "/api/config"),
         api("GET", "/api/managers"),
         api("GET", "/api/config/scheduled"),
         api("GET", `/api/config/timeline?limit=${TIMELINE_ROWS}`),
+        api("GET", `/api/jobs/${encodeURIComponent(LH.JOB || "default")}`),
       ]);
       renderConfig(view.data);
+      renderStall(job.data);
       renderManagers(managers.data.managers, view.data.version);
       renderScheduled(scheduled.data.scheduled, view.data.lease_horizon);
       renderTimeline(timeline.data);

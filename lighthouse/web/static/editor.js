@@ -97,6 +97,7 @@
     if (step.step !== null) params.set("effective_step", step.step);
     const comment = $("comment").value.trim();
     if (comment) params.set("comment", comment);
+    if ($("allow-type-change").checked) params.set("allow_type_change", "1");
     // Now: the editor's own text replaces the config (numbers stay exactly as typed).
     // At a step: only what the edit changes (removed keys as null), so edits made to other
     // keys before that step are not undone when it applies.
@@ -118,7 +119,13 @@
     if (seq !== check.seq) return; // the text changed meanwhile: a newer check is on its way
     check.pending = false;
     if (res.ok) {
+      if (!$("allow-type-change").checked) $("type-change").hidden = true;
       setValidation("ok", `Valid: saving makes version ${res.data.version}.`);
+    } else if (res.status === 422 && res.data.type_changes) {
+      // A key changing JSON type (lr 0.01 -> "0.0.1") is refused unless the box says it is meant.
+      check.blocked = true;
+      $("type-change").hidden = false;
+      setValidation("error", `Refused: ${res.data.error}`);
     } else if (res.status === 422) {
       check.blocked = true;
       check.violations = res.data.violations || [];
@@ -247,6 +254,8 @@
       await load();
       $("comment").value = "";
       $("at-step").value = "";
+      $("allow-type-change").checked = false;
+      $("type-change").hidden = true;
       setStatus($("status"), "ok", `Saved as version ${res.data.version}.${when}`);
     } else if (res.status === 409) {
       setStatus(
@@ -257,6 +266,7 @@
       showStale(res.data.version);
       onInput();
     } else {
+      if (res.data.type_changes) $("type-change").hidden = false;
       setStatus($("status"), "error", `Not saved: ${res.data.error}`);
       onInput();
     }
@@ -370,6 +380,7 @@
   document.addEventListener("DOMContentLoaded", async () => {
     $("editor").addEventListener("input", onInput);
     $("at-step").addEventListener("input", onInput);
+    $("allow-type-change").addEventListener("change", onInput);
     $("save").addEventListener("click", save);
     $("reload").addEventListener("click", async () => {
       await load();

@@ -47,7 +47,8 @@ const LHTimeline = (() => {
     const end = Math.max(10, Math.ceil(furthest * 1.2 + 1));
     const x = (step) => LABEL_W + (Math.min(step, end) / end) * plotW;
     const rowY = (i) => TOP + i * ROW_H;
-    const liveVersion = (segs.filter((s) => !s.pending).at(-1) || {}).version;
+    // The server's live version: the one the dashboard's card names and whose config it shows.
+    const liveVersion = data.live_version ?? (segs.filter((s) => !s.pending).at(-1) || {}).version;
 
     const root = svg("svg", {
       class: "timeline",
