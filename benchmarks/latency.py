@@ -137,13 +137,23 @@ class PrefetchBatch:
     WARMUP_S = 0.2
 
     def __init__(
-        self, addr: str, steps: StepCounter, work_s: float, metrics: dict[str, float] | None = None
+        self,
+        addr: str,
+        steps: StepCounter,
+        work_s: float,
+        metrics: dict[str, float] | None = None,
+        *,
+        pause_every: int = 0,
+        pause_s: float = 0.0,
     ) -> None:
         self.addr = addr
         self.steps = steps
         self.work_s = work_s
         self.metrics = metrics
+        self.pause_every = pause_every  # a pause (an evaluation, a checkpoint) every this many steps
+        self.pause_s = pause_s
         self.stats: dict[str, Any] = {"calls": 0, "from_memory": 0, "wrong_step": 0, "not_pinned": 0}
+        self.stats |= {"client_asks": 0, "client_from_memory": 0}  # ManagerClient.steps_from_memory
 
     def run(self, n: int) -> list[float]:
         client = ManagerClient(self.addr, timeout=5.0, prefetch=True)
@@ -154,6 +164,8 @@ class PrefetchBatch:
         try:
             first = self.steps.take(warmup + n)
             for i, step in enumerate(range(first, first + warmup + n)):
+                if self.pause_every and i > warmup and (i - warmup) % self.pause_every == 0:
+                    time.sleep(self.pause_s)
                 time.sleep(self.work_s)
                 ready = prefetcher is not None and step in prefetcher.ready
                 started = clock()
@@ -168,6 +180,9 @@ class PrefetchBatch:
                 self.stats["from_memory"] += int(ready)
                 self.stats["wrong_step"] += int(cfg.step != step)
                 self.stats["not_pinned"] += int(not cfg.pinned)
+            hits, asks = client.steps_from_memory
+            self.stats["client_from_memory"] += hits
+            self.stats["client_asks"] += asks
         finally:
             client.close()
         return out

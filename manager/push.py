@@ -30,11 +30,13 @@ logger = logging.getLogger(__name__)
 RETRY_MIN = 0.1  # seconds before opening a failed stream again, doubling up to RETRY_MAX
 RETRY_MAX = 2.0
 RETRY_UNSUPPORTED = 60.0  # a lighthouse without WatchConfig: polled; asked again this much later
+OPEN_TIMEOUT = 5.0  # a stream the lighthouse has not answered by then is given up (a hung one)
 
 
 class PushStream:
     """``first_request()`` opens each stream (the version held, the status); ``on_reply`` takes every
-    message; ``on_down(reason)`` is told when a live stream ended."""
+    message; ``on_down(reason)`` is told when a live stream ended. A stream unanswered after
+    ``open_timeout`` seconds is cancelled and opened again to the lighthouse the client uses then."""
 
     def __init__(
         self,
@@ -42,17 +44,21 @@ class PushStream:
         first_request: Callable[[], pb.LighthouseConfigRequest],
         on_reply: Callable[[pb.LighthouseConfigResponse], None],
         on_down: Callable[[str], None],
+        open_timeout: float = OPEN_TIMEOUT,
     ) -> None:
         self._client = client
         self._first_request = first_request
         self._on_reply = on_reply
         self._on_down = on_down
+        self._open_timeout = open_timeout
         self._requests: queue.SimpleQueue[pb.LighthouseConfigRequest | None] | None = None
         self._lock = threading.Lock()
         self.live = False  # a stream is open and has answered
         self.last_message = float("-inf")  # monotonic time of the last message received
         self.keepalive = 0.0  # the lighthouse's keep-alive interval (seconds), from its messages
-        self.unsupported_until = float("-inf")  # the lighthouse has no WatchConfig until then
+        # Per address: that lighthouse has no WatchConfig until then. Per address, not per manager:
+        # an old release first in the list must not keep the manager polling the healthy one.
+        self.unsupported_until: dict[str, float] = {}
         self._stream = StreamThread(self._run, "manager-push")
         self._stream.start()
 
@@ -81,9 +87,9 @@ class PushStream:
     def _run(self) -> None:
         retry = RETRY_MIN
         while not self._stream.stopped.is_set():
-            wait = self.unsupported_until - time.monotonic()
-            if wait > 0:
-                self._stream.stopped.wait(wait)
+            wait = self.unsupported_until.get(self._client.current, float("-inf")) - time.monotonic()
+            if wait > 0:  # looked at again soon: the client may move to another lighthouse
+                self._stream.stopped.wait(min(wait, RETRY_MAX))
                 continue
             answered = self._stream_once()
             retry = RETRY_MIN if answered else min(retry * 2, RETRY_MAX)
@@ -95,12 +101,17 @@ class PushStream:
         """One stream, until it ends; whether the lighthouse answered on it."""
         requests: queue.SimpleQueue[pb.LighthouseConfigRequest | None] = queue.SimpleQueue()
         requests.put(self._first_request())
+        address = self._client.current
         call = self._client.watch(_until_none(requests))
         with self._lock:
             self._requests = requests
         self._stream.reading(call)
         answered = False
         why = "ended"
+        # A hung lighthouse (it accepts and never answers) must not hold the stream forever.
+        timer = threading.Timer(self._open_timeout, lambda: answered or call.cancel())
+        timer.daemon = True
+        timer.start()
         try:
             for reply in call:
                 self.last_message = time.monotonic()
@@ -115,12 +126,10 @@ class PushStream:
             code = exc.code() if isinstance(exc, grpc.Call) else None
             why = code.name if code is not None else str(exc)
             if code == grpc.StatusCode.UNIMPLEMENTED:
-                self.unsupported_until = time.monotonic() + RETRY_UNSUPPORTED
-                logger.info(
-                    "lighthouse %s has no push streams (an older release): polling it",
-                    self._client.current,
-                )
+                self.unsupported_until[address] = time.monotonic() + RETRY_UNSUPPORTED
+                logger.info("lighthouse %s has no push streams (an older release): polling it", address)
         finally:
+            timer.cancel()
             with self._lock:
                 self.live = False
                 self._requests = None

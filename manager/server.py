@@ -151,7 +151,15 @@ class ManagerServer:
         self.replica_id = replica_id or self._address
         self._stopped = threading.Event()
         self._push = (
-            PushStream(self._lighthouse, self._push_request, self._pushed, self._push_down) if push else None
+            PushStream(
+                self._lighthouse,
+                self._push_request,
+                self._pushed,
+                self._push_down,
+                open_timeout=max(1.0, 2 * lighthouse_timeout),
+            )
+            if push
+            else None
         )
         self._loop = threading.Thread(target=self._refresh_loop, name="manager-refresh", daemon=True)
         self._loop.start()
@@ -268,8 +276,10 @@ class ManagerServer:
 
     def _gives_config(self, good: Snapshot | None, failing: bool) -> bool:
         """Whether workers get a lighthouse's config (the live one, or with ``serve_stale`` the last
-        good one) rather than the empty fallback: what the health service reports as SERVING."""
-        return good is not None and (not failing or self._cache.serve_stale)
+        good one, or one still within its TTL) rather than the empty fallback: what the health
+        service reports as SERVING."""
+        cache = self._cache
+        return good is not None and (not failing or cache.serve_stale or cache.fresh)
 
     def _fetch_and_report(self, held: Snapshot | None) -> Snapshot:
         """The cache's fetch; the health status follows its outcome. A failure judges by the snapshot
@@ -332,9 +342,9 @@ class ManagerServer:
         self._probes.set_serving(True)
 
     def _push_down(self, why: str) -> None:
-        """The push stream ended: poll from now on (the refresh loop fetches at once)."""
+        """The push stream ended: poll from now on, fetching at once; the cache is kept for its TTL."""
         self._push_asked = None
-        self._cache.expire()
+        self._cache.stream_ended()
         self._renew.set()
 
     def _push_step(self) -> float:
@@ -455,7 +465,7 @@ class ManagerServer:
         cache = self._cache
         good = cache.good
         lease = self._lease
-        if (good is not None and not cache.failing) or (
+        if (good is not None and (not cache.failing or cache.fresh)) or (
             lease is not None and self._pins.max_step <= lease.through
         ):
             source = CACHE  # also through an outage, while the step lease covers the group

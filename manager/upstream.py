@@ -67,6 +67,7 @@ class UpstreamCache:
         self._failing = False
         self._retry_at = float("-inf")
         self._in_flight = False
+        self._fetch_now = False  # the push stream ended: refresh at once, fresh or not
         self._cond = threading.Condition(threading.Lock())
         self.fetches = 0
         self.failures = 0
@@ -132,10 +133,18 @@ class UpstreamCache:
             self._cond.notify_all()
             return held
 
-    def expire(self) -> None:
-        """The held snapshot is fresh no longer (the push stream ended): the next call fetches."""
+    def stream_ended(self) -> None:
+        """The push stream ended: the held snapshot is served until one TTL after the lighthouse last
+        confirmed it (never emptied), and the background loop fetches at once."""
         with self._cond:
-            self._fresh_until = min(self._fresh_until, self._clock())
+            self._fresh_until = min(self._fresh_until, self._confirmed_at + self.ttl)
+            self._fetch_now = True
+            self._cond.notify_all()
+
+    @property
+    def fresh(self) -> bool:
+        """The held snapshot is served without asking the lighthouse (failing or not)."""
+        return self._good is not None and self._clock() < self._fresh_until
 
     def _keep(self, snapshot: Snapshot) -> Snapshot:
         """``snapshot``, unless the one held is newer in the same lighthouse state (answers of two
@@ -156,6 +165,8 @@ class UpstreamCache:
         now = self._clock()
         if self._failing:
             return max(0.0, self._retry_at - now)
+        if self._fetch_now:
+            return 0.0
         lead = min(0.05 * self.ttl, 0.05)
         return max(0.0, self._fresh_until - lead - now)
 
@@ -184,6 +195,7 @@ class UpstreamCache:
                     return Answer(good, True)
                 return Answer(self.fallback(), False)
             self._in_flight = True
+            self._fetch_now = False
         started = self._clock()
         try:
             snapshot = self._fetch(self._good)

@@ -190,3 +190,16 @@ def test_reporting_benchmark_runs(tmp_path: Path) -> None:
     memory = results["memory"]
     assert memory["entries"]["loss"]["trail_steps"] > 0 and len(memory["checkpoints"]) == 2
     assert "report() on the critical path" in out.stdout
+
+
+def test_prefetch_benchmark_runs(tmp_path: Path) -> None:
+    out, results = run_quick("prefetch", tmp_path)
+    assert results["floor"]["n"] > 0
+    for case in ("plain_loop", "paused_loop"):
+        r = results[case]
+        assert r["n"] > 0 and r["client_asks"] > 0, (case, r)
+        assert r["share_from_memory"] == pytest.approx(r["client_from_memory"] / r["client_asks"])
+        assert r["ratio_to_floor"] == pytest.approx(r["p50"] / results["floor"]["p50"])
+        assert r["wrong_step"] == 0 and r["not_pinned"] == 0, (case, r)
+    assert_run_meta(results)
+    assert "paused_loop:" in out.stdout

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent import futures
 from typing import Any
 
@@ -24,6 +25,7 @@ from protos.rpc import LIGHTHOUSE_SERVICE, LIGHTHOUSE_WATCH
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import change, get_json, live, wait_healthy
 from tests.procs import Proc, ProcessPool, metric, poll, records_so_far, wait_ready
+from tests.test_hang_failover import StuckLighthouse, replica_starting_on
 from tests.threads import CheckedThread
 
 Record = dict[str, Any]
@@ -329,3 +331,65 @@ def test_a_manager_that_reads_nothing_holds_up_no_other(procs: ProcessPool) -> N
         stop.set()
         _slow.cancel()
         channel.close()
+
+
+def test_a_lighthouse_killed_and_restarted_gives_stepless_workers_no_fallback_at_a_30_s_ttl(
+    procs: ProcessPool, tmp_path: Any
+) -> None:
+    """The end of a push stream keeps the cache: a snapshot confirmed at t is served until t + TTL."""
+    state = tmp_path / "state"
+    lh = procs.lighthouse({"lr": 0.1}, state_dir=state)
+    wait_healthy(lh.url)
+    managers = [
+        procs.manager(lh.address, f"m{i}", cache_ttl=30.0, lighthouse_timeout=0.5, backoff=0.2).address
+        for i in range(2)
+    ]
+    workers = no_step_workers(procs, managers * 5, interval=0.05)  # 10 stepless workers
+    poll(lambda: metric(lh.url, "lighthouse_watch_streams") == 2, 30, what="2 push streams open")
+    poll(lambda: all(records_so_far(w) for w in workers), 20, what="the workers calling")
+    lh.signal(signal.SIGKILL)
+    lh.wait(10)
+    killed = time.time()
+    threading.Event().wait(4.0)  # the outage itself: the lighthouse is down for 4 s
+    lh = procs.restart_lighthouse(lh, state_dir=state)
+    poll(lambda: metric(lh.url, "lighthouse_watch_streams") == 2, 30, what="streams open again")
+    back = time.time()
+    poll(lambda: all(records_so_far(w)[-1]["t"] > back for w in workers), 20, what="calls after the restart")
+    for worker in workers:
+        records = records_so_far(worker)
+        during = [r for r in records if killed < r["t"] < back]
+        assert len(during) >= 20, (worker.name, len(during))  # it kept calling through the outage
+        sources = {r["source"] for r in records}
+        assert sources <= {"lighthouse", "cache"}, (worker.name, sources)
+        assert all(r["config"] == {"lr": "0.1"} for r in records), worker.name
+
+
+@pytest.fixture
+def hung() -> Iterator[StuckLighthouse]:
+    server = StuckLighthouse()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_a_manager_with_a_stuck_lighthouse_first_still_pushes_from_the_healthy_one(
+    procs: ProcessPool, hung: StuckLighthouse
+) -> None:
+    """The "no push here" mark is per lighthouse: the stuck one first in the list (it accepts and never
+    answers, and has no WatchConfig) does not keep the manager polling the healthy one."""
+    lh = procs.lighthouse({"lr": 0.1})
+    wait_healthy(lh.url)
+    addresses = f"{hung.address},{lh.address}"
+    m = procs.manager(
+        addresses, replica_starting_on(addresses, hung.address), cache_ttl=30.0, lighthouse_timeout=0.5
+    )
+    worker = no_step_workers(procs, [m.address])[0]
+    poll(lambda: metric(lh.url, "lighthouse_watch_streams") == 1, 15, what="a push stream on the healthy one")
+    assert "GetConfig" in hung.calls  # the manager really started on the stuck one
+    poll(lambda: records_so_far(worker), 20, what="the worker calling")
+    version = change(lh.url, "PATCH", {"lr": 0.5}).json["version"]
+    made = time.time()
+    poll(lambda: records_so_far(worker)[-1]["version"] == version, 10, interval=0.05, what="pushed")
+    first = min(r["t"] for r in records_so_far(worker) if r["version"] == version)
+    assert first - made < 2.0  # pushed, not polled (TTL 30 s)

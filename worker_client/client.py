@@ -93,17 +93,24 @@ class _Decoder:
 class _Prefetcher:
     """Fetches the worker's next step in the background so the step's own call is a dict read.
 
-    The step's path only pops from a dict and writes an attribute: no lock, no
+    A step served from memory only pops from a dict and writes attributes: no lock, no
     thread wake-up, no system call. A daemon thread notices the step the worker
     took (polling at an eighth of the step time, backing off while the worker
     pauses) and asks the manager for the next one, which is pinned and answered
     exactly like a direct call; when the worker is already waiting for a step,
-    its reply starts the next fetch at once. Only one step ahead: a change
-    still reaches the worker within one extra step.
+    its reply starts the next fetch at once. ``AHEAD`` steps ahead: a change made
+    now still reaches the worker within that many extra steps (under a step lease it takes
+    effect at a step promised ahead anyway).
+
+    After a pause (an evaluation, a checkpoint) the thread sleeps on ``_wake``, and the worker's
+    first ask sets it (so does a step not ready, which waits for the manager anyway): the step it
+    asks for was fetched before the pause (pinned, so still its config) and the next ones are
+    fetched at once.
     """
 
     MIN_POLL = 0.0002
     MAX_POLL = 0.05
+    AHEAD = 3  # steps fetched ahead of the worker's
 
     def __init__(self, client: ManagerClient) -> None:
         self._client = weakref.ref(client)
@@ -116,13 +123,21 @@ class _Prefetcher:
         self._step_time: float | None = None  # moving average of the worker's step time
         self._last_change = time.monotonic()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by the worker's ask while the thread backs off
+        self._idle = False  # the thread backs off: the worker paused
+        self.hits = 0  # steps asked for and answered from memory
+        self.asks = 0  # steps asked for
         self._thread = threading.Thread(target=self._run, name="config-prefetch", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         last_seen: int | None = None
         wait = 0.01
-        while not self._stop.wait(wait):
+        while not self._stop.is_set():
+            self._wake.wait(wait)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             client = self._client()
             if client is None:
                 return
@@ -131,9 +146,7 @@ class _Prefetcher:
             if consumed is not None and consumed != last_seen:
                 self._observe(last_seen, consumed, now)
                 last_seen = consumed
-                target = consumed + self._stride
-                if target not in self.ready and target not in self.in_flight:
-                    self._start(client, target)
+                self._ahead(client, consumed)
                 self.acted_on = consumed
             del client
             wait = self._next_wait(now)
@@ -143,6 +156,9 @@ class _Prefetcher:
         thread samples ``consumed`` and, on a busy machine, sees every other step only, which
         would read as a stride of 2 and fetch a step the worker never asks for)."""
         previous = self.consumed
+        if self._idle:
+            self._idle = False
+            self._wake.set()
         if previous is not None and step > previous:
             # A regular stride (the same small jump twice) is followed; any other jump (a restore
             # from a checkpoint, say) must not make us fetch, and pin, a step far ahead.
@@ -151,10 +167,18 @@ class _Prefetcher:
             self._last_delta = delta
         self.consumed = step
 
+    def behind(self) -> None:
+        """The step asked for was not ready (the thread slept through steps on a loaded machine, or
+        the worker came back from a pause): wake the thread, which fetches ahead meanwhile."""
+        self._wake.set()
+
     def _observe(self, previous: int | None, consumed: int, now: float) -> None:
         if previous is not None and consumed > previous:
             interval = now - self._last_change
-            self._step_time = interval if self._step_time is None else 0.8 * self._step_time + 0.2 * interval
+            if self._step_time is None:
+                self._step_time = interval
+            elif interval <= 3 * self._step_time:  # a pause is not a step: it would slow the polling
+                self._step_time = 0.8 * self._step_time + 0.2 * interval
         self._last_change = now
         for stale in [s for s in list(self.ready) if s <= consumed]:  # callbacks insert meanwhile
             self.ready.pop(stale, None)
@@ -165,8 +189,17 @@ class _Prefetcher:
             return 0.01
         since = now - self._last_change
         if since > 3 * step_time:
-            return min(self.MAX_POLL, max(self.MIN_POLL, since / 4))  # the worker paused: back off
+            self._idle = True  # the worker paused: back off; its next ask wakes the thread
+            return min(self.MAX_POLL, max(self.MIN_POLL, since / 4))
         return min(self.MAX_POLL, max(self.MIN_POLL, step_time / 8))
+
+    def _ahead(self, client: ManagerClient, consumed: int) -> None:
+        """Fetch the next ``AHEAD`` steps not held or on their way: the later ones absorb a slow
+        round trip or a late wake-up (on a loaded machine) without the worker waiting."""
+        for k in range(1, self.AHEAD + 1):
+            target = consumed + k * self._stride
+            if target not in self.ready and target not in self.in_flight:
+                self._start(client, target)
 
     def _start(self, client: ManagerClient, step: int) -> None:
         request = _Request(group_rank=client.group_rank, step=step)
@@ -190,14 +223,14 @@ class _Prefetcher:
             if consumed is not None and consumed >= step and not self._stop.is_set():
                 # The worker is already at this step (it waited for this reply): go on at once.
                 client = self._client()
-                target = consumed + self._stride
-                if client is not None and target not in self.ready and target not in self.in_flight:
-                    self._start(client, target)
+                if client is not None:
+                    self._ahead(client, consumed)
 
         fut.add_done_callback(done)
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         for fut in list(self.in_flight.values()):
             fut.cancel()
 
@@ -257,7 +290,11 @@ class ManagerClient:
         if prefetch is not None and step is not None and not self._forked and not peek:
             ready = prefetch.ready.pop(step, None)  # with prefetch, usually the step's whole cost
             prefetch.asked(step)
-            if ready is not None:
+            prefetch.asks += 1
+            if ready is None:
+                prefetch.behind()
+            else:
+                prefetch.hits += 1
                 return self._unconfirmed(ready) if strict and ready.source in UNCONFIRMED else ready
         if self._forked:
             return self._unavailable(
@@ -314,6 +351,12 @@ class ManagerClient:
         numbers (``loss.item()``): converting a GPU tensor would wait for the GPU.
         """
         self._reports.add(step, metrics)
+
+    @property
+    def steps_from_memory(self) -> tuple[int, int]:
+        """With ``prefetch``: (steps answered from memory, steps asked for) so far; (0, 0) without."""
+        prefetch = self._prefetch
+        return (prefetch.hits, prefetch.asks) if prefetch is not None else (0, 0)
 
     @property
     def reports_dropped(self) -> int:
