@@ -180,7 +180,7 @@ def ryu_float(number: float) -> str:
     point = len(whole) + int(exp or 0) - (len(joined) - len(digits))  # value = 0.DIGITS x 10^point
     digits = digits.rstrip("0")
     length = len(digits)
-    if 0 <= point - length and point <= 16:
+    if length <= point <= 16:
         text = digits + "0" * (point - length) + ".0"
     elif 0 < point <= 16:
         text = digits[:point] + "." + digits[point:]
