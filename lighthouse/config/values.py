@@ -152,15 +152,10 @@ def _serde_big_int(value: int) -> float:
     """The f64 serde_json parses an integer literal beyond i64/u64 into: its leading digits that fit
     a u64, times the power of ten of the digits dropped (one rounding each, as serde_json does)."""
     digits = str(abs(value))
-    significand = 0
-    used = 0
-    for used, ch in enumerate(digits):  # noqa: B007 (used is read after the loop)
-        digit = ord(ch) - 48
-        if significand >= _U64_MAX // 10 and (significand > _U64_MAX // 10 or digit > _U64_MAX % 10):
-            break
-        significand = significand * 10 + digit
-    else:
-        used = len(digits)
+    significand = used = 0
+    while used < len(digits) and significand <= (_U64_MAX - (ord(digits[used]) - 48)) // 10:
+        significand = significand * 10 + ord(digits[used]) - 48
+        used += 1
     dropped = len(digits) - used
     number = float(significand) * (float(f"1e{dropped}") if dropped <= 308 else math.inf)
     return number if value > 0 else -number
