@@ -107,7 +107,8 @@ def compact_json(value: Any) -> str:
     """``value`` as serde_json 1.0.140's ``Value::to_string`` writes it, so a worker reads what the
     seed's lighthouse serves: object keys sorted (no preserve_order), floats in ryu's shortest form
     (``1e-7``, ``0.00001``, ``1e21``: the releases before serde_json's late-2025 float writer),
-    integers outside i64/u64 as the float serde_json parses them into, non-finite floats as null."""
+    integers outside i64/u64 as the float serde_json parses them into (past a double's range, as
+    they are), non-finite floats as null."""
     parts: list[str] = []
     _write(value, parts)
     return "".join(parts)
@@ -119,7 +120,7 @@ def _write(value: Any, out: list[str]) -> None:
     elif isinstance(value, str):
         out.append(_string(value))
     elif isinstance(value, int):
-        out.append(str(value) if _I64_MIN <= value <= _U64_MAX else ryu_float(_serde_big_int(value)))
+        out.append(_integer(value))
     elif isinstance(value, float):
         out.append(ryu_float(value))
     elif isinstance(value, dict):
@@ -146,6 +147,14 @@ def _utf8(key: str) -> bytes:
 def _string(text: str) -> str:
     """serde_json's escapes: the same as Python's with ensure_ascii off (lower-case ``\\u00XX``)."""
     return '"' + "".join(_ESCAPES.get(ch) or (f"\\u{ord(ch):04x}" if ch < " " else ch) for ch in text) + '"'
+
+
+def _integer(value: int) -> str:
+    if _I64_MIN <= value <= _U64_MAX:
+        return str(value)
+    number = _serde_big_int(value)
+    # past a double's range the seed refuses the whole file: the digits say more than null would
+    return ryu_float(number) if math.isfinite(number) else str(value)
 
 
 def _serde_big_int(value: int) -> float:
