@@ -314,6 +314,7 @@ lease_options = _grouped(
 @click.option(
     "--config",
     "--lighthouse-config",
+    "--lighthouse_config",  # the seed's spelling
     "config_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,

@@ -17,7 +17,7 @@ from lighthouse.jobs.versions import ConfigStore
 from lighthouse.options import ConfigSources, HttpOptions
 from lighthouse.peers.managers import PeerManagers
 from lighthouse.peers.series import PeerSeries
-from lighthouse.service import KEEPALIVE, LighthouseService
+from lighthouse.service import KEEPALIVE, LighthouseService, seed_handler
 from lighthouse.store.backend import SharedBackend, StoreBackend
 from lighthouse.store.sqlite import STORE_FILE, SqliteBackend
 from protos import lighthouse_config_pb2 as pb
@@ -41,13 +41,25 @@ class LighthouseServer:
     granted to managers, see ``lighthouse.jobs.leases``).
     ``keepalive_interval``: seconds between keep-alives on a quiet push stream (a manager ends one
     silent for two of them); tests shorten it.
+
+    torchft's seed signature works too: ``LighthouseServer(bind, min_replicas,
+    join_timeout_ms, quorum_tick_ms, heartbeat_timeout_ms, failure_tick_ms,
+    lighthouse_config=PATH)``: an int second argument is ``min_replicas``,
+    ``lighthouse_config`` is ``config_path``; the quorum arguments are logged and
+    ignored (this lighthouse runs no quorum of its own).
     """
 
     def __init__(
         self,
         bind: str = f"[::]:{DEFAULT_LIGHTHOUSE_PORT}",
-        config_path: str | Path | None = None,
+        config_path: str | Path | int | None = None,
+        join_timeout_ms: int | None = None,
+        quorum_tick_ms: int | None = None,
+        heartbeat_timeout_ms: int | None = None,
+        failure_tick_ms: int | None = None,
+        lighthouse_config: str | Path | None = None,
         *,
+        min_replicas: int | None = None,
         state_dir: str | Path | None = None,
         http_bind: str | None = None,
         tls: ServerTLS | None = None,
@@ -59,6 +71,19 @@ class LighthouseServer:
         max_workers: int = 16,
         keepalive_interval: float = KEEPALIVE,
     ) -> None:
+        if isinstance(config_path, int):  # the seed's positional min_replicas
+            config_path, min_replicas = None, config_path
+        if lighthouse_config is not None:
+            if config_path is not None:
+                raise TypeError("give config_path or lighthouse_config, not both")
+            config_path = lighthouse_config
+        _ignore_quorum_arguments(
+            min_replicas=min_replicas,
+            join_timeout_ms=join_timeout_ms,
+            quorum_tick_ms=quorum_tick_ms,
+            heartbeat_timeout_ms=heartbeat_timeout_ms,
+            failure_tick_ms=failure_tick_ms,
+        )
         sources = sources or ConfigSources()
         http = http or HttpOptions()
         path = Path(config_path) if config_path is not None else None
@@ -108,7 +133,11 @@ class LighthouseServer:
             credentials = certificates.grpc_credentials() if certificates is not None else None
             # An event loop, not a thread per stream: one push stream per replica group.
             self._server = AioServer(
-                bind, [handler], max_workers=max_workers, credentials=credentials, probes=self._probes
+                bind,
+                [handler, seed_handler(self.service)],
+                max_workers=max_workers,
+                credentials=credentials,
+                probes=self._probes,
             )
             self._address = dialable_address(bind, self._server.port)
             self._start_peers()
@@ -214,3 +243,13 @@ class LighthouseServer:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _ignore_quorum_arguments(**given: int | None) -> None:
+    """torchft's quorum arguments (the seed's signature) mean nothing to a config-only lighthouse."""
+    named = {name: value for name, value in given.items() if value is not None}
+    if named:
+        logger.info(
+            "ignoring torchft's quorum arguments %s: this lighthouse serves the config only",
+            ", ".join(f"{name}={value}" for name, value in named.items()),
+        )

@@ -35,6 +35,7 @@ from lighthouse.jobs.state import LighthouseState
 from protos import lighthouse_config_pb2 as pb
 from protos.job_ids import InvalidJobId, JobId, check_job_id
 from protos.rpc import varint_field
+from protos.torchft_seed import JOB_METADATA, SEED_SERVICE, SeedConfigRequest, SeedConfigResponse
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ KEEPALIVE = 15.0  # seconds: at least one message this often on every stream (a 
 MAX_LEASE_WAIT = 1.0  # seconds a call may wait for a lease (a first ceiling write, a commit)
 MAX_QUEUED_REQUESTS = 64  # a manager sending faster than it is answered: older reports are dropped
 _KEEPALIVE_MS = pb.LighthouseConfigResponse.KEEPALIVE_MS_FIELD_NUMBER
+_STEPLESS = pb.LighthouseConfigRequest()  # what the seed's call counts as: no status, no step
 EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # what read() returns at the stream's end
 
 
@@ -98,6 +100,21 @@ class LighthouseService:
             state, request.known_version, request.known_state_id, step, request, peer, context
         )
         return reply[0]
+
+    async def seed_get_config(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """The seed's ``torchft.LighthouseService/GetConfig``: the live config of the job named in
+        ``lighthouse-job`` metadata (none: ``default``), a stepless fetch like any other."""
+        try:
+            SeedConfigRequest.FromString(raw)
+        except DecodeError as exc:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"not a torchft.LighthouseConfigRequest: {exc}"
+            )
+        job = next((v for k, v in context.invocation_metadata() or () if k == JOB_METADATA), "")
+        state = await self._state(job if isinstance(job, str) else "", context)
+        state.receive(_STEPLESS, context.peer())
+        reply: bytes = SeedConfigResponse(config_data=state.snapshot.config).SerializeToString()
+        return reply
 
     async def heartbeat(
         self, raw: bytes, context: grpc.aio.ServicerContext
@@ -241,3 +258,10 @@ async def _answer(
         reply = await asyncio.get_running_loop().run_in_executor(None, partial(answer, wait=wait))
     assert reply is not None  # with a wait, always an answer
     return reply
+
+
+def seed_handler(service: LighthouseService) -> grpc.GenericRpcHandler:
+    """The seed's GetConfig alone, so a handler for torchft's other methods can sit beside it."""
+    return grpc.method_handlers_generic_handler(
+        SEED_SERVICE, {"GetConfig": grpc.unary_unary_rpc_method_handler(service.seed_get_config)}
+    )

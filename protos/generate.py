@@ -20,7 +20,9 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "protos"
-GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", ".binpb")
+# Compiled to a descriptor set only (loaded into a private pool; see torchft_seed.proto).
+DESCRIPTOR_SET_ONLY = frozenset({"torchft_seed.proto"})
 
 
 def generate(out_dir: Path) -> list[Path]:
@@ -28,14 +30,12 @@ def generate(out_dir: Path) -> list[Path]:
     for proto in sorted(PROTO_DIR.rglob("*.proto")):
         (out_dir / proto.parent.relative_to(ROOT)).mkdir(parents=True, exist_ok=True)
         # Include path = repo root, so generated imports read `from protos import ...`.
-        args = [
-            "grpc_tools.protoc",
-            f"-I{ROOT}",
-            f"--python_out={out_dir}",
-            f"--pyi_out={out_dir}",
-            f"--grpc_python_out={out_dir}",
-            str(proto.relative_to(ROOT)),
-        ]
+        if proto.name in DESCRIPTOR_SET_ONLY:
+            target = out_dir / proto.relative_to(ROOT).with_suffix(".binpb")
+            outputs = [f"--descriptor_set_out={target}"]
+        else:
+            outputs = [f"--python_out={out_dir}", f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}"]
+        args = ["grpc_tools.protoc", f"-I{ROOT}", *outputs, str(proto.relative_to(ROOT))]
         if protoc.main(args) != 0:
             raise SystemExit(f"protoc failed on {proto}")
     return generated_files(out_dir / "protos")

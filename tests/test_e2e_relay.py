@@ -41,7 +41,7 @@ EXPECTED = {
     "warmup": "100",
     "schedule": "[0.1,0.01,0.001]",
     "empty": "",
-    "tiny": "1e-05",
+    "tiny": "0.00001",  # the seed's spelling (serde_json), where Python writes 1e-05
     "quoted": "0.5",
 }
 

@@ -199,3 +199,12 @@ def test_start_server_refuses_a_port_in_use() -> None:
 def test_start_server_rejects_a_bad_bind() -> None:
     with pytest.raises(ValueError, match="invalid address"):
         echo_server("nonsense")
+
+
+def test_check_covers_the_seed_descriptor_set(tmp_path: Path) -> None:
+    """The seed's proto is compiled to a descriptor set (a private pool), checked like the modules."""
+    shutil.copytree(ROOT / "protos", tmp_path / "protos", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "protos" / "torchft_seed.binpb").write_bytes(b"")
+    result = run_check(tmp_path)
+    assert result.returncode == 1 and "torchft_seed.binpb" in result.stderr
+    assert not list((tmp_path / "protos").glob("torchft_seed_pb2*"))  # no module for the default pool

@@ -1,7 +1,9 @@
 """The config's value contract: a flat JSON object, served as ``dict[str, str]``.
 
 A JSON string is passed as it is; any other JSON value as its compact JSON text
-(``0.001`` -> ``"0.001"``, ``true`` -> ``"true"``, ``{"a": 1}`` -> ``'{"a":1}'``).
+(``0.001`` -> ``"0.001"``, ``true`` -> ``"true"``, ``{"a": 1}`` -> ``'{"a":1}'``), spelled as
+torchft's config-sharing seed spells it: serde_json 1.0.140 (ryu floats, keys sorted; see
+``compact_json``).
 ``null`` is a value like any other (served as ``"null"``) in a config file and a
 PUT; only the store's PATCH reads a ``null`` as "delete this key".
 """
@@ -203,7 +205,106 @@ def encode_value(value: Any) -> str:
     """One JSON value as it goes on the wire."""
     if isinstance(value, str):
         return value
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return compact_json(value)
+
+
+_U64_MAX = 2**64 - 1
+_I64_MIN = -(2**63)
+_ESCAPES = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r", '"': '\\"', "\\": "\\\\"}
+
+
+def compact_json(value: Any) -> str:
+    """``value`` as serde_json 1.0.140's ``Value::to_string`` writes it, so a worker reads what the
+    seed's lighthouse serves: object keys sorted (no preserve_order), floats in ryu's shortest form
+    (``1e-7``, ``0.00001``, ``1e21``: the releases before serde_json's late-2025 float writer),
+    integers outside i64/u64 as the float serde_json parses them into (past a double's range, as
+    they are), non-finite floats as null."""
+    parts: list[str] = []
+    _write(value, parts)
+    return "".join(parts)
+
+
+def _write(value: Any, out: list[str]) -> None:
+    if value is None or value is True or value is False:
+        out.append(json.dumps(value))
+    elif isinstance(value, str):
+        out.append(_string(value))
+    elif isinstance(value, int):
+        out.append(_integer(value))
+    elif isinstance(value, float):
+        out.append(ryu_float(value))
+    elif isinstance(value, dict):
+        out.append("{")
+        for i, key in enumerate(sorted(value, key=_utf8)):
+            out.append(("," if i else "") + _string(key) + ":")
+            _write(value[key], out)
+        out.append("}")
+    else:
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _write(item, out)
+        out.append("]")
+
+
+def _utf8(key: str) -> bytes:
+    """serde_json's BTreeMap orders keys by their UTF-8 bytes (Python's str order is by code point,
+    which differs only around surrogates)."""
+    return key.encode("utf-8", "surrogatepass")
+
+
+def _string(text: str) -> str:
+    """serde_json's escapes: the same as Python's with ensure_ascii off (lower-case ``\\u00XX``)."""
+    return '"' + "".join(_ESCAPES.get(ch) or (f"\\u{ord(ch):04x}" if ch < " " else ch) for ch in text) + '"'
+
+
+def _integer(value: int) -> str:
+    if _I64_MIN <= value <= _U64_MAX:
+        return str(value)
+    number = _serde_big_int(value)
+    # past a double's range the seed refuses the whole file: the digits say more than null would
+    return ryu_float(number) if math.isfinite(number) else str(value)
+
+
+def _serde_big_int(value: int) -> float:
+    """The f64 serde_json parses an integer literal beyond i64/u64 into: its leading digits that fit
+    a u64, times the power of ten of the digits dropped (one rounding each, as serde_json does)."""
+    digits = str(abs(value))
+    significand = used = 0
+    while used < len(digits) and significand <= (_U64_MAX - (ord(digits[used]) - 48)) // 10:
+        significand = significand * 10 + ord(digits[used]) - 48
+        used += 1
+    dropped = len(digits) - used
+    number = float(significand) * (float(f"1e{dropped}") if dropped <= 308 else math.inf)
+    return number if value > 0 else -number
+
+
+def ryu_float(number: float) -> str:
+    """A float as ryu 1.0 formats it for serde_json: Python's shortest digits, ryu's layout."""
+    if not math.isfinite(number):
+        return "null"  # serde_json's serializer writes a non-finite f64 as null
+    sign = "-" if math.copysign(1.0, number) < 0 else ""
+    if number == 0:
+        return sign + "0.0"
+    mantissa, _, exp = repr(abs(number)).partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    joined = whole + fraction
+    digits = joined.lstrip("0")
+    point = len(whole) + int(exp or 0) - (len(joined) - len(digits))  # value = 0.DIGITS x 10^point
+    digits = digits.rstrip("0")
+    length = len(digits)
+    if length <= point <= 16:
+        text = digits + "0" * (point - length) + ".0"
+    elif 0 < point <= 16:
+        text = digits[:point] + "." + digits[point:]
+    elif -5 < point <= 0:
+        text = "0." + "0" * -point + digits
+    elif length == 1:
+        text = f"{digits}e{point - 1}"
+    else:
+        text = f"{digits[0]}.{digits[1:]}e{point - 1}"
+    return sign + text
 
 
 def encode_config(config: dict[str, Any]) -> dict[str, str]:

@@ -14,11 +14,14 @@ import re
 from dataclasses import dataclass, field
 from email.message import Message
 from typing import Any
+from urllib.parse import parse_qs
 
 from lighthouse.config.values import parse_json
 from protos.job_ids import DEFAULT_JOB, JobId
 
 MAX_BODY_BYTES = 1024 * 1024
+MAX_FORM_BYTES = 3 * MAX_BODY_BYTES  # URL-encoding takes up to 3 bytes for one
+FORM = "application/x-www-form-urlencoded"
 
 
 class HttpError(Exception):
@@ -90,25 +93,46 @@ class Request:
 
     def json_body(self) -> Any:
         """The body as JSON: application/json, Content-Length <= 1 MiB, UTF-8."""
+        return parse_json(self._body("application/json", MAX_BODY_BYTES), "body")
+
+    def form_json(self, name: str) -> Any:
+        """The JSON text in form field ``name`` (application/x-www-form-urlencoded, as the seed's
+        editor page sends it): parsed like a JSON body; its errors name the field."""
+        data = self._body(FORM, MAX_FORM_BYTES)
+        try:
+            fields = parse_qs(
+                data.decode("ascii"), keep_blank_values=True, max_num_fields=50, errors="strict"
+            )
+        except UnicodeError:
+            raise HttpError(400, "form body is not URL-encoded UTF-8") from None
+        except ValueError:
+            raise HttpError(400, "too many form fields (max 50)") from None
+        values = fields.get(name, [])
+        if len(values) != 1:
+            raise HttpError(400, f"form field {name!r} (the config's JSON text) is required once")
+        return parse_json(values[0], name)
+
+    def _body(self, content_type: str, limit: int) -> bytes:
+        """The body's bytes, of ``content_type`` (UTF-8) and at most ``limit`` bytes."""
         ctype = self.headers.get("Content-Type", "")
         mime, _, rest = ctype.partition(";")
         charset = re.search(r"charset\s*=\s*\"?([\w-]+)", rest, re.IGNORECASE)
-        if mime.strip().lower() != "application/json" or (
+        if mime.strip().lower() != content_type or (
             charset and charset.group(1).lower() not in ("utf-8", "utf8")
         ):
-            raise HttpError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
+            raise HttpError(415, f"Content-Type must be {content_type}, got {ctype or 'none'!r}")
         if self.headers.get("Transfer-Encoding"):
             raise HttpError(411, "chunked bodies are not accepted: send Content-Length")
         length = self.content_length()
         if length is None:
             raise HttpError(411, "Content-Length is required")
-        if length > MAX_BODY_BYTES:
-            raise HttpError(413, f"body is {length} bytes (max {MAX_BODY_BYTES})")
+        if length > limit:
+            raise HttpError(413, f"body is {length} bytes (max {limit})")
         data = self.rfile.read(length)
         self.body_read = True
         if len(data) != length:
             raise HttpError(400, f"body ended after {len(data)} of {length} bytes")
-        return parse_json(data, "body")
+        return data
 
     def content_length(self) -> int | None:
         """The body's declared length, None without the header. Anything but one number in ASCII

@@ -92,7 +92,7 @@ class AdminApi:
         table: list[tuple[str, dict[str, Handler]]] = [
             (r"/api/jobs", {"GET": self.list_jobs}),
             (r"/", {"GET": self.page}),
-            (r"/config", {"GET": self.page}),
+            (r"/config", {"GET": self.page, "PUT": self.put_config_form}),
             (r"/static/([A-Za-z0-9_.-]+)", {"GET": self.static}),
             (r"/healthz", {"GET": self.healthz}),
             (r"/metrics", {"GET": self.metrics}),
@@ -118,6 +118,7 @@ class AdminApi:
             Route(re.compile(r"/api/jobs/([^/]+)"), {"GET": self.get_job, "DELETE": self.delete_job})
         ]
         self._job_pages = [Route(re.compile(re.escape(p)), {"GET": self.job_page}) for p in PAGES]
+        self._job_pages[list(PAGES).index("/config")].methods["PUT"] = self.put_config_form
 
     def dispatch(self, req: Request) -> Response:
         if req.method in ("GET", "HEAD") and req.path != "/healthz" and not self.access.valid(_bearer(req)):
@@ -428,7 +429,15 @@ class AdminApi:
     def patch_config(self, req: Request) -> Response:
         return self._change(req, "patch")
 
-    def _change(self, req: Request, op: str) -> Response:
+    def put_config_form(self, req: Request) -> Response:
+        """``PUT /config`` with form field ``config`` (the seed's editor page): ``PUT /api/config``'s
+        rules, answered with a redirect to the editor. A cross-site page cannot send it: a form
+        only GETs and POSTs, and a script's PUT needs a CORS preflight this server never grants."""
+        answer = self._change(req, "put", lambda: req.form_json("config"))
+        page = "/config" if req.job == DEFAULT_JOB else f"/jobs/{req.job}/config"
+        return Response(303, answer.body, answer.content_type, {**answer.headers, "Location": page})
+
+    def _change(self, req: Request, op: str, read_body: Callable[[], Any] | None = None) -> Response:
         author = self.authorize(req)
         effective_step = req.int_arg("effective_step")
         if_match = if_match_version(req.headers.get("If-Match"))
@@ -436,7 +445,7 @@ class AdminApi:
         dry_run = _flag(req, "dry_run")
         allow_type_change = _flag(req, "allow_type_change")
         spec = self._guard_spec(req)
-        body = req.json_body()
+        body = read_body() if read_body is not None else req.json_body()
         state = self.state_to_change(req)
 
         def change(dry_run: bool) -> Plan:
