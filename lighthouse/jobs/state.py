@@ -6,6 +6,7 @@ dashboard is what the next manager fetch sees, with no second code path.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import threading
@@ -13,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +83,7 @@ class ManagerRecord:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Snapshot:
     """The GetConfig replies for one (version, current segment), serialized once."""
 
@@ -90,6 +92,33 @@ class Snapshot:
     segments: tuple[Segment, ...]
     full_reply: bytes
     not_modified_reply: bytes
+    instance_id: str = ""
+    state_id: str = ""
+    _from: dict[int, bytes] = field(default_factory=dict, repr=False)  # reply_from's, by segment
+
+    def reply_from(self, step: int) -> bytes:
+        """The reply for a group at ``step``: only the segments from the one holding ``step`` on, so
+        its size does not grow with the history (a group never needs a step below the one it
+        reports: those it served are pinned). Serialized once per first segment."""
+        if step < 0 or len(self.segments) < 2 or step < self.segments[1].from_step:
+            return self.full_reply
+        first = bisect.bisect_right(self._starts, step) - 1
+        cached = self._from.get(first)
+        if cached is None:
+            reply = pb.LighthouseConfigResponse(
+                config_data=self.config,
+                version=self.version,
+                instance_id=self.instance_id,
+                state_id=self.state_id,
+            )
+            for seg in self.segments[first:]:
+                reply.segments.add(from_step=seg.from_step, config_data=encode_config(seg.config))
+            cached = self._from[first] = reply.SerializeToString()
+        return cached
+
+    @cached_property
+    def _starts(self) -> list[int]:
+        return [s.from_step for s in self.segments]
 
 
 class LighthouseState:
@@ -159,7 +188,15 @@ class LighthouseState:
         not_modified = pb.LighthouseConfigResponse(
             version=version, not_modified=True, instance_id=self.instance_id, state_id=store.state_id
         )
-        return Snapshot(version, live, segments, reply.SerializeToString(), not_modified.SerializeToString())
+        return Snapshot(
+            version,
+            live,
+            segments,
+            reply.SerializeToString(),
+            not_modified.SerializeToString(),
+            self.instance_id,
+            store.state_id,
+        )
 
     def refresh(self) -> None:
         """Rebuild the served reply after a change (or when the job's step crossed a scheduled step).
@@ -231,7 +268,7 @@ class LighthouseState:
         if known_version == snap.version and known_state_id == self.store.state_id:
             body = snap.not_modified_reply
         else:
-            body = snap.full_reply
+            body = snap.reply_from(request.status.step if request.HasField("status") else -1)
         return body + self._step_field + varint_field(_STABLE_THROUGH, horizon), snap.version
 
     def watched(self, replica_id: str, opened: int, version: int | None = None) -> None:
