@@ -3,11 +3,14 @@ size does not grow with the number of changes in the job's history."""
 
 from __future__ import annotations
 
-from lighthouse.config.values import encode_config
+import pytest
+
+from lighthouse.config.values import ConfigTooLarge, encode_config
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import ConfigStore
 from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
+from protos.rpc import MAX_REPLY_BYTES
 
 
 def _ask(state: LighthouseState, step: int) -> tuple[int, pb.LighthouseConfigResponse]:
@@ -51,3 +54,24 @@ def test_a_stepless_reply_and_one_for_an_early_step_still_carry_the_history_they
     assert answered is not None
     stepless = pb.LighthouseConfigResponse.FromString(answered[0])
     assert [s.from_step for s in stepless.segments] == [0] + [10 * i for i in range(1, 50)]
+
+
+@pytest.mark.slow  # about 70 commits of a 900 KB config: a minute on a loaded machine
+def test_a_change_whose_reply_would_pass_the_grpc_limit_is_refused_when_made() -> None:
+    state = LighthouseState(ConfigStore(SqliteBackend()))
+    big = "x" * 900_000  # a 900 KB config: about 70 segments ahead of the job pass 64 MiB
+    state.change("put", {"blob": big, "lr": 0}, source="t")
+    refused = None
+    for i in range(1, 100):
+        try:
+            state.change("patch", {"lr": i}, source="t", effective_step=10 * i)
+        except ConfigTooLarge as exc:
+            refused = (i, str(exc))
+            break
+    assert refused is not None, "no change was refused"
+    i, message = refused
+    assert 60 <= i <= 80 and "bytes" in message and str(MAX_REPLY_BYTES) in message
+    assert state.store.head == i  # never stored: the put and the i - 1 accepted patches
+    request = pb.LighthouseConfigRequest(status=pb.ManagerStatus(replica_id="g0", step=0))
+    answered = state.answer(0, "", -1, request, "peer")
+    assert answered is not None and len(answered[0]) <= MAX_REPLY_BYTES

@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from lighthouse.config.files import FileContent, load_initial, read_schema_file
-from lighthouse.config.values import ConfigError, encode_config, validate_object
+from lighthouse.config.values import ConfigError, ConfigTooLarge, encode_config, validate_object
 from lighthouse.jobs.guards import JobGuards
 from lighthouse.jobs.leases import NO_LEASE
 from lighthouse.jobs.schema_check import JobSchema
 from lighthouse.jobs.series import JobSeries
 from lighthouse.jobs.versions import ConfigStore, Edit, Plan, Segment
 from protos import lighthouse_config_pb2 as pb
-from protos.rpc import varint_field
+from protos.rpc import MAX_REPLY_BYTES, varint_field
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ RATE_WINDOW = 0.25
 # would read high by their noise, and leases, and the wait for a change made now, with them. Too
 # low a rate costs little: the manager renews at half its lease, whatever the lease's length.
 RATE_SMOOTHING = 0.3
+REPLY_HEADROOM = 4096  # bytes of a reply besides its configs (ids, steps, lease, keep-alive)
 PAST_LEASE_SHOWN = 30.0  # seconds a group that served steps past its lease stays marked so
 _CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
 _STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
@@ -424,6 +425,23 @@ class LighthouseState:
         edit = Edit(op, config, source, author, comment, effective_step)
         return self._apply([edit], if_match=if_match, dry_run=dry_run)
 
+    def _check(self, plan: Plan) -> None:
+        """Refuse a commit that breaks the schema, or whose reply to a group at the job's step would
+        pass the gRPC message limit (413 now, rather than acknowledged and then failing every call)."""
+        self.schema.check(plan)
+        segments = plan.segments_after
+        first = max(0, bisect.bisect_right([s.from_step for s in segments], plan.step) - 1)
+        reply = pb.LighthouseConfigResponse(config_data=encode_config(plan.live))
+        if len(segments) > 1:
+            for seg in segments[first:]:
+                reply.segments.add(from_step=seg.from_step, config_data=encode_config(seg.config))
+        size = reply.ByteSize()
+        if size > MAX_REPLY_BYTES - REPLY_HEADROOM:
+            raise ConfigTooLarge(
+                f"the reply to a manager would be {size} bytes, more than the {MAX_REPLY_BYTES} a gRPC "
+                "message may carry (cancel or merge changes scheduled ahead)"
+            )
+
     def rollback(self, version: int, *, author: str = "-", comment: str = "", dry_run: bool = False) -> Plan:
         """A new version with ``version``'s content; cancels pending scheduled changes made after it.
 
@@ -461,7 +479,7 @@ class LighthouseState:
         if self.store.backend.shared:  # another lighthouse may have changed the schema a moment ago
             self.schema.reload()  # (read before the store's lock: an etcd outage never blocks readers)
         plan = self.store.apply(
-            edits, if_match=if_match, check=self.schema.check, dry_run=dry_run, committed=self.refresh
+            edits, if_match=if_match, check=self._check, dry_run=dry_run, committed=self.refresh
         )
         if not dry_run:
             row = plan.row
