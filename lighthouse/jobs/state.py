@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -103,23 +102,28 @@ class Snapshot:
         reports: those it served are pinned). Serialized once per first segment."""
         if step < 0 or len(self.segments) < 2 or step < self.segments[1].from_step:
             return self.full_reply
-        first = bisect.bisect_right(self._starts, step) - 1
+        first = first_segment(self.segments, step)
         cached = self._from.get(first)
         if cached is None:
-            reply = pb.LighthouseConfigResponse(
-                config_data=self.config,
-                version=self.version,
-                instance_id=self.instance_id,
-                state_id=self.state_id,
-            )
-            for seg in self.segments[first:]:
-                reply.segments.add(from_step=seg.from_step, config_data=encode_config(seg.config))
+            reply = config_reply(self.config, self.segments[first:], self.version)
+            reply.instance_id, reply.state_id = self.instance_id, self.state_id
             cached = self._from[first] = reply.SerializeToString()
         return cached
 
-    @cached_property
-    def _starts(self) -> list[int]:
-        return [s.from_step for s in self.segments]
+
+def first_segment(segments: tuple[Segment, ...], step: int) -> int:
+    """Index of the segment that holds ``step`` (the first from step 0)."""
+    return max(0, bisect.bisect_right([s.from_step for s in segments], step) - 1)
+
+
+def config_reply(
+    live: dict[str, str], segments: tuple[Segment, ...], version: int
+) -> pb.LighthouseConfigResponse:
+    """A reply with ``live`` and ``segments`` (the ones a receiver can still use)."""
+    reply = pb.LighthouseConfigResponse(config_data=live, version=version)
+    for seg in segments:
+        reply.segments.add(from_step=seg.from_step, config_data=encode_config(seg.config))
+    return reply
 
 
 class LighthouseState:
@@ -180,12 +184,9 @@ class LighthouseState:
         version = store.head
         segments = tuple(store.segments(version))
         live = encode_config(store.resolve(version, max(store.current_step, 0)))
-        reply = pb.LighthouseConfigResponse(
-            config_data=live, version=version, instance_id=self.instance_id, state_id=store.state_id
-        )
-        if len(segments) > 1 or encode_config(segments[0].config) != live:
-            for seg in segments:
-                reply.segments.add(from_step=seg.from_step, config_data=encode_config(seg.config))
+        scheduled = len(segments) > 1 or encode_config(segments[0].config) != live
+        reply = config_reply(live, segments if scheduled else (), version)
+        reply.instance_id, reply.state_id = self.instance_id, store.state_id
         not_modified = pb.LighthouseConfigResponse(
             version=version, not_modified=True, instance_id=self.instance_id, state_id=store.state_id
         )
@@ -430,12 +431,8 @@ class LighthouseState:
         pass the gRPC message limit (413 now, rather than acknowledged and then failing every call)."""
         self.schema.check(plan)
         segments = plan.segments_after
-        first = max(0, bisect.bisect_right([s.from_step for s in segments], plan.step) - 1)
-        reply = pb.LighthouseConfigResponse(config_data=encode_config(plan.live))
-        if len(segments) > 1:
-            for seg in segments[first:]:
-                reply.segments.add(from_step=seg.from_step, config_data=encode_config(seg.config))
-        size = reply.ByteSize()
+        used = segments[first_segment(segments, plan.step) :] if len(segments) > 1 else ()
+        size = config_reply(encode_config(plan.live), used, plan.row.version).ByteSize()
         if size > MAX_REPLY_BYTES - REPLY_HEADROOM:
             raise ConfigTooLarge(
                 f"the reply to a manager would be {size} bytes, more than the {MAX_REPLY_BYTES} a gRPC "
