@@ -6,6 +6,7 @@ dashboard is what the next manager fetch sees, with no second code path.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import threading
@@ -17,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from lighthouse.config.files import FileContent, load_initial, read_schema_file
-from lighthouse.config.values import ConfigError, TypeChanged, encode_config, type_changes, validate_object
+from lighthouse.config.values import (
+    ConfigError,
+    ConfigTooLarge,
+    TypeChanged,
+    encode_config,
+    type_changes,
+    validate_object,
+)
 from lighthouse.jobs.guards import JobGuards
 from lighthouse.jobs.leases import NO_LEASE
 from lighthouse.jobs.schema_check import JobSchema
@@ -26,7 +34,7 @@ from lighthouse.jobs.stall import Progress
 from lighthouse.jobs.timeline import live_version
 from lighthouse.jobs.versions import ConfigStore, Edit, Plan, Segment
 from protos import lighthouse_config_pb2 as pb
-from protos.rpc import varint_field
+from protos.rpc import MAX_REPLY_BYTES, varint_field
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +47,7 @@ RATE_WINDOW = 0.25
 # would read high by their noise, and leases, and the wait for a change made now, with them. Too
 # low a rate costs little: the manager renews at half its lease, whatever the lease's length.
 RATE_SMOOTHING = 0.3
+REPLY_HEADROOM = 4096  # bytes of a reply besides its configs (ids, steps, lease, keep-alive)
 PAST_LEASE_SHOWN = 30.0  # seconds a group that served steps past its lease stays marked so
 _CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
 _STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
@@ -85,7 +94,7 @@ class ManagerRecord:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Snapshot:
     """The GetConfig replies for one (version, current segment), serialized once."""
 
@@ -94,6 +103,38 @@ class Snapshot:
     segments: tuple[Segment, ...]
     full_reply: bytes
     not_modified_reply: bytes
+    instance_id: str = ""
+    state_id: str = ""
+    _from: dict[int, bytes] = field(default_factory=dict, repr=False)  # reply_from's, by segment
+
+    def reply_from(self, step: int) -> bytes:
+        """The reply for a group at ``step``: only the segments from the one holding ``step`` on, so
+        its size does not grow with the history (a group never needs a step below the one it
+        reports: those it served are pinned). Serialized once per first segment."""
+        if step < 0 or len(self.segments) < 2 or step < self.segments[1].from_step:
+            return self.full_reply
+        first = first_segment(self.segments, step)
+        cached = self._from.get(first)
+        if cached is None:
+            reply = config_reply(self.config, self.segments[first:], self.version)
+            reply.instance_id, reply.state_id = self.instance_id, self.state_id
+            cached = self._from[first] = reply.SerializeToString()
+        return cached
+
+
+def first_segment(segments: tuple[Segment, ...], step: int) -> int:
+    """Index of the segment that holds ``step`` (the first from step 0)."""
+    return max(0, bisect.bisect_right([s.from_step for s in segments], step) - 1)
+
+
+def config_reply(
+    live: dict[str, str], segments: tuple[Segment, ...], version: int
+) -> pb.LighthouseConfigResponse:
+    """A reply with ``live`` and ``segments`` (the ones a receiver can still use)."""
+    reply = pb.LighthouseConfigResponse(config_data=live, version=version)
+    for seg in segments:
+        reply.segments.add(from_step=seg.from_step, config_data=encode_config(seg.config))
+    return reply
 
 
 class LighthouseState:
@@ -155,16 +196,21 @@ class LighthouseState:
         version = store.head
         segments = tuple(store.segments(version))
         live = encode_config(store.resolve(version, max(store.current_step, 0)))
-        reply = pb.LighthouseConfigResponse(
-            config_data=live, version=version, instance_id=self.instance_id, state_id=store.state_id
-        )
-        if len(segments) > 1 or encode_config(segments[0].config) != live:
-            for seg in segments:
-                reply.segments.add(from_step=seg.from_step, config_data=encode_config(seg.config))
+        scheduled = len(segments) > 1 or encode_config(segments[0].config) != live
+        reply = config_reply(live, segments if scheduled else (), version)
+        reply.instance_id, reply.state_id = self.instance_id, store.state_id
         not_modified = pb.LighthouseConfigResponse(
             version=version, not_modified=True, instance_id=self.instance_id, state_id=store.state_id
         )
-        return Snapshot(version, live, segments, reply.SerializeToString(), not_modified.SerializeToString())
+        return Snapshot(
+            version,
+            live,
+            segments,
+            reply.SerializeToString(),
+            not_modified.SerializeToString(),
+            self.instance_id,
+            store.state_id,
+        )
 
     def refresh(self) -> None:
         """Rebuild the served reply after a change (or when the job's step crossed a scheduled step).
@@ -241,7 +287,7 @@ class LighthouseState:
         if known_version == snap.version and known_state_id == self.store.state_id:
             body = snap.not_modified_reply
         else:
-            body = snap.full_reply
+            body = snap.reply_from(request.status.step if request.HasField("status") else -1)
         return body + self._step_field + varint_field(_STABLE_THROUGH, horizon), snap.version
 
     def watched(self, replica_id: str, opened: int, version: int | None = None) -> None:
@@ -402,11 +448,11 @@ class LighthouseState:
         it alters refuses it (TypeChanged) unless ``allow_type_change``."""
         config = validate_object(body)
         edit = Edit(op, config, source, author, comment, effective_step)
-        check = self.schema.check if allow_type_change else self._check_types
+        check = self._check if allow_type_change else self._check_types
         return self._apply([edit], if_match=if_match, dry_run=dry_run, check=check)
 
     def _check_types(self, plan: Plan) -> None:
-        self.schema.check(plan)  # first: a schema's violation says more than a type change
+        self._check(plan)  # first: a schema's violation (or the size) says more than a type change
         changed = type_changes(plan.before, plan.after)
         if changed:
             raise TypeChanged(changed)
@@ -425,6 +471,19 @@ class LighthouseState:
         return self.change(
             op, body, source=source, author=author, comment=comment, if_match=if_match, allow_type_change=True
         )
+
+    def _check(self, plan: Plan) -> None:
+        """Refuse a commit that breaks the schema, or whose reply to a group at the job's step would
+        pass the gRPC message limit (413 now, rather than acknowledged and then failing every call)."""
+        self.schema.check(plan)
+        segments = plan.segments_after
+        used = segments[first_segment(segments, plan.step) :] if len(segments) > 1 else ()
+        size = config_reply(encode_config(plan.live), used, plan.row.version).ByteSize()
+        if size > MAX_REPLY_BYTES - REPLY_HEADROOM:
+            raise ConfigTooLarge(
+                f"the reply to a manager would be {size} bytes, more than the {MAX_REPLY_BYTES} a gRPC "
+                "message may carry (cancel or merge changes scheduled ahead)"
+            )
 
     def rollback(self, version: int, *, author: str = "-", comment: str = "", dry_run: bool = False) -> Plan:
         """A new version with ``version``'s content; cancels pending scheduled changes made after it.
@@ -472,7 +531,7 @@ class LighthouseState:
         plan = self.store.apply(
             edits,
             if_match=if_match,
-            check=check or self.schema.check,
+            check=check or self._check,
             dry_run=dry_run,
             committed=self.refresh,
         )
