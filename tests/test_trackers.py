@@ -194,3 +194,24 @@ def test_mlflow_metric_history_with_the_step(
     assert tags["config.change"].endswith(f"at step {switched}: lr 0.01 -> 0.02")
     names = sorted(os.path.basename(a.path) for a in client.list_artifacts(run.info.run_id, "config_changes"))
     assert names == sorted(f"v{v}.txt" for v in (1, int(tags["config.version"])))
+
+
+def test_the_watcher_skips_fallbacks_stepless_calls_and_versions_named_before_their_step() -> None:
+    from worker_client import Config
+    from worker_client.changes import ChangeWatcher
+
+    seen: list[ConfigChange] = []
+    watch = ChangeWatcher(seen.append)
+    watch.seen(Config({"lr": "0.1"}, version=1, source="lighthouse", step=None))  # peek-like: no step
+    watch.seen(Config(version=0, source="fallback", step=0))
+    watch.seen(Config({"lr": "0.1"}, version=1, source="lighthouse", step=1))
+    watch.seen(Config(version=0, source="fallback", step=2))  # an outage is no change...
+    watch.seen(Config({"lr": "0.1"}, version=1, source="cache", step=3))  # ...nor its end
+    watch.seen(Config({"lr": "0.1"}, version=2, source="lighthouse", step=4))  # v2 named, not in effect
+    watch.seen(Config({"lr": "0.2", "wd": "0"}, version=2, source="lighthouse", step=6))
+    watch.seen(Config({"lr": "0.2", "wd": "0"}, version=2, source="lighthouse", step=7))
+    assert [(c.step, c.version, c.previous_version, c.changes) for c in seen] == [
+        (1, 1, 0, {"lr": (None, "0.1")}),
+        (6, 2, 1, {"lr": ("0.1", "0.2"), "wd": (None, "0")}),
+    ]
+    assert seen[1].describe() == "v2 at step 6: lr 0.1 -> 0.2, wd (none) -> 0"
