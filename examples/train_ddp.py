@@ -55,6 +55,7 @@ import torch.distributed as dist
 from torch import nn
 
 from worker_client import ConfigUnavailable, ManagerClient, connect
+from worker_client.trackers import TensorBoardTracker
 
 FEATURES, HIDDEN, BATCH = 8, 16, 32
 
@@ -72,6 +73,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gloo-timeout", type=float, default=30.0, help="seconds before a collective fails")
     p.add_argument("--torchft", action="store_true", help="fault tolerance across groups with torchft")
     p.add_argument("--torchft-lighthouse", default=None, help="torchft's lighthouse (quorum)")
+    p.add_argument("--tensorboard", type=Path, default=None, help="config changes to TensorBoard")
     return p.parse_args()
 
 
@@ -246,14 +248,21 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.gloo_timeout))
     rank = dist.get_rank()
     # Under torchft a strict client: no step trains on a config the lighthouse did not confirm.
+    tracker = TensorBoardTracker(args.tensorboard, rank=rank, group=group) if args.tensorboard else None
     client = connect(
-        lighthouse=args.lighthouse, timeout=args.timeout, cache_ttl=args.cache_ttl, strict=args.torchft
+        lighthouse=args.lighthouse,
+        timeout=args.timeout,
+        cache_ttl=args.cache_ttl,
+        strict=args.torchft,
+        on_change=tracker,
     )
     knobs = Knobs(client, args)
     try:
         (train_torchft if args.torchft else train_plain)(args, group, rank, knobs)
     finally:
         client.close()
+        if tracker is not None:
+            tracker.close()
     emit(event="done", group=group, rank=rank)
     dist.destroy_process_group()
 

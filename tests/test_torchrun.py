@@ -325,3 +325,33 @@ def test_torchft_trains_across_a_kill_and_restart_of_one_group(
     for recs in (before, after, recs0):
         check_steps(recs, switch_at)  # each step's lr is that step's config, in every life
     assert max(r["step"] for r in after) == steps - 1
+
+
+@pytest.mark.slow
+def test_a_change_made_now_appears_once_in_tensorboard_at_the_step_every_group_switched(
+    procs: ProcessPool, lighthouse: LighthouseProc, tmp_path: Path
+) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps = 120
+    boards = [tmp_path / f"tb{g}" for g in (0, 1)]
+    env = {"TORCHFT_LIGHTHOUSE": lighthouse.address}
+    args = ["--steps", str(steps), "--step-time", "0.05", "--cache-ttl", "0.2"]
+    groups = [torchrun(procs, g, EXAMPLE, [*args, "--tensorboard", str(boards[g])], env) for g in (0, 1)]
+    poll(lambda: all(max_step(g) >= 5 for g in groups), 60, what="both groups training")
+    http_steps.change(lighthouse.url, "PATCH", NEW)  # made now: it takes effect at a leased step
+    switches = set()
+    for g in groups:
+        recs = finish(g)
+        ranks_cover(recs, range(steps))
+        switches.add(min(r["step"] for r in recs if r["lr"] == NEW["lr"]))
+        check_steps(recs, min(switches))
+    (switch_at,) = switches  # every rank of both groups at one step
+    assert not boards[1].exists()  # only rank 0 of group 0 logs
+    events = EventAccumulator(str(boards[0]))
+    events.Reload()
+    assert [(e.step, round(e.value, 6)) for e in events.Scalars("config/lr")] == [
+        (0, OLD["lr"]),
+        (switch_at, NEW["lr"]),
+    ]
+    assert [e.step for e in events.Tensors("config/changes/text_summary")] == [0, switch_at]

@@ -20,6 +20,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from datetime import timedelta
 
 import grpc
@@ -27,6 +28,7 @@ import grpc
 from protos import lighthouse_config_pb2 as pb
 from protos.rpc import MANAGER_GET_CONFIG, make_channel, seconds
 from protos.tls import TLSConfig, tls_failure, tls_for
+from worker_client.changes import ChangeWatcher, ConfigChange
 from worker_client.config import Config
 from worker_client.reports import ReportBuffer
 
@@ -244,6 +246,8 @@ class ManagerClient:
     ``tls`` dials a manager serving TLS (plaintext by default: same host or pod; an
     ``https://`` address speaks TLS trusting the system's roots).
     ``report`` hands the rank's training metrics to the group's manager (see ``report``).
+    ``on_change(change)`` runs once per new version, at the first step it is served (see
+    ``worker_client.changes``; ready adapters in ``worker_client.trackers``).
     """
 
     def __init__(
@@ -255,6 +259,7 @@ class ManagerClient:
         strict: bool = False,
         prefetch: bool = False,
         tls: TLSConfig | None = None,
+        on_change: Callable[[ConfigChange], object] | None = None,
     ) -> None:
         self.addr = addr
         self.tls = tls_for(addr, tls)
@@ -273,6 +278,7 @@ class ManagerClient:
         self._forked = False
         _live_clients.add(self)
         self._prefetch = _Prefetcher(self) if prefetch else None
+        self._changes = ChangeWatcher(on_change) if on_change is not None else None  # see changes.py
 
     def get_config(
         self,
@@ -295,6 +301,8 @@ class ManagerClient:
                 prefetch.behind()
             else:
                 prefetch.hits += 1
+                if self._changes is not None:
+                    self._changes.seen(ready)
                 return self._unconfirmed(ready) if strict and ready.source in UNCONFIRMED else ready
         if self._forked:
             return self._unavailable(
@@ -326,6 +334,8 @@ class ManagerClient:
             logger.info("config manager %s reachable again", self.addr)
             self._outage_logged = False
         config = self._decode(raw, step)
+        if self._changes is not None and not peek:
+            self._changes.seen(config)
         return self._unconfirmed(config) if strict and config.source in UNCONFIRMED else config
 
     def _unconfirmed(self, config: Config) -> Config:

@@ -24,6 +24,7 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 from protos.job_ids import JOB_ENV, check_job_id
 from protos.rpc import seconds, split_addresses
 from protos.tls import LIGHTHOUSE_TLS_ENVS, TLSConfig, lighthouse_tls_from_env
+from worker_client.changes import ConfigChange
 from worker_client.client import DEFAULT_TIMEOUT, ConfigUnavailable, ManagerClient
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ def connect(
     cache_ttl: float | None = None,
     strict: bool = False,
     tls: TLSConfig | None = None,
+    on_change: Callable[[ConfigChange], object] | None = None,
 ) -> ManagerClient:
     """A ``ManagerClient`` to this replica group's manager, started by group rank 0.
 
@@ -68,6 +71,7 @@ def connect(
     (what a torchft job wants: see the README's "Step consistency"). ``tls`` is how
     the manager dials a TLS lighthouse (its CA, and a client pair for mutual TLS);
     without it, ``LIGHTHOUSE_CA``, ``LIGHTHOUSE_CERT`` and ``LIGHTHOUSE_KEY`` name the files.
+    ``on_change`` is ``ManagerClient``'s (a tracker adapter from ``worker_client.trackers``).
     """
     wait = seconds(timeout, DEFAULT_TIMEOUT)
     deadline = time.monotonic() + wait
@@ -87,7 +91,9 @@ def connect(
     else:
         address = _await_address(store, key, deadline)
     logger.info("rank %d: replica group %s's config manager is %s", rank, replica_id, address)
-    return ManagerClient(address, timeout=wait, group_rank=rank, prefetch=prefetch, strict=strict)
+    return ManagerClient(
+        address, timeout=wait, group_rank=rank, prefetch=prefetch, strict=strict, on_change=on_change
+    )
 
 
 def store_key(replica_id: str, job: str | None) -> str:
