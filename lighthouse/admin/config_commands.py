@@ -84,6 +84,9 @@ def connection_options(func: F) -> F:
             return func(client=client, **kwargs)
         except AdminError as exc:
             fail(explain(exc))
+        finally:
+            if client.token_not_needed:
+                click.echo(f"note: job {client.job} needs no token; --token was not needed", err=True)
 
     return wrapper  # type: ignore[return-value]
 

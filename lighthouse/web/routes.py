@@ -69,6 +69,9 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 Handler = Callable[[Request], Response]
 
 
+TOKEN_HEADER = "X-Lighthouse-Token"  # "not-needed": a token came for a job that needs none
+
+
 @dataclass(frozen=True)
 class Route:
     pattern: re.Pattern[str]
@@ -167,6 +170,8 @@ class AdminApi:
             self._check_host(req)
         scheme, _, presented = req.headers.get("Authorization", "").strip().partition(" ")
         token = presented.strip() if scheme.lower() == "bearer" else ""
+        if token and not self.access.enforced(req.job):
+            req.reply_headers[TOKEN_HEADER] = "not-needed"  # said, not silently accepted
         who = self.access.check(req.job, token, admin_only=admin_only)
         author = clean_text(req.headers.get("X-Author", ""), MAX_AUTHOR_CHARS)
         return author or who
