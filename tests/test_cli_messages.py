@@ -150,3 +150,11 @@ def test_a_token_where_none_is_needed_is_said(lh: LighthouseProc, guarded: Light
     assert quiet.returncode == 0 and "note:" not in quiet.stderr, quiet.stderr
     needed = run_cli("config", "set", "lr=0.2", "--url", guarded.url, "--token", "s3cret")
     assert needed.returncode == 0 and "note:" not in needed.stderr, needed.stderr
+
+
+def test_jobs_help_does_not_offer_a_token_for_changes_on_its_listing() -> None:
+    result = run_cli("jobs", "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "where changes need one" not in text, text
+    assert "reads need none" in text, text

@@ -48,7 +48,8 @@ def connection_options(func: F) -> F:
         "--token",
         envvar="LIGHTHOUSE_ADMIN_TOKEN",
         default=None,
-        help="The admin token, or the job's token, where changes need one (env LIGHTHOUSE_ADMIN_TOKEN).",
+        help="The admin token, or the job's token, for commands that change a job where it needs one; "
+        "reads need none (env LIGHTHOUSE_ADMIN_TOKEN).",
     )
     @click.option(
         "--author",
