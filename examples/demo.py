@@ -1,15 +1,16 @@
 """The demo: a lighthouse, two managers and four workers on this machine, with the dashboard.
 
 Run ``python examples/demo.py`` and open the printed dashboard URL; change
-``lr`` on the /config page (or let the demo change it for you halfway) and watch
-every rank pick it up at the same step. Stops after ``--duration`` seconds or
-on Ctrl-C, and leaves no process behind.
+``lr`` with the printed CLI commands or on the /config page and watch every rank
+pick it up at the same step. Runs until Ctrl-C (or for ``--duration`` seconds,
+changing lr halfway), prints one status line a second, and leaves no process behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,11 +26,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def spawn(args: list[str], **kw: object) -> subprocess.Popen[str]:
+def spawn(args: list[str]) -> subprocess.Popen[str]:
+    """A child in its own session: the terminal's Ctrl-C reaches only the demo, which stops them in order."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, *args], stdout=subprocess.PIPE, text=True, env=env, cwd=str(ROOT), **kw
-    )  # type: ignore[call-overload]
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(ROOT),
+        start_new_session=True,
+    )
 
 
 def first_line(proc: subprocess.Popen[str], what: str) -> str:
@@ -40,10 +47,28 @@ def first_line(proc: subprocess.Popen[str], what: str) -> str:
     return line
 
 
-def relay(proc: subprocess.Popen[str]) -> None:
+WORKER_LINE = re.compile(r"^(group\d+)/(\d+) step +(\d+) version +(\d+) lr (\S+)")
+
+
+def relay(proc: subprocess.Popen[str], latest: dict[str, tuple[str, str, str]], verbose: bool) -> None:
+    """Keeps each group's latest (step, version, lr); with --verbose also prints every worker line."""
     assert proc.stdout is not None
     for line in proc.stdout:
-        sys.stdout.write(line)
+        found = WORKER_LINE.match(line)
+        if found:
+            group, _rank, step, version, lr = found.groups()
+            latest[group] = (step, version, lr)
+        if verbose:
+            sys.stdout.write(line)
+
+
+def status_line(latest: dict[str, tuple[str, str, str]]) -> str:
+    if not latest:
+        return "waiting for the workers' first step..."
+    parts = [
+        f"{group} step {step} v{version} lr {lr}" for group, (step, version, lr) in sorted(latest.items())
+    ]
+    return " | ".join(parts)
 
 
 def change_lr(url: str, lr: float) -> None:
@@ -57,15 +82,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds to run (0: until Ctrl-C)")
+    parser.add_argument(
+        "--duration", type=float, default=0.0, help="seconds to run, changing lr halfway (0: until Ctrl-C)"
+    )
     parser.add_argument("--dashboard", default="127.0.0.1:29511", help="dashboard address (port 0: any)")
     parser.add_argument("--step-time", type=float, default=0.5, help="seconds per worker step")
+    parser.add_argument("--verbose", action="store_true", help="print every worker's line, not one a second")
     args = parser.parse_args()
 
     state_dir = Path(tempfile.mkdtemp(prefix="lighthouse-demo-"))
     procs: list[subprocess.Popen[str]] = []
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    latest: dict[str, tuple[str, str, str]] = {}
     try:
         lighthouse = spawn(
             [
@@ -120,13 +149,32 @@ def main() -> None:
                     ],
                 )
                 procs.append(worker)
-                threading.Thread(target=relay, args=(worker,), daemon=True).start()
-        print(f"lighthouse {address}; managers {', '.join(a for _, a in managers)}", flush=True)
+                threading.Thread(target=relay, args=(worker, latest, args.verbose), daemon=True).start()
+        api = url.rstrip("/")
+        print(
+            f"started: lighthouse (gRPC {address}), managers {', '.join(a for _, a in managers)}", flush=True
+        )
+        print("         and two workers per manager (groups group0 and group1), reporting a loss", flush=True)
         print(f"dashboard: {url}   (edit the config at {url}config)", flush=True)
+        print("try next, in another terminal:", flush=True)
+        print(f"  lighthouse config set lr=0.01 --url {api}", flush=True)
+        print(f"  lighthouse config history --url {api}", flush=True)
+        print(f"  lighthouse metrics --url {api}", flush=True)
+        if args.duration:
+            print(
+                f"stops by itself after {args.duration:g} s (changing lr halfway), or on Ctrl-C", flush=True
+            )
+        else:
+            print("runs until Ctrl-C", flush=True)
         started = time.monotonic()
         changed = False
+        next_status = started + 1.0
         while not stop.wait(0.2):
-            elapsed = time.monotonic() - started
+            now = time.monotonic()
+            if not args.verbose and now >= next_status:
+                print(status_line(latest), flush=True)
+                next_status += 1.0
+            elapsed = now - started
             if not changed and args.duration and elapsed > args.duration / 2:
                 change_lr(url, 0.0005)
                 changed = True

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import random
 import time
 
 from worker_client import ManagerClient
@@ -22,6 +24,8 @@ def main() -> None:
         while os.getppid() == parent:  # the demo went away: stop too
             cfg = client.get_config(step=step)
             lr = cfg.get_float("lr", 1e-3)
+            # A made-up loss that falls faster with a larger lr: the dashboard's charts draw it.
+            client.report(step, loss=1.0 + 2.0 * math.exp(-step * lr * 20) + random.uniform(0, 0.05))
             print(
                 f"{args.group}/{args.rank} step {step:4d} version {cfg.version:3d} lr {lr:g} ({cfg.source})",
                 flush=True,

@@ -22,6 +22,8 @@ lighthouse and managers; ``--lighthouse ADDR`` uses a running lighthouse
 schedules ``lr = lr / 10`` at step S through the admin API before training
 starts, and at the end verifies that every rank switched at exactly step S.
 
+It needs NumPy (the group's averaging uses it): ``pip install -e ".[examples]"``.
+
     python examples/train_diloco.py --steps 60 --schedule-lr-drop-at 30
 """
 
@@ -197,6 +199,9 @@ def summarize(records: list[dict[str, Any]], drop: tuple[int, float, float] | No
     by_rank: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for rec in records:
         by_rank.setdefault((rec["g"], rec["r"]), []).append(rec)
+    if not by_rank:  # nothing to verify is no proof: never an OK for zero ranks
+        print("FAILED: no rank reported a step (see the ranks' errors above)")
+        return False
     for group in range(GROUPS):
         steps: dict[int, set[tuple[int, float, int]]] = {}
         for rec in records:
@@ -233,6 +238,11 @@ def summarize(records: list[dict[str, Any]], drop: tuple[int, float, float] | No
 
 
 def launch(args: argparse.Namespace) -> int:
+    try:
+        import numpy  # noqa: F401  (every rank needs it: fail once here, not in four tracebacks)
+    except ImportError:
+        print('train_diloco needs numpy: pip install -e ".[examples]"', file=sys.stderr)
+        return 2
     from lighthouse import LighthouseServer
     from manager import ManagerServer
 

@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -129,3 +130,31 @@ def test_an_unknown_metric_lists_the_known_ones(tmp_path_factory: pytest.TempPat
         assert shown.returncode == 0 and shown.stdout.startswith("METRIC"), shown.stderr
     finally:
         pool.stop_all()
+
+
+def test_a_token_where_none_is_needed_is_said(lh: LighthouseProc, guarded: LighthouseProc) -> None:
+    """Against an open job, --token is said to be unneeded (one note line), not silently accepted."""
+    result = run_cli("config", "set", "lr=0.3", "--url", lh.url, "--token", "s3cret")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == ["note: job default needs no token; --token was not needed"]
+    # The header it rides on: only when a token came to a job that needs none.
+    request = urllib.request.Request(
+        lh.url.rstrip("/") + "/api/config",
+        data=b'{"lr": 0.4}',
+        method="PATCH",
+        headers={"Content-Type": "application/json", "Authorization": "Bearer s3cret"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.headers.get("X-Lighthouse-Token") == "not-needed"
+    quiet = run_cli("config", "set", "lr=0.5", "--url", lh.url)
+    assert quiet.returncode == 0 and "note:" not in quiet.stderr, quiet.stderr
+    needed = run_cli("config", "set", "lr=0.2", "--url", guarded.url, "--token", "s3cret")
+    assert needed.returncode == 0 and "note:" not in needed.stderr, needed.stderr
+
+
+def test_jobs_help_does_not_offer_a_token_for_changes_on_its_listing() -> None:
+    result = run_cli("jobs", "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "where changes need one" not in text, text
+    assert "reads need none" in text, text

@@ -125,6 +125,8 @@ def test_token_is_asked_once_and_kept(page: Page, tmp_path: Path) -> None:
         page.fill("#editor", '{"lr": 2}')
         page.click("#save")
         expect(page.locator("#token-bar")).to_be_visible()
+        # The user's words, not HTTP's.
+        expect(page.locator("#token-reason")).to_have_text("Changes need a token: paste it here.")
         page.fill("#token", "s3cret")
         page.press("#token", "Enter")
         expect(page.locator("#status")).to_contain_text("Saved as version 2")

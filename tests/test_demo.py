@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
+
+from playwright.sync_api import Page, expect
 
 from tests.procs import ROOT
 
@@ -59,6 +62,7 @@ def test_demo_runs_all_parts_and_stops_cleanly() -> None:
             "127.0.0.1:0",
             "--step-time",
             "0.2",
+            "--verbose",  # every worker line: the per-rank checks below need them
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -105,3 +109,44 @@ def test_demo_runs_all_parts_and_stops_cleanly() -> None:
     assert any(" lighthouse serve " in c for c in commands), commands
     leftovers = {p: c for p, c in spawned.items() if still_running(p)}
     assert leftovers == {}, f"demo processes still running: {leftovers}"
+
+
+def test_demo_teaches_fills_the_charts_and_ends_cleanly_on_ctrl_c(page: Page) -> None:
+    """Started as the README says (no --duration): it says where things are, charts fill, Ctrl-C ends it."""
+    proc = subprocess.Popen(
+        [sys.executable, "examples/demo.py", "--dashboard", "127.0.0.1:0", "--step-time", "0.2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert proc.stdout is not None
+        intro: list[str] = []
+        for line in proc.stdout:
+            intro.append(line)
+            if "Ctrl-C" in line:
+                break
+        text = "".join(intro)
+        found = re.search(r"^dashboard: (http://127\.0\.0\.1:\d+/)", text, re.M)
+        assert found, text
+        api = found.group(1).rstrip("/")
+        for command in ("config set lr=0.01", "config history", "metrics"):
+            assert f"  lighthouse {command} --url {api}\n" in text, text
+        assert "runs until Ctrl-C" in text, text
+        status = proc.stdout.readline()
+        assert re.match(r"^(waiting|group0 step \d+ v\d+ lr \S+ \| group1 step)", status), status
+        page.goto(found.group(1))
+        expect(page.locator('svg.chart[data-metric="loss"] path.ch-mean')).to_have_count(1, timeout=10_000)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    assert "Traceback" not in out + err, (out + err)[-3000:]
+    assert "KeyboardInterrupt" not in out + err, (out + err)[-3000:]
+    assert "all processes ended" in out
+    assert re.search(r"^group0 step \d+ v\d+ lr \S+ \| group1 step \d+ v\d+ lr \S+$", out, re.M), out

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.http_steps import call
 from tests.http_util import wait_healthy
 from tests.procs import ROOT, ProcessPool, child_env
@@ -136,3 +138,32 @@ def test_adaptive_sync_tunes_sync_every_of_a_running_job(procs: ProcessPool) -> 
     assert switched == {"group0/r0", "group0/r1", "group1/r0", "group1/r1"}, out[-3000:]
     for g in (0, 1):
         assert f"group{g}: 600 steps, ranks agreed on (version, lr, sync_every) at every step: yes" in out
+
+
+def test_without_numpy_it_names_the_extra_in_one_line(tmp_path: Path) -> None:
+    """A numpy that cannot import (as on a plain ``pip install -e .``): one line naming the extra."""
+    (tmp_path / "numpy.py").write_text("raise ImportError('no numpy here')\n")
+    env = child_env()
+    env["PYTHONPATH"] = f"{tmp_path}{':' + env['PYTHONPATH'] if env.get('PYTHONPATH') else ''}"
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--steps", "5", "--backend", "numpy"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == ['train_diloco needs numpy: pip install -e ".[examples]"']
+    assert "OK" not in proc.stdout
+
+
+def test_zero_ranks_is_a_failure_never_ok(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("train_diloco_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.summarize([], (30, 0.01, 0.001)) is False
+    out = capsys.readouterr().out
+    assert "no rank reported a step" in out and "OK" not in out, out

@@ -110,6 +110,7 @@ class AdminClient:
         # The job default keeps the unprefixed routes: they work on every lighthouse release.
         self._api = "/api" if self.job == DEFAULT_JOB else f"/api/jobs/{self.job}"
         self.token = token
+        self.token_not_needed = False  # set when a lighthouse answered that this job needs no token
         self.timeout = timeout
         # Admin traffic stays inside the cluster: an http_proxy meant for the internet must not capture it.
         handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
@@ -365,6 +366,8 @@ class AdminClient:
         request = urllib.request.Request(url, data=data, method=method, headers=sent)
         try:
             with self._opener.open(request, timeout=timeout) as response:
+                if response.headers.get("X-Lighthouse-Token") == "not-needed":
+                    self.token_not_needed = True
                 return _decode(response.read(), response.status)
         except urllib.error.HTTPError as exc:
             raise AdminError(exc.code, _error_text(exc)) from None

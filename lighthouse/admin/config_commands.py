@@ -55,7 +55,8 @@ def connection_options(func: F) -> F:
         "--token",
         envvar="LIGHTHOUSE_ADMIN_TOKEN",
         default=None,
-        help="The admin token, or the job's token, where changes need one (env LIGHTHOUSE_ADMIN_TOKEN).",
+        help="The admin token, or the job's token, for commands that change a job where it needs one; "
+        "reads need none (env LIGHTHOUSE_ADMIN_TOKEN).",
     )
     @click.option(
         "--author",
@@ -91,6 +92,9 @@ def connection_options(func: F) -> F:
             return func(client=client, **kwargs)
         except AdminError as exc:
             fail(explain(exc))
+        finally:
+            if client.token_not_needed:
+                click.echo(f"note: job {client.job} needs no token; --token was not needed", err=True)
 
     return wrapper  # type: ignore[return-value]
 

@@ -80,6 +80,7 @@ class Request:
     params: tuple[str, ...] = ()
     body_read: bool = False
     job: JobId = DEFAULT_JOB  # from an /api/jobs/{job}/... or /jobs/{job}/... path (checked there)
+    reply_headers: dict[str, str] = field(default_factory=dict)  # added to the answer, also to an error
 
     def arg(self, name: str) -> str | None:
         values = self.query.get(name)

@@ -68,6 +68,9 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 Handler = Callable[[Request], Response]
 
 
+TOKEN_HEADER = "X-Lighthouse-Token"  # "not-needed": a token came for a job that needs none
+
+
 @dataclass(frozen=True)
 class Route:
     pattern: re.Pattern[str]
@@ -167,7 +170,10 @@ class AdminApi:
         """The author recorded for a change to ``req.job``; raises 401/403 when not allowed."""
         if not self.access.enforced(req.job):
             self._check_host(req, "changes are not accepted without a token", ", or set --admin-token")
-        credential = self.access.check(req.job, _bearer(req), admin_only=admin_only)
+        token = _bearer(req)
+        if token and not self.access.enforced(req.job):
+            req.reply_headers[TOKEN_HEADER] = "not-needed"  # said, not silently accepted
+        credential = self.access.check(req.job, token, admin_only=admin_only)
         return author_of(req.headers.get("X-Author", ""), credential)
 
     def _check_host(self, req: Request, refused: str, remedy: str = "") -> None:

@@ -150,7 +150,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         linger = req.has_unread_body()
         if linger or resp.status >= 400:
             self.close_connection = True
-        self._write(resp)
+        self._write(resp, req.reply_headers)
         if linger:
             self._linger()
         logger.debug(
@@ -161,11 +161,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
             (time.monotonic() - started) * 1e3,
         )
 
-    def _write(self, resp: Response) -> None:
+    def _write(self, resp: Response, extra: dict[str, str] | None = None) -> None:
         self.send_response(resp.status)
         headers = {
             **COMMON_HEADERS,
             "Content-Security-Policy": PAGE_CSP if resp.content_type.startswith("text/html") else API_CSP,
+            **(extra or {}),
             **resp.headers,
         }
         for name, value in headers.items():

@@ -196,12 +196,19 @@ const LH = (() => {
   const jobTokenKey = () => `${TOKEN_KEY}:${JOB === null ? "default" : JOB}`;
   let tokenWaiter = null;
 
+  // The banner in the user's words, not HTTP's (the API's own text names headers and statuses).
+  function tokenReason(sent, otherJob) {
+    if (otherJob) return "That token is for another job: paste this job's token (or the admin token) here.";
+    if (sent) return "That token was not accepted: paste the right one here.";
+    return "Changes need a token: paste it here.";
+  }
+
   function askToken(reason) {
     if (tokenWaiter) return tokenWaiter.promise;
     const bar = document.getElementById("token-bar");
     const input = document.getElementById("token");
     const message = document.getElementById("token-reason");
-    message.textContent = reason || "This lighthouse needs its admin token for changes.";
+    message.textContent = reason || "Changes need a token: paste it here.";
     bar.hidden = false;
     input.value = "";
     input.focus();
@@ -255,7 +262,7 @@ const LH = (() => {
     if ((res.status === 401 || otherJob) && method !== "GET" && ask) {
       if (sessionStorage.getItem(TOKEN_KEY) === token) sessionStorage.removeItem(TOKEN_KEY);
       sessionStorage.removeItem(jobTokenKey());
-      if (await askToken(data && data.error)) return api(method, path, body, headers);
+      if (await askToken(tokenReason(token, otherJob))) return api(method, path, body, headers);
     }
     return { ok: res.ok, status: res.status, data };
   }
