@@ -139,7 +139,10 @@ def test_timeline_draws_versions_now_scheduled_and_late_groups(page: Page, tmp_p
 def test_hostile_values_on_the_jobs_list_and_timeline_are_text(page: Page, tmp_path: Path) -> None:
     with start_lighthouse(tmp_path, config={"lr": 1}) as lh:
         put(lh, "alpha", {"evil": HOSTILE})
-        author = {"X-Author": HOSTILE[:60]}
+        # Parentheses are refused in an author (no one may fake a "(admin token)" suffix): the rest
+        # of the hostile text is kept.
+        hostile_author = HOSTILE.replace("(", "[").replace(")", "]")[:60]
+        author = {"X-Author": hostile_author}
         assert (
             lh.http("PATCH", "/api/jobs/alpha/config?effective_step=50", {"lr": 2}, headers=author).status
             == 200
@@ -153,7 +156,7 @@ def test_hostile_values_on_the_jobs_list_and_timeline_are_text(page: Page, tmp_p
                 client.heartbeat(status, timeout=5)
 
         page.goto(lh.url)
-        expect(page.locator('#jobs-body tr[data-job="alpha"] td.changed')).to_contain_text(HOSTILE[:30])
+        expect(page.locator('#jobs-body tr[data-job="alpha"] td.changed')).to_contain_text(hostile_author[:30])
         page.goto(lh.url + "jobs/alpha")
         late = page.locator("#timeline .tl-late")
         expect(late).to_have_count(1)
