@@ -79,7 +79,9 @@ def test_demo_runs_all_parts_and_stops_cleanly() -> None:
     try:
         while True:
             for process, command in descendants(proc.pid).items():
-                spawned[process] = spawned.get(process) or command  # an exited one has no command line
+                # The newest command line: a child seen between fork and exec still shows the demo's
+                # own; an exited one shows none (keep what it showed before).
+                spawned[process] = command or spawned.get(process, "")
             try:
                 proc.wait(timeout=0.05)
                 break
@@ -111,6 +113,9 @@ def test_demo_runs_all_parts_and_stops_cleanly() -> None:
     assert leftovers == {}, f"demo processes still running: {leftovers}"
 
 
+STATUS = re.compile(r"^group0 step \d+ v\d+ lr \S+ \| group1 step \d+ v\d+ lr \S+$")
+
+
 def test_demo_teaches_fills_the_charts_and_ends_cleanly_on_ctrl_c(page: Page) -> None:
     """Started as the README says (no --duration): it says where things are, charts fill, Ctrl-C ends it."""
     proc = subprocess.Popen(
@@ -139,6 +144,9 @@ def test_demo_teaches_fills_the_charts_and_ends_cleanly_on_ctrl_c(page: Page) ->
         assert re.match(r"^(waiting|group0 step \d+ v\d+ lr \S+ \| group1 step)", status), status
         page.goto(found.group(1))
         expect(page.locator('svg.chart[data-metric="loss"] path.ch-mean')).to_have_count(1, timeout=10_000)
+        while not STATUS.match(status):  # one status line a second: a stepping one comes soon
+            status = proc.stdout.readline()
+            assert status, "the demo ended before a status line with steps"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -149,4 +157,4 @@ def test_demo_teaches_fills_the_charts_and_ends_cleanly_on_ctrl_c(page: Page) ->
     assert "Traceback" not in out + err, (out + err)[-3000:]
     assert "KeyboardInterrupt" not in out + err, (out + err)[-3000:]
     assert "all processes ended" in out
-    assert re.search(r"^group0 step \d+ v\d+ lr \S+ \| group1 step \d+ v\d+ lr \S+$", out, re.M), out
+    assert STATUS.match(status), status

@@ -27,7 +27,7 @@ def test_form_put_is_stored_in_the_history_and_redirects_to_the_editor(procs: Pr
     assert res.json["version"] == 1 and res.json["effective_step"] is None
     assert live(lh.url)["config"] == {"lr": 0.00001, "名前": "ラン"}
     newest = history(lh.url)[0]
-    assert (newest["version"], newest["op"], newest["author"]) == (1, "put", "token")
+    assert (newest["version"], newest["op"], newest["author"]) == (1, "put", "admin token")
     # a job's own editor page takes it too
     res = put_form(lh.url, '{"bs": 64}', path="jobs/j1/config")
     assert (res.status, res.headers["location"]) == (303, "/jobs/j1/config")
