@@ -293,7 +293,10 @@ def test_a_stream_silent_for_two_keepalives_ends_and_the_manager_polls(procs: Pr
         )
     finally:
         lh.signal(signal.SIGCONT)
-    poll(lambda: m.stderr().count(" open") >= 2, 20, what="a new push stream once the lighthouse is back")
+    try:
+        poll(lambda: m.stderr().count(" open") >= 2, 60, what="a new push stream once the lighthouse is back")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the manager's log:\n{m.stderr()[-3000:]}") from None
 
 
 def test_a_manager_that_reads_nothing_holds_up_no_other(procs: ProcessPool) -> None:
