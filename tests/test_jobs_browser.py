@@ -156,7 +156,8 @@ def test_hostile_values_on_the_jobs_list_and_timeline_are_text(page: Page, tmp_p
                 client.heartbeat(status, timeout=5)
 
         page.goto(lh.url)
-        expect(page.locator('#jobs-body tr[data-job="alpha"] td.changed')).to_contain_text(hostile_author[:30])
+        changed = page.locator('#jobs-body tr[data-job="alpha"] td.changed')
+        expect(changed).to_contain_text(hostile_author[:30])
         page.goto(lh.url + "jobs/alpha")
         late = page.locator("#timeline .tl-late")
         expect(late).to_have_count(1)
