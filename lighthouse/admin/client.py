@@ -268,8 +268,7 @@ class AdminClient:
         (see ``lighthouse.jobs.guards``). The answer's ``guard`` describes it. A key whose JSON
         type the change alters is refused (422) unless ``allow_type_change``.
         """
-        query = {"guard": guard, "guard_steps": guard_steps, "guard_window": guard_window}
-        query["allow_type_change"] = 1 if allow_type_change else None
+        query = _change_query(guard, guard_steps, guard_window, allow_type_change)
         return self._change("PUT", config, if_match, effective_step, comment, dry_run, query)
 
     def patch(
@@ -286,8 +285,7 @@ class AdminClient:
         allow_type_change: bool = False,
     ) -> dict[str, Any]:
         """Merge ``changes`` into the config; a ``None`` value deletes the key. ``guard``: as ``put``."""
-        query = {"guard": guard, "guard_steps": guard_steps, "guard_window": guard_window}
-        query["allow_type_change"] = 1 if allow_type_change else None
+        query = _change_query(guard, guard_steps, guard_window, allow_type_change)
         return self._change("PATCH", changes, if_match, effective_step, comment, dry_run, query)
 
     def rollback(self, version: int, comment: str | None = None, dry_run: bool = False) -> dict[str, Any]:
@@ -397,6 +395,18 @@ class AdminClient:
             elif isinstance(reason, ConnectionError):
                 reason = _closed_without_answer(base)
             raise (_NotSent if not_sent else _NoAnswer)(str(reason)) from None
+
+
+def _change_query(
+    guard: str | None, guard_steps: int | None, guard_window: int | None, allow_type_change: bool
+) -> dict[str, Any]:
+    """The query parameters PUT and PATCH share: the guard and the explicit type change."""
+    return {
+        "guard": guard,
+        "guard_steps": guard_steps,
+        "guard_window": guard_window,
+        "allow_type_change": 1 if allow_type_change else None,
+    }
 
 
 def _closed_without_answer(base: str) -> str:
