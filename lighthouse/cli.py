@@ -6,7 +6,7 @@ import importlib
 
 import click
 
-from lighthouse.admin.config_commands import config, jobs
+from lighthouse.admin.config_commands import config, jobs, runs
 from lighthouse.admin.guard_commands import guards
 from lighthouse.admin.metric_commands import metrics
 
@@ -41,4 +41,5 @@ def main() -> None:
 config.add_command(guards)
 main.add_command(config)
 main.add_command(jobs)
+main.add_command(runs)
 main.add_command(metrics)

@@ -57,24 +57,42 @@ HEDGE_FRACTION = 0.25
 Method = Callable[["_Endpoint"], "grpc.UnaryUnaryMultiCallable[Any, T]"]
 
 
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds ``authorization: Bearer <token>`` to every call (a lighthouse with manager tokens)."""
+
+    def __init__(self, token: str) -> None:
+        self._entry = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details: Any) -> Any:
+        metadata = [*(details.metadata or ()), self._entry]
+        return details._replace(metadata=metadata)
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._with_token(details), requests)
+
+
 class _Endpoint:
     """One lighthouse: its channel and the two methods."""
 
-    def __init__(self, addr: str, tls: TLSConfig | None) -> None:
+    def __init__(self, addr: str, tls: TLSConfig | None, token: str | None = None) -> None:
         self.addr = addr
         self.tls = tls
         self.channel = make_channel(addr, tls)
-        self.get_config = self.channel.unary_unary(
+        calls = grpc.intercept_channel(self.channel, _BearerToken(token)) if token else self.channel
+        self.get_config = calls.unary_unary(
             LIGHTHOUSE_GET_CONFIG,
             request_serializer=pb.LighthouseConfigRequest.SerializeToString,
             response_deserializer=pb.LighthouseConfigResponse.FromString,
         )
-        self.heartbeat = self.channel.unary_unary(
+        self.heartbeat = calls.unary_unary(
             LIGHTHOUSE_HEARTBEAT,
             request_serializer=pb.LighthouseHeartbeatRequest.SerializeToString,
             response_deserializer=pb.LighthouseHeartbeatResponse.FromString,
         )
-        self.watch = self.channel.stream_stream(
+        self.watch = calls.stream_stream(
             LIGHTHOUSE_WATCH,
             request_serializer=pb.LighthouseConfigRequest.SerializeToString,
             response_deserializer=pb.LighthouseConfigResponse.FromString,
@@ -91,7 +109,8 @@ class LighthouseClient:
     config it asks for (default: the job ``default``). Calls raise ``grpc.RpcError``
     when no lighthouse answers in time. ``tls`` dials lighthouses serving TLS
     (``protos.tls.explain_rpc_error`` says what failed); an ``https://`` address
-    speaks TLS too, trusting the system's roots.
+    speaks TLS too, trusting the system's roots. ``token`` goes with every call
+    (a lighthouse with ``--manager-tokens-file``).
     """
 
     def __init__(
@@ -102,12 +121,13 @@ class LighthouseClient:
         job: str = DEFAULT_JOB,
         spread_key: str = "",
         tls: TLSConfig | None = None,
+        token: str | None = None,
     ) -> None:
         self.addr = addr
         self.job = check_job_id(job)
         self._wire_job = "" if self.job == DEFAULT_JOB else self.job  # what every lighthouse release reads
         addrs = split_addresses(addr)
-        self._endpoints = [_Endpoint(a, tls_for(a, tls)) for a in addrs]
+        self._endpoints = [_Endpoint(a, tls_for(a, tls), token) for a in addrs]
         self.tls = next((e.tls for e in self._endpoints if e.tls is not None), None)
         self._current = zlib.crc32(spread_key.encode()) % len(addrs) if spread_key else 0
         self._lock = threading.Lock()

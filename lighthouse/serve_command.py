@@ -21,12 +21,17 @@ import click
 from click.core import ParameterSource
 
 from lighthouse.config.values import ConfigError
+from lighthouse.etcd.connection import EtcdAuth
 from lighthouse.jobs.leases import LeasePolicy
+from lighthouse.jobs.state import ManagerLimits
+from lighthouse.manager_access import load_job_identities
 from lighthouse.options import ConfigSources, HttpOptions
 from lighthouse.server import LighthouseServer
 from lighthouse.service import KEEPALIVE
 from lighthouse.store.backend import StoreUnavailable
 from lighthouse.store.etcd import open_etcd_store
+from lighthouse.store.etcd_options import ETCD_CONNECTION_OPTIONS, store_auth
+from lighthouse.torchft_forward import TorchftMissing
 from lighthouse.web.access import load_job_tokens
 from protos.cli_options import server_tls_options
 from protos.daemon import Termination, announce, configure_logging, tune_for_many_streams
@@ -60,6 +65,8 @@ class StoreOptions:
     """Key of ``cert`` (``--store-key``)."""
     history_limit: int | None = None
     """Versions kept per job, the oldest pruned first, never the live one (``--history-limit``)."""
+    auth: EtcdAuth | None = None
+    """etcd user and password (``--store-user``; ``--store-password-file`` or the environment)."""
 
 
 def _fail(exc: Exception, code: int) -> NoReturn:
@@ -95,13 +102,21 @@ def _store(
     store_ca: str | None,
     store_cert: str | None,
     store_key: str | None,
+    store_user: str | None,
+    store_password_file: str | None,
     history_limit: int | None,
 ) -> StoreOptions:
     if store_url is not None and state_dir is not None:
         raise click.UsageError(
             "--state-dir is for the embedded store; with --store the versions live in etcd"
         )
-    return StoreOptions(state_dir, store_url, store_ca, store_cert, store_key, history_limit)
+    try:
+        auth = store_auth(store_user, store_password_file)
+    except (ValueError, OSError) as exc:
+        _fail(exc, 1)
+    if auth is not None and store_url is None:
+        raise click.UsageError("--store-user logs in to etcd: it needs --store")
+    return StoreOptions(state_dir, store_url, store_ca, store_cert, store_key, history_limit, auth)
 
 
 def _http(
@@ -148,6 +163,8 @@ def _warn_about_secrets(ctx: click.Context, tls: ServerTLS | None, store: StoreO
         "--tls-key": tls.key if tls is not None else None,
         "--store-key": store.key,
         "--tokens": ctx.params.get("tokens_path"),
+        "--manager-tokens-file": ctx.params.get("manager_tokens_path"),
+        "--manager-identities-file": ctx.params.get("manager_identities_path"),
         "--admin-token-file": ctx.params.get("admin_token_file"),
     }
     for flag, path in secrets.items():
@@ -161,9 +178,14 @@ def _warn_about_secrets(ctx: click.Context, tls: ServerTLS | None, store: StoreO
                 )
 
 
-def _leases(lease_min_steps: int, lease_extra_steps: int, lease_ceiling_ahead: float | None) -> LeasePolicy:
+def _leases(
+    lease_min_steps: int, lease_extra_steps: int, lease_ceiling_ahead: float | None, run_end_after: float
+) -> LeasePolicy:
     return LeasePolicy(
-        min_steps=lease_min_steps, extra_steps=lease_extra_steps, ceiling_ahead=lease_ceiling_ahead
+        min_steps=lease_min_steps,
+        extra_steps=lease_extra_steps,
+        ceiling_ahead=lease_ceiling_ahead,
+        run_end_after=run_end_after,
     )
 
 
@@ -205,9 +227,7 @@ store_options = _grouped(
         help="Keep the versions in etcd instead of --state-dir, so several lighthouses serve the same "
         "jobs (etcds:// = TLS; default prefix /lighthouse-config).",
     ),
-    click.option("--store-ca", default=None, help="CA bundle that signed etcd's certificates (etcds://)."),
-    click.option("--store-cert", default=None, help="Client certificate for etcd (mutual TLS)."),
-    click.option("--store-key", default=None, help="Key of --store-cert."),
+    *ETCD_CONNECTION_OPTIONS,
     click.option(
         "--history-limit",
         type=click.IntRange(min=1),
@@ -270,6 +290,57 @@ http_options = _grouped(
     ),
 )
 
+
+def _credentials_file(flag: str, dest: str, help: str) -> Callable[[F], F]:
+    """A file binding managers' credentials to jobs (``{"job": [...]}``)."""
+    file = click.Path(dir_okay=False, exists=True, path_type=Path)
+    return click.option(flag, dest, type=file, default=None, help=help)
+
+
+def _manager_tokens(path: Path | None) -> dict[str, list[str]] | None:
+    try:
+        return load_job_tokens(path, "--manager-tokens-file") if path is not None else None
+    except ValueError as exc:
+        _fail(exc, 1)
+
+
+def _manager_identities(path: Path | None, tls: ServerTLS | None) -> dict[str, list[str]] | None:
+    if path is None:
+        return None
+    if tls is None or tls.client_ca is None:
+        raise click.UsageError(
+            "--manager-identities-file binds client certificates to jobs: it needs mutual TLS "
+            "(--tls-cert, --tls-key, --tls-client-ca)"
+        )
+    try:
+        return load_job_identities(path)
+    except ValueError as exc:
+        _fail(exc, 1)
+
+
+def _manager_limits(max_managers: int, manager_record_ttl: float) -> ManagerLimits:
+    return ManagerLimits(max_managers=max_managers, record_ttl=manager_record_ttl)
+
+
+manager_options = _grouped(
+    "manager_limits",
+    _manager_limits,
+    click.option(
+        "--max-managers",
+        type=click.IntRange(min=1),
+        default=ManagerLimits.max_managers,
+        show_default=True,
+        help="Manager records kept per job; a new manager past it evicts the one unseen longest.",
+    ),
+    click.option(
+        "--manager-record-ttl",
+        type=click.FloatRange(min=0.0, min_open=True),
+        default=ManagerLimits.record_ttl,
+        show_default=True,
+        help="Seconds a manager unseen (and without a push stream) stays in the managers table.",
+    ),
+)
+
 lease_options = _grouped(
     "lease_policy",
     _leases,
@@ -294,6 +365,14 @@ lease_options = _grouped(
         help="Step leases: seconds of steps the stored promise ceiling runs ahead (fewer store writes; a "
         "change made through another lighthouse, or after a restart, waits up to this long). "
         "Default: 10 with --state-dir, 1 with --store.",
+    ),
+    click.option(
+        "--run-end-after",
+        type=click.FloatRange(min=0.0),
+        default=LeasePolicy.run_end_after,
+        show_default=True,
+        help="Runs: seconds without a step from any manager after which a job's run ends, at least "
+        "(and at least 2 x its managers' TTL + 0.5 s): its leases end, changes apply at once.",
     ),
 )
 
@@ -325,12 +404,55 @@ lease_options = _grouped(
 @http_options
 @server_tls_options
 @lease_options
+@manager_options
+@_credentials_file(
+    "--manager-tokens-file",
+    "manager_tokens_path",
+    'JSON file {"job": ["token", ...]}: managers must send a token of their job on gRPC '
+    "(--tokens' editor tokens and the admin token count too). Without it (and the next) gRPC is open.",
+)
+@_credentials_file(
+    "--manager-identities-file",
+    "manager_identities_path",
+    'Mutual TLS: JSON file {"job": ["CN=g0", "DNS:name", "URI:spiffe://...", "email:..."]}: a '
+    "client certificate with one of these names reads and reports for those jobs only.",
+)
 @click.option(
     "--keepalive-interval",
     type=click.FloatRange(min=0.0, min_open=True),
     default=KEEPALIVE,
     show_default=True,
     help="Seconds between keep-alives on a quiet push stream; a manager ends one silent for two.",
+)
+@click.option(
+    "--torchft",
+    is_flag=True,
+    help="Also be torchft's lighthouse: start torchft's own (installed torchft) in this process and "
+    "forward its RPCs (Quorum, Heartbeat) from --bind, so TORCHFT_LIGHTHOUSE names this one address.",
+)
+@click.option(
+    "--min-replicas",
+    type=click.IntRange(min=1),
+    default=None,
+    help="torchft: replica groups a quorum needs (required with --torchft, as by torchft_lighthouse).",
+)
+@click.option(
+    "--join-timeout-ms",
+    type=click.IntRange(min=0),
+    default=None,
+    help="torchft: ms to wait for heartbeating stragglers before a quorum [torchft's default: 60000].",
+)
+@click.option(
+    "--quorum-tick-ms",
+    type=click.IntRange(min=1),
+    default=None,
+    help="torchft: ms between quorum checks while waiting for stragglers [torchft's default: 100].",
+)
+@click.option(
+    "--heartbeat-timeout-ms",
+    type=click.IntRange(min=1),
+    default=None,
+    help="torchft: ms without a heartbeat before a replica group counts as dead [torchft's default: 5000].",
 )
 @click.option("--log-level", default="info", show_default=True, help="debug, info, warning or error.")
 def serve(
@@ -342,19 +464,33 @@ def serve(
     http: HttpOptions,
     tls: ServerTLS | None,
     lease_policy: LeasePolicy,
+    manager_limits: ManagerLimits,
+    manager_tokens_path: Path | None,
+    manager_identities_path: Path | None,
     keepalive_interval: float,
+    torchft: bool,
+    min_replicas: int | None,
+    join_timeout_ms: int | None,
+    quorum_tick_ms: int | None,
+    heartbeat_timeout_ms: int | None,
     log_level: str,
 ) -> None:
     """Serve the config. Prints the gRPC address (line 1) and dashboard URL (line 2)."""
     configure_logging(log_level)
+    if torchft and min_replicas is None:
+        raise click.UsageError("--torchft needs --min-replicas N (torchft's lighthouse has no default)")
+    quorum = (min_replicas, join_timeout_ms, quorum_tick_ms, heartbeat_timeout_ms)
+    if not torchft and any(value is not None for value in quorum):
+        raise click.UsageError("--min-replicas and the other torchft options need --torchft")
     _warn_about_secrets(click.get_current_context(), tls, store)
+    manager_identities = _manager_identities(manager_identities_path, tls)
     tune_for_many_streams()
     termination = Termination()
     state_dir = None if store.url is not None else store.state_dir or default_state_dir()
     try:
         backend = None
         if store.url is not None:
-            backend = open_etcd_store(store.url, ca=store.ca, cert=store.cert, key=store.key)
+            backend = open_etcd_store(store.url, ca=store.ca, cert=store.cert, key=store.key, auth=store.auth)
         server = LighthouseServer(
             bind,
             config_path,
@@ -365,12 +501,20 @@ def serve(
             sources=sources,
             http=http,
             lease_policy=lease_policy,
+            manager_limits=manager_limits,
+            manager_tokens=_manager_tokens(manager_tokens_path),
+            manager_identities=manager_identities,
             history_limit=store.history_limit,
             keepalive_interval=keepalive_interval,
+            torchft=torchft,
+            min_replicas=min_replicas,
+            join_timeout_ms=join_timeout_ms,
+            quorum_tick_ms=quorum_tick_ms,
+            heartbeat_timeout_ms=heartbeat_timeout_ms,
         )
     except ConfigError as exc:
         _fail(exc, 2)
-    except (OSError, ValueError, StoreUnavailable) as exc:
+    except (OSError, ValueError, StoreUnavailable, TorchftMissing) as exc:
         _fail(exc, 1)
     if http.admin_token is None and http_bind.lower() != "off":
         logger.warning(
@@ -379,6 +523,12 @@ def serve(
     url = server.dashboard_url()
     announce(server.address(), *([url] if url else []))
     logger.info("state in %s", store.url or state_dir)
+    if server.torchft_dashboard_url() is not None:
+        logger.info(
+            "torchft's lighthouse: quorum on %s (forwarded), its own page %s",
+            server.address(),
+            server.torchft_dashboard_url(),
+        )
     name = termination.wait()
     logger.info("%s received, shutting down", name)
     server.shutdown()

@@ -3,30 +3,38 @@
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from pathlib import Path
 
 import grpc
 
 from lighthouse.config.files import ConfigDirWatcher, FileContent, FileWatcher, read_schema_file
+from lighthouse.etcd.errors import EtcdError, EtcdUnavailable
 from lighthouse.jobs.guards import GuardWatch
 from lighthouse.jobs.leases import LeasePolicy
 from lighthouse.jobs.registry import JobRegistry
-from lighthouse.jobs.state import LighthouseState
+from lighthouse.jobs.state import LighthouseState, ManagerLimits
 from lighthouse.jobs.versions import ConfigStore
+from lighthouse.manager_access import ManagerAccess
 from lighthouse.options import ConfigSources, HttpOptions
+from lighthouse.peers.features import FeatureRecords
 from lighthouse.peers.managers import PeerManagers
 from lighthouse.peers.series import PeerSeries
 from lighthouse.service import KEEPALIVE, LighthouseService, seed_handler
 from lighthouse.store.backend import SharedBackend, StoreBackend
 from lighthouse.store.sqlite import STORE_FILE, SqliteBackend
+from lighthouse.torchft_forward import ForwardHandler, TorchftLighthouse, TorchftView
 from protos import lighthouse_config_pb2 as pb
 from protos.aio_server import AioServer
+from protos.job_ids import JobId
 from protos.probes import Probes
 from protos.rpc import DEFAULT_LIGHTHOUSE_PORT, LIGHTHOUSE_SERVICE, dialable_address
 from protos.tls import ServerCertificates, ServerTLS
 
 logger = logging.getLogger(__name__)
+
+HEALTH_CHECK = 1.0  # seconds between two looks at what the lighthouse can serve (gRPC health)
 
 
 class LighthouseServer:
@@ -39,14 +47,18 @@ class LighthouseServer:
     over HTTPS with the same pair. The rest comes in groups: ``sources`` (schema,
     per-job files), ``http`` (tokens, hosts), ``lease_policy`` (the step leases
     granted to managers, see ``lighthouse.jobs.leases``).
+    ``manager_tokens`` and ``manager_identities`` (``{"job": [...]}``; identities need mutual TLS)
+    make managers authenticate per job (``lighthouse.manager_access``); without both gRPC is open.
     ``keepalive_interval``: seconds between keep-alives on a quiet push stream (a manager ends one
     silent for two of them); tests shorten it.
 
     torchft's seed signature works too: ``LighthouseServer(bind, min_replicas,
     join_timeout_ms, quorum_tick_ms, heartbeat_timeout_ms, failure_tick_ms,
     lighthouse_config=PATH)``: an int second argument is ``min_replicas``,
-    ``lighthouse_config`` is ``config_path``; the quorum arguments are logged and
-    ignored (this lighthouse runs no quorum of its own).
+    ``lighthouse_config`` is ``config_path``. With ``torchft=True`` the quorum
+    arguments start torchft's own lighthouse in this process, and its RPCs are
+    served on ``address()`` too (``lighthouse.torchft_forward``); without, they are
+    logged and ignored (this lighthouse runs no quorum of its own).
     """
 
     def __init__(
@@ -60,6 +72,7 @@ class LighthouseServer:
         lighthouse_config: str | Path | None = None,
         *,
         min_replicas: int | None = None,
+        torchft: bool = False,
         state_dir: str | Path | None = None,
         http_bind: str | None = None,
         tls: ServerTLS | None = None,
@@ -67,23 +80,40 @@ class LighthouseServer:
         sources: ConfigSources | None = None,
         http: HttpOptions | None = None,
         lease_policy: LeasePolicy | None = None,
+        manager_limits: ManagerLimits | None = None,
+        manager_tokens: dict[str, list[str]] | None = None,
+        manager_identities: dict[str, list[str]] | None = None,
         history_limit: int | None = None,
         max_workers: int = 16,
         keepalive_interval: float = KEEPALIVE,
     ) -> None:
+        if manager_identities is not None and (tls is None or tls.client_ca is None):
+            raise ValueError(
+                "manager identities (--manager-identities-file) need mutual TLS (--tls-client-ca): "
+                "without it managers send no certificate"
+            )
         if isinstance(config_path, int):  # the seed's positional min_replicas
             config_path, min_replicas = None, config_path
         if lighthouse_config is not None:
             if config_path is not None:
                 raise TypeError("give config_path or lighthouse_config, not both")
             config_path = lighthouse_config
-        _ignore_quorum_arguments(
-            min_replicas=min_replicas,
-            join_timeout_ms=join_timeout_ms,
-            quorum_tick_ms=quorum_tick_ms,
-            heartbeat_timeout_ms=heartbeat_timeout_ms,
-            failure_tick_ms=failure_tick_ms,
-        )
+        self._torchft: TorchftLighthouse | None = None
+        self._forward: ForwardHandler | None = None
+        self._torchft_view: TorchftView | None = None
+        if torchft:
+            if min_replicas is None:
+                raise TypeError("torchft=True needs min_replicas (torchft's lighthouse has no default)")
+            _ignore_quorum_arguments(failure_tick_ms=failure_tick_ms)  # not in torchft 0.2.0
+            torchft_options = (min_replicas, join_timeout_ms, quorum_tick_ms, heartbeat_timeout_ms)
+        else:
+            _ignore_quorum_arguments(
+                min_replicas=min_replicas,
+                join_timeout_ms=join_timeout_ms,
+                quorum_tick_ms=quorum_tick_ms,
+                heartbeat_timeout_ms=heartbeat_timeout_ms,
+                failure_tick_ms=failure_tick_ms,
+            )
         sources = sources or ConfigSources()
         http = http or HttpOptions()
         path = Path(config_path) if config_path is not None else None
@@ -93,8 +123,11 @@ class LighthouseServer:
         self._http = None
         self._server: AioServer | None = None
         self._peers: PeerManagers | None = None
+        self._features: FeatureRecords | None = None
         self._peer_series: PeerSeries | None = None
         self._guards: GuardWatch | None = None
+        self._health_stop = threading.Event()
+        self._health_thread: threading.Thread | None = None
         # SERVING from the end of start-up (every job loaded, the dashboard up) until shutdown starts.
         self._probes = Probes(LIGHTHOUSE_SERVICE)
         self.jobs = JobRegistry(
@@ -104,9 +137,11 @@ class LighthouseServer:
             default_schema_path=schema_file,
             strict=sources.strict,
             lease_policy=lease_policy,
+            manager_limits=manager_limits,
         )
         # the gRPC handlers and the push streams
-        self.service = LighthouseService(self.jobs, keepalive_interval)
+        access = ManagerAccess(manager_tokens, http.job_tokens, http.admin_token, manager_identities)
+        self.service = LighthouseService(self.jobs, keepalive_interval, access)
         try:
             certificates = ServerCertificates(tls) if tls is not None else None
             if sources.config_dir is not None:
@@ -118,6 +153,10 @@ class LighthouseServer:
                 )
                 folder.scan(startup=True)
                 self._watchers.append(folder)
+            if torchft:
+                self._torchft = TorchftLighthouse(*torchft_options)
+                self._torchft_view = TorchftView(self._torchft.dashboard_url)
+                self._forward = ForwardHandler(self._torchft.target, self._torchft_view)
             handler = grpc.method_handlers_generic_handler(
                 LIGHTHOUSE_SERVICE,
                 {
@@ -134,12 +173,20 @@ class LighthouseServer:
             # An event loop, not a thread per stream: one push stream per replica group.
             self._server = AioServer(
                 bind,
-                [handler, seed_handler(self.service)],
+                [handler, seed_handler(self.service), *([self._forward] if self._forward else [])],
                 max_workers=max_workers,
                 credentials=credentials,
                 probes=self._probes,
             )
             self._address = dialable_address(bind, self._server.port)
+            # Said once it is bound: a bad invocation gets its one error line and nothing else.
+            if access.enforced:
+                logger.info("gRPC: managers must present %s", access.describe)
+            else:
+                logger.warning(
+                    "gRPC is open: anyone who can reach it reads and reports for every job "
+                    "(managers authenticate with --manager-tokens-file or --manager-identities-file)"
+                )
             self._start_peers()
             if http_bind is not None:
                 from lighthouse.web.server import DashboardServer
@@ -153,6 +200,7 @@ class LighthouseServer:
                     tls=certificates if http.https else None,
                     request_seconds=http.request_seconds,
                     max_connections=http.max_connections,
+                    torchft=self._torchft_view.snapshot if self._torchft_view is not None else None,
                 )
             if path is not None:
                 self._watchers.append(
@@ -175,12 +223,29 @@ class LighthouseServer:
             self.shutdown()
             raise
         self._probes.set_serving(True)
+        self._health_thread = threading.Thread(target=self._watch_health, name="health", daemon=True)
+        self._health_thread.start()
         logger.info(
             "lighthouse serving %d job(s) on %s%s",
             len(self.jobs.names()),
             self._address,
             "" if tls is None else " (mutual TLS)" if tls.client_ca is not None else " (TLS)",
         )
+
+    def _watch_health(self) -> None:
+        """NOT_SERVING while a job's groups step past every promise the lighthouse can make (its
+        step-lease ceiling cannot be stored): their workers get no config then."""
+        stuck: dict[JobId, str] = {}
+        while not self._health_stop.wait(HEALTH_CHECK):
+            self.jobs.check_runs()
+            now = self.jobs.unpromised()
+            if now.keys() != stuck.keys():
+                if now:
+                    logger.error("NOT_SERVING: no step lease can be promised for %s", now)
+                else:
+                    logger.info("SERVING: step leases are promised again")
+            stuck = now
+            self._probes.set_serving(not stuck)
 
     def _start_peers(self) -> None:
         """On a store shared by several lighthouses (etcd), share the managers table and the reported
@@ -189,7 +254,20 @@ class LighthouseServer:
         if isinstance(backend, SharedBackend):
             instance = uuid.uuid4().hex
             self._peers = PeerManagers(backend.client, backend.prefix, instance, self._address, self.jobs)
+            self._features = FeatureRecords(
+                backend.client,
+                backend.prefix,
+                instance,
+                self._address,
+                self.jobs.lease_gate,
+                self._peers.instances,
+            )
+            try:  # before the managers summary: the others must never take this one for an earlier release
+                self._features.publish()
+            except (EtcdError, EtcdUnavailable) as exc:
+                logger.warning("feature record not written yet: %s", exc)
             self._peers.start()
+            self._features.start()
             self._peer_series = PeerSeries(backend.client, backend.prefix, instance, self.jobs)
             self._peer_series.start()
 
@@ -216,8 +294,16 @@ class LighthouseServer:
     def dashboard_url(self) -> str | None:
         return self._http.url if self._http is not None else None
 
+    def torchft_dashboard_url(self) -> str | None:
+        """torchft's own page, with ``torchft=True`` (on a localhost port)."""
+        return self._torchft.dashboard_url if self._torchft is not None else None
+
     def shutdown(self, grace: float | None = 1.0) -> None:
         """Stop serving and close the store; safe to call twice."""
+        self._health_stop.set()
+        if self._health_thread is not None:
+            self._health_thread.join(timeout=5)
+            self._health_thread = None
         self._probes.shutdown()  # health watchers hear NOT_SERVING before the port closes
         while self._watchers:
             self._watchers.pop().stop()
@@ -225,8 +311,11 @@ class LighthouseServer:
             self._http.shutdown()
             self._http = None
         if self._server is not None:
-            self._server.stop(grace)
+            self._server.stop(grace, then=self._forward.close if self._forward is not None else None)
             self._server = None
+        if self._torchft is not None:
+            self._torchft.shutdown()
+            self._torchft = None
         if self._guards is not None:
             self._guards.stop()
             self._guards = None
@@ -236,6 +325,9 @@ class LighthouseServer:
         if self._peers is not None:
             self._peers.stop()
             self._peers = None
+        if self._features is not None:
+            self._features.stop()
+            self._features = None
         self.jobs.close()
 
     def __enter__(self) -> LighthouseServer:

@@ -21,19 +21,23 @@ Every reply is built by ``LighthouseState.answer`` exactly as for ``GetConfig``
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from lighthouse.jobs.registry import JobRegistry, TooManyJobs
 from lighthouse.jobs.state import LighthouseState
+from lighthouse.manager_access import Denied, ManagerAccess
 from protos import lighthouse_config_pb2 as pb
 from protos.job_ids import InvalidJobId, JobId, check_job_id
+from protos.limits import MAX_ID_BYTES
 from protos.rpc import varint_field
 from protos.torchft_seed import JOB_METADATA, SEED_SERVICE, SeedConfigRequest, SeedConfigResponse
 
@@ -51,10 +55,22 @@ EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # what read() returns 
 class _Stream:
     """One manager's open stream."""
 
-    __slots__ = ("closed", "keepalive_due", "peer", "replica", "request", "requests", "sent", "step", "wake")
+    __slots__ = (
+        "closed",
+        "identity",
+        "keepalive_due",
+        "peer",
+        "replica",
+        "request",
+        "requests",
+        "sent",
+        "step",
+        "wake",
+    )
 
-    def __init__(self, first: pb.LighthouseConfigRequest, peer: str) -> None:
+    def __init__(self, first: pb.LighthouseConfigRequest, peer: str, identity: str) -> None:
         self.peer = peer
+        self.identity = identity
         self.replica = first.status.replica_id or peer
         self.wake = asyncio.Event()
         self.requests: list[pb.LighthouseConfigRequest] = [first]
@@ -65,11 +81,42 @@ class _Stream:
         self.closed = False
 
 
+R = TypeVar("R")
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
+
+
+def frees_refused_requests(handler: Handler[R]) -> Handler[R]:
+    """A handler whose refused calls free their request at once, not at the next garbage collection.
+
+    ``context.abort`` raises an exception that grpc keeps on the call (the call, the exception, its
+    traceback, the handler's frames holding the request and the call): a cycle that only Python's
+    cyclic collector frees, and with the young generation ``serve`` sets (50,000 objects,
+    ``protos.daemon``) it runs once every ~1,500 refused calls. Each one kept its request bytes and
+    what they were parsed into until then: 400 heartbeats with 100 KB ids, refused by the id limit,
+    grew the lighthouse from 54 to 210 MB (and 4 MB requests would have kept gigabytes). Dropping
+    the traceback breaks the cycle: the request is freed as the call ends.
+    """
+
+    @functools.wraps(handler)
+    async def run(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        call = handler(self, request, context)
+        del request  # this frame is in the traceback of the re-raise below: it must not hold the request
+        try:
+            return await call
+        except grpc.aio.AbortError as exc:
+            raise exc.with_traceback(None) from None
+
+    return run
+
+
 class LighthouseService:
     """The handlers, and every open push stream by job; lives on the gRPC server's event loop."""
 
-    def __init__(self, jobs: JobRegistry, keepalive: float = KEEPALIVE) -> None:
+    def __init__(
+        self, jobs: JobRegistry, keepalive: float = KEEPALIVE, access: ManagerAccess | None = None
+    ) -> None:
         self.jobs = jobs
+        self.access = access or ManagerAccess(None)
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, known from the first stream on
         self.keepalive = keepalive
         self._keepalive_field = varint_field(_KEEPALIVE_MS, round(keepalive * 1000))
@@ -90,17 +137,19 @@ class LighthouseService:
         for stream in self._streams.get(job, ()):
             stream.wake.set()
 
+    @frees_refused_requests
     async def get_config(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """``GetConfig``: the reply already serialized (no per-call protobuf work on the hot path)."""
         request = await _parse(pb.LighthouseConfigRequest, raw, context)
-        state = await self._state(request.job, context)
+        state, identity = await self._state(request.job, context)
         peer = context.peer()
-        step = state.receive(request, peer)
+        step = state.receive(request, peer, identity=identity)
         reply = await _answer(
             state, request.known_version, request.known_state_id, step, request, peer, context
         )
         return reply[0]
 
+    @frees_refused_requests
     async def seed_get_config(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """The seed's ``torchft.LighthouseService/GetConfig``: the live config of the job named in
         ``lighthouse-job`` metadata (none: ``default``), a stepless fetch like any other."""
@@ -111,20 +160,22 @@ class LighthouseService:
                 grpc.StatusCode.INVALID_ARGUMENT, f"not a torchft.LighthouseConfigRequest: {exc}"
             )
         job = next((v for k, v in context.invocation_metadata() or () if k == JOB_METADATA), "")
-        state = await self._state(job if isinstance(job, str) else "", context)
+        state, _ = await self._state(job if isinstance(job, str) else "", context)
         state.receive(_STEPLESS, context.peer())
         reply: bytes = SeedConfigResponse(config_data=state.snapshot.config).SerializeToString()
         return reply
 
+    @frees_refused_requests
     async def heartbeat(
         self, raw: bytes, context: grpc.aio.ServicerContext
     ) -> pb.LighthouseHeartbeatResponse:
         request = await _parse(pb.LighthouseHeartbeatRequest, raw, context)
-        state = await self._state(request.status.job, context)
+        state, identity = await self._state(request.status.job, context)
         state.count_heartbeat()
-        state.observe(request.status, context.peer())
+        state.observe(request.status, context.peer(), identity=identity)
         return pb.LighthouseHeartbeatResponse(version=state.store.head, instance_id=state.instance_id)
 
+    @frees_refused_requests
     async def watch(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         """``WatchConfig``: one manager's push stream, until it ends."""
         self.loop = asyncio.get_running_loop()
@@ -132,9 +183,9 @@ class LighthouseService:
         if raw is EOF:
             return
         first = await _parse(pb.LighthouseConfigRequest, raw, context)
-        state = await self._state(first.job, context)
+        state, identity = await self._state(first.job, context)
         job = state.job
-        stream = _Stream(first, context.peer())
+        stream = _Stream(first, context.peer(), identity)
         streams = self._streams[job]
         streams.add(stream)
         reader = asyncio.create_task(self._read(context, stream))
@@ -167,20 +218,33 @@ class LighthouseService:
             if opened:
                 state.watched(stream.replica, -1)
 
-    async def _state(self, job: str, context: grpc.aio.ServicerContext) -> LighthouseState:
-        """The job a call names (where its id is checked); one this lighthouse does not hold yet is
-        served (empty) from now on, opened from the store off the loop, or the call is refused (a
-        bad id, too many jobs)."""
+    async def _state(self, job: str, context: grpc.aio.ServicerContext) -> tuple[LighthouseState, str]:
+        """The job a call names (where its id and the caller's credential are checked), and that
+        credential; a job this lighthouse does not hold is NOT_FOUND for an anonymous call (a flood of
+        made-up ids creates nothing), else served (empty) from now on, opened from the store off the
+        loop, or the call is refused (a bad id or credential, too many jobs)."""
         try:
             checked = check_job_id(job)
+            identity = self.access.identify(checked, context)
         except InvalidJobId as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise AssertionError("context.abort raises") from None
+        except Denied as exc:
+            await context.abort(exc.code, str(exc))
+            raise AssertionError("context.abort raises") from None
         state = self.jobs.get(checked)
         if state is not None:
-            return state
+            return state, identity
+        if not identity:  # jobs are made by an operator, the config directory or an authenticated manager
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"no job {checked!r} on this lighthouse: an operator creates it (PUT "
+                f"/api/jobs/{checked}/config, lighthouse config set --create, --config-dir), "
+                "or a manager with its token",
+            )
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, self.jobs.serve, checked)
+            state = await asyncio.get_running_loop().run_in_executor(None, self.jobs.serve, checked)
+            return state, identity
         except TooManyJobs as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         raise AssertionError("context.abort raises")
@@ -197,6 +261,11 @@ class LighthouseService:
                 except DecodeError:
                     logger.warning("push stream of %s: a malformed request, ignored", stream.replica)
                     continue
+                if oversized(request.status):
+                    logger.warning(
+                        "push stream of %s: %s, ignored", stream.replica, oversized(request.status)
+                    )
+                    continue
                 stream.requests.append(request)
                 del stream.requests[:-MAX_QUEUED_REQUESTS]
                 stream.wake.set()
@@ -210,15 +279,15 @@ class LighthouseService:
         """What to send now: an answer to the manager's requests, else a new version or a keep-alive."""
         requests, stream.requests = stream.requests, []
         for request in requests:  # every report counts (its step switches, its counters)
-            stream.step = state.receive(request, stream.peer, stream=True)
+            stream.step = state.receive(request, stream.peer, stream=True, identity=stream.identity)
             stream.request = request
         snapshot = state.snapshot
-        changed = stream.sent != (snapshot.version, state.store.state_id)
+        changed = stream.sent != (snapshot.version, snapshot.state_id)
         if not requests and not changed and not stream.keepalive_due:
             return None
         stream.keepalive_due = False
         reply = await _answer(state, *stream.sent, stream.step, stream.request, stream.peer)
-        stream.sent = (reply[1], state.store.state_id)
+        stream.sent = (reply[1], state.snapshot.state_id)
         return reply
 
 
@@ -229,10 +298,22 @@ async def _parse(kind: type[M], raw: bytes, context: grpc.aio.ServicerContext) -
     """A request parsed here, so junk bytes get INVALID_ARGUMENT and say why (a deserializer that
     fails gives the caller only UNKNOWN)."""
     try:
-        return kind.FromString(raw)
+        request = kind.FromString(raw)
     except DecodeError as exc:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {kind.__name__}: {exc}")
-    raise AssertionError("context.abort raises")
+        raise AssertionError("context.abort raises") from None
+    too_long = oversized(request.status)
+    if too_long:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, too_long)
+    return request
+
+
+def oversized(status: pb.ManagerStatus) -> str:
+    """What in a manager's status is past MAX_ID_BYTES ("" when nothing is): records stay small."""
+    for name in ("replica_id", "address"):
+        if len(getattr(status, name).encode()) > MAX_ID_BYTES:
+            return f"status.{name} is longer than {MAX_ID_BYTES} bytes"
+    return ""
 
 
 def lease_wait(time_remaining: float | None) -> float:

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -26,6 +28,7 @@ from protos.cli_output import (
 )
 from protos.daemon import Termination, announce, configure_logging
 from protos.limits import STEP_WINDOW
+from protos.rpc import LIGHTHOUSE_TOKEN_ENV, LIGHTHOUSE_TOKEN_FILE_ENV
 from protos.tls import LIGHTHOUSE_TLS_ENVS, ServerTLS, TLSConfig
 
 logger = logging.getLogger("manager")
@@ -105,10 +108,24 @@ def main() -> None:
 )
 @server_tls_options
 @click.option(
+    "--lighthouse-token-file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    envvar=LIGHTHOUSE_TOKEN_FILE_ENV,
+    default=None,
+    help="File holding this job's manager token, sent on every call to the lighthouse (env "
+    "LIGHTHOUSE_TOKEN_FILE; or the token itself in env LIGHTHOUSE_TOKEN).",
+)
+@click.option(
     "--parent-pid",
     type=int,
     default=None,
     help="Exit (as on SIGTERM) once this process is no longer our parent, e.g. when it was killed.",
+)
+@click.option(
+    "--run-id",
+    default="",
+    help="The training script's run id (e.g. torchelastic's restart count): an id the job never had "
+    "ends its live run and begins a new one (see the README's 'Runs, restarts and resumes').",
 )
 @click.option("--log-level", default="info", show_default=True, help="debug, info, warning or error.")
 def serve(
@@ -124,11 +141,14 @@ def serve(
     job: str,
     lighthouse_tls: TLSConfig | None,
     tls: ServerTLS | None,
+    lighthouse_token_file: Path | None,
     parent_pid: int | None,
+    run_id: str,
     log_level: str,
 ) -> None:
     """Relay the config to this group's workers. Prints the bound address on line 1."""
     configure_logging(log_level)
+    token = _lighthouse_token(lighthouse_token_file)
     termination = Termination()
     if parent_pid is not None:
         from manager.lifeline import exit_with_parent
@@ -150,6 +170,8 @@ def serve(
             job=job,
             lighthouse_tls=lighthouse_tls,
             tls=tls,
+            lighthouse_token=token,
+            run_id=run_id,
         )
     except (OSError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
@@ -178,7 +200,10 @@ SOURCE_COLOURS = {"cache": "green", "lighthouse": "green", "stale": "yellow", "f
 def get(addr: str, step: int | None, timeout: float, tls: TLSConfig | None, output: str) -> None:
     """Print the config a worker would get (exit 1 when no manager answers at ADDR).
 
-    Looks only: pins nothing, moves no step. -o json prints {job, version, source, pinned, config}.
+    Looks only: pins nothing, moves no step. ``version`` names the config printed (the one in
+    effect at the step, without --step at the job's); a change taking effect later is named apart.
+    -o json prints {job, version, source, pinned, config, pending_version, pending_step,
+    effective_step, author, comment} (pending_*: null when nothing is pending).
     """
     from manager.status_client import NotAManager, peek_config
 
@@ -194,6 +219,9 @@ def get(addr: str, step: int | None, timeout: float, tls: TLSConfig | None, outp
                 "source": reply.source,
                 "pinned": reply.pinned,
                 "config": dict(reply.config_data),
+                **{name: _optional(reply, name) for name in _OPTIONAL_REPLY_FIELDS},
+                "author": reply.author or None,
+                "comment": reply.comment or None,
             }
         )
         return
@@ -201,7 +229,18 @@ def get(addr: str, step: int | None, timeout: float, tls: TLSConfig | None, outp
     lines = table(["KEY", "VALUE"], sorted(config.items())) if config else ["(empty config)"]
     source = paint(Styled(reply.source, fg=SOURCE_COLOURS.get(reply.source)))
     pinned = "" if step is None else (f", pinned for step {steps(step)}" if reply.pinned else ", not pinned")
-    echo_lines([*lines, "", f"version {reply.version} of job {reply.job}, source {source}{pinned}"])
+    lines += ["", f"version {reply.version} of job {reply.job}, source {source}{pinned}"]
+    if reply.HasField("pending_version") and reply.HasField("pending_step"):
+        lines.append(f"pending: version {reply.pending_version} from step {steps(reply.pending_step)}")
+    echo_lines(lines)
+
+
+_OPTIONAL_REPLY_FIELDS = ("pending_version", "pending_step", "effective_step")
+
+
+def _optional(message: Any, name: str) -> int | None:
+    """An optional field's value, None when absent."""
+    return getattr(message, name) if message.HasField(name) else None
 
 
 @main.command()
@@ -228,7 +267,9 @@ def info_json(info: pb.ManagerInfo) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for field in info.DESCRIPTOR.fields:
         value = getattr(info, field.name)
-        out[field.name] = value if isinstance(value, str | int | float) else list(value)
+        if field.has_presence and not info.HasField(field.name):
+            value = None  # an optional field not set (pending_*: nothing pending)
+        out[field.name] = value if value is None or isinstance(value, str | int | float) else list(value)
     return out
 
 
@@ -252,10 +293,12 @@ def status_lines(info: pb.ManagerInfo) -> list[str]:
         ["replica", f"{info.replica_id} (job {info.job})"],
         ["address", info.address],
         ["source", Styled(info.source, fg=SOURCE_COLOURS.get(info.source))],
-        ["version", str(info.version)],
+        ["version", str(info.live_version or info.version)],  # what workers get at the group's step
         ["cache age", f"{age} (TTL {duration(info.cache_ttl_s)})"],
         ["lighthouse", f"{info.lighthouse}{position}, {answered}"],
     ]
+    if info.HasField("pending_version") and info.HasField("pending_step"):
+        rows.append(["pending", f"version {info.pending_version} from step {steps(info.pending_step)}"])
     if len(listed) > 1:
         rows.append(["listed", ", ".join(listed)])
     if info.last_error:
@@ -271,3 +314,17 @@ def status_lines(info: pb.ManagerInfo) -> list[str]:
         ["fetches", f"{info.upstream_fetches:,} ({info.upstream_failures:,} failed)"],
     ]
     return table(None, rows)
+
+
+def _lighthouse_token(path: Path | None) -> str | None:
+    """The manager token: from ``--lighthouse-token-file`` (or LIGHTHOUSE_TOKEN_FILE), else the
+    LIGHTHOUSE_TOKEN variable (never a flag of its own: ps shows flags)."""
+    if path is None:
+        return os.environ.get(LIGHTHOUSE_TOKEN_ENV, "").strip() or None
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.UsageError(f"--lighthouse-token-file {path}: {exc}") from None
+    if not token:
+        raise click.UsageError(f"--lighthouse-token-file {path} is empty")
+    return token

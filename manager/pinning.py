@@ -38,11 +38,15 @@ class StepPins:
     def outside_window(self, step: int) -> bool:
         return step < self.max_step - self.window
 
-    def pin(self, step: int, snapshot: Snapshot, reply: bytes) -> bytes | None:
+    def pin(self, step: int, snapshot: Snapshot, reply: bytes, version: int | None = None) -> bytes | None:
         """Pin ``reply`` for ``step`` unless another rank won the race; return the pinned reply.
 
+        ``version``: the version whose config ``reply`` holds (its segment's; default the
+        snapshot's), recorded as a switch when it differs from the previous step's.
         None: the step is a leap not yet confirmed, answer it unpinned.
         """
+        if version is None:
+            version = snapshot.version
         with self._lock:
             pinned = self._pins.get(step)
             if pinned is not None:
@@ -56,13 +60,23 @@ class StepPins:
             self._pins[step] = reply
             self._order.append(step)
             if step > self.max_step:
-                if snapshot.version != self._max_version:
-                    self._switches.append((snapshot.version, step, self.max_step))
+                if version != self._max_version:
+                    self._switches.append((version, step, self.max_step))
                     del self._switches[:-1000]  # bounded while the lighthouse is away
                 self.max_step = step
-                self._max_version = snapshot.version
+                self._max_version = version
                 self._evict(step - self.window)
             return reply
+
+    def clear(self) -> None:
+        """Forget every pin (a new run of the job: its steps start over, maybe lower); the switches
+        not reported yet stay."""
+        with self._lock:
+            self._pins.clear()
+            self._order.clear()
+            self.max_step = -1
+            self._max_version = -1
+            self._leap = None
 
     def _evict(self, below: int) -> None:
         order, pins = self._order, self._pins

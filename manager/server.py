@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL = 1.0
 FINAL_REPORTS = 4  # heartbeats at shutdown, at most, to hand over the metrics still held
+STREAM_END_WAIT = 1.0  # seconds to wait for a reset stream to end before looking again
 
 
 _STABLE_THROUGH = pb.ManagerConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
@@ -61,12 +62,28 @@ class _Lease:
         self.field = varint_field(_STABLE_THROUGH, through)
 
 
+def run_era(state_id: str) -> tuple[str, int]:
+    """A served state id is the job's, with ``-rN`` once its runs began (N grows at every begin and
+    end of a run): the job's state, and its era, to tell an earlier run's answer from a later one."""
+    base, sep, era = state_id.rpartition("-r")
+    if sep and era.isdigit():
+        return base, int(era)
+    return state_id, 0
+
+
+def _older_run(state_id: str, than: str) -> bool:
+    """Whether ``state_id`` names an earlier era of the same job state than ``than``."""
+    (base, era), (other, later) = run_era(state_id), run_era(than)
+    return base == other and era < later
+
+
 class ManagerServer:
     """Starts serving on construction; ``address()`` is what the group's workers dial.
 
     Like torchft's ManagerServer it can live inside the group's rank 0 process,
     or run alone through the ``manager serve`` CLI. ``lighthouse_tls`` dials the
-    lighthouse over TLS; ``tls`` serves the workers over TLS (plaintext by default).
+    lighthouse over TLS; ``tls`` serves the workers over TLS (plaintext by default);
+    ``lighthouse_token`` is its job's manager token (a lighthouse with ``--manager-tokens-file``).
     """
 
     def __init__(
@@ -84,11 +101,15 @@ class ManagerServer:
         job: str = DEFAULT_JOB,
         lighthouse_tls: TLSConfig | None = None,
         tls: ServerTLS | None = None,
+        lighthouse_token: str | None = None,
         push: bool = True,
+        run_id: str = "",
     ) -> None:
         if cache_ttl <= 0 or lighthouse_timeout <= 0 or backoff <= 0:
             raise ValueError("cache_ttl, lighthouse_timeout and backoff must be positive")
         self.job = check_job_id(job)
+        self.run_id = run_id  # the training script's run id: a new one begins a new run of the job
+        self._stepped_at = float("-inf")  # when a worker last asked for a new highest step
         self.lighthouse_timeout = lighthouse_timeout
         self.requests = 0
         self.cache_hits = 0
@@ -99,7 +120,11 @@ class ManagerServer:
         credentials = ServerCertificates(tls).grpc_credentials() if tls is not None else None
         # Several lighthouses ("A,B,C"): start at one picked by the replica id, so groups spread.
         self._lighthouse = LighthouseClient(
-            lighthouse_addr, job=self.job, spread_key=replica_id or "", tls=lighthouse_tls
+            lighthouse_addr,
+            job=self.job,
+            spread_key=replica_id or "",
+            tls=lighthouse_tls,
+            token=lighthouse_token,
         )
         self._instance_id = ""
         self._lighthouse_step = -1  # the job's step as the lighthouse knows it
@@ -194,6 +219,15 @@ class ManagerServer:
             self.cache_hits = next(self._hit_count)
             return pinned
         lease = self._lease
+        if lease is not None and step > self._pins.max_step:
+            now = time.monotonic()
+            # No step for a TTL and no push stream (which would bring the end of the job's run, a
+            # new state id): the run may have ended, and its leases with it. Renew first.
+            if now - self._stepped_at > self._cache.ttl and not (self._push is not None and self._push.live):
+                lease = self._lease = None
+            self._stepped_at = now
+        elif step > self._pins.max_step:
+            self._stepped_at = time.monotonic()
         if lease is not None and step <= lease.through:  # promised: no TTL, no outage matters
             snapshot, fetched = lease.snapshot, False
         elif request.peek or self._leases_supported is False:  # a lighthouse without leases: the TTL
@@ -209,7 +243,9 @@ class ManagerServer:
             return snapshot.reply(segment, False) + promised
         if not fetched:
             self.cache_hits = next(self._hit_count)
-        pinned = self._pins.pin(step, snapshot, snapshot.reply(segment, True) + promised)
+        pinned = self._pins.pin(
+            step, snapshot, snapshot.reply(segment, True) + promised, snapshot.segment_version(segment)
+        )
         if step >= self._renew_at:
             self._renew.set()  # half-way through the lease: the background loop renews it
         return pinned if pinned is not None else snapshot.reply(segment, False) + promised
@@ -240,7 +276,11 @@ class ManagerServer:
         ``final``: the last one (every metric held goes); ``metrics=False``: none (a look)."""
         switches = self._pins.take_switches()
         batch, batch_id = self._metrics.take(everything=final) if metrics else ([], 0)
+        live, pending = self.live_at_step()
         return pb.ManagerStatus(
+            live_version=live,
+            pending_version=None if pending is None else pending[0],
+            pending_step=None if pending is None else pending[1],
             replica_id=self.replica_id,
             address=self._address,
             version=self.serving_version(),
@@ -254,6 +294,7 @@ class ManagerServer:
             metrics=batch,
             metrics_batch=batch_id,
             metrics_dropped=self._metrics.dropped,
+            run_id=self.run_id,
         )
 
     def lease_through_step(self) -> int:
@@ -268,11 +309,25 @@ class ManagerServer:
 
     def serving_version(self) -> int:
         """The lighthouse version workers get now (0 while serving the fallback)."""
+        served = self._served()
+        return served.version if served is not None else 0
+
+    def _served(self) -> Snapshot | None:
+        """The snapshot workers get now (None while serving the fallback)."""
         promised = self._promised()
         if promised is not None:
-            return promised.version  # served whether the lighthouse answers or not
+            return promised  # served whether the lighthouse answers or not
         good = self._cache.good
-        return good.version if good is not None and self._gives_config(good, self._cache.failing) else 0
+        return good if good is not None and self._gives_config(good, self._cache.failing) else None
+
+    def live_at_step(self) -> tuple[int, tuple[int, int] | None]:
+        """The version whose config workers get at the group's step (without one, the job's), and
+        (version, step) of the change pending after it (None: none); (0, None) for the fallback."""
+        served = self._served()
+        if served is None:
+            return 0, None
+        step = self._pins.max_step if self._pins.max_step >= 0 else max(self._lighthouse_step, 0)
+        return served.segment_version(served.segment(step)), served.pending(step)
 
     def _gives_config(self, good: Snapshot | None, failing: bool) -> bool:
         """Whether workers get a lighthouse's config (the live one, or with ``serve_stale`` the last
@@ -353,13 +408,16 @@ class ManagerServer:
         assert push is not None
         now = time.monotonic()
         asked = self._push_asked
+        # After a reset, wait for the stream's end (``_push_down`` wakes this loop) rather than
+        # spin: until the stream's thread runs, ``live`` still says True, and a loop looking again
+        # at once held the GIL from that very thread (seen at load 14: the reopening took a minute).
         if asked is not None and now - asked > self.lighthouse_timeout:
             push.reset(f"no answer to a request within {self.lighthouse_timeout:g}s")
-            return 0.0
+            return STREAM_END_WAIT
         deadline = 2 * push.keepalive + self.lighthouse_timeout
         if push.keepalive and push.silent_for() > deadline:
             push.reset(f"silent for {push.silent_for():.1f}s (keep-alive every {push.keepalive:g}s)")
-            return 0.0
+            return STREAM_END_WAIT
         renew = self._lease is not None and self._pins.max_step >= self._renew_at
         changed = self._report_key(self._status(metrics=False)) != self._reported
         changed = changed or self._metrics.pending
@@ -371,11 +429,21 @@ class ManagerServer:
     @staticmethod
     def _report_key(status: pb.ManagerStatus) -> tuple[int, ...]:
         """What a report tells the lighthouse that changes (not its time)."""
-        return (status.version, status.requests, status.step, len(status.switches), status.steps_past_lease)
+        return (
+            status.version,
+            status.live_version,
+            status.pending_version,
+            status.requests,
+            status.step,
+            len(status.switches),
+            status.steps_past_lease,
+        )
 
     def _take_lease(self, reply: pb.LighthouseConfigResponse, snapshot: Snapshot, base: int) -> None:
         """Hold the lease that came with ``snapshot`` (the newest snapshot is valid for every step
         promised before, within one lighthouse state), and renew it half-way through."""
+        if reply.state_id and reply.state_id != snapshot.state_id:
+            return  # an answer of an earlier run, kept out (``_take_reply``): its lease is not ours
         self._leases_supported = reply.HasField("stable_through_step")
         held = self._lease
         through = reply.stable_through_step if self._leases_supported else -1
@@ -397,6 +465,8 @@ class ManagerServer:
         if reply.not_modified and held is not None:
             return held
         fresh = Snapshot.from_reply(reply, self.job)
+        if held is not None and _older_run(fresh.state_id, held.state_id):
+            return held  # an answer from before the job's current run (a push and a fetch crossed)
         if held is not None and held.state_id == fresh.state_id and fresh.version < held.version:
             logger.warning(
                 "lighthouse answered version %d, older than the served %d; keeping %d",
@@ -405,9 +475,14 @@ class ManagerServer:
                 held.version,
             )
             return held
+        if held is not None and _older_run(held.state_id, fresh.state_id):
+            # A run of the job ended or began: the steps pinned were the run before's (a resume
+            # from a checkpoint asks for them again and must get the new run's config).
+            self._pins.clear()
+            self._step_wanted = -1  # and the step a worker waited for, too
         if held is not None and held.state_id != fresh.state_id:
-            logger.warning(
-                "lighthouse state was reset (new state %s): moving from version %d to %d",
+            logger.info(
+                "a new run of the job, or its state was reset (state %s): moving from version %d to %d",
                 fresh.state_id[:8],
                 held.version,
                 fresh.version,
@@ -473,7 +548,11 @@ class ManagerServer:
             source = STALE if cache.serve_stale and good is not None else FALLBACK
         age = cache.age()
         now = time.monotonic()
+        live, pending = self.live_at_step()
         return pb.ManagerInfo(
+            live_version=live,
+            pending_version=None if pending is None else pending[0],
+            pending_step=None if pending is None else pending[1],
             replica_id=self.replica_id,
             job=self.job,
             address=self._address,

@@ -7,18 +7,33 @@ per call (the response serializer is the identity).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from protos import lighthouse_config_pb2 as pb
+from protos.limits import SEGMENT_AUTHOR_CHARS, SEGMENT_COMMENT_CHARS
 
 CACHE, STALE, FALLBACK, LIGHTHOUSE = "cache", "stale", "fallback", "lighthouse"
 
 
-def _reply(config: dict[str, str], version: int, source: str, pinned: bool, job: str) -> bytes:
-    return pb.ManagerConfigResponse(
-        config_data=config, version=version, source=source, pinned=pinned, job=job
-    ).SerializeToString()
+def _reply(snapshot: Snapshot, segment: int, source: str, pinned: bool) -> bytes:
+    reply = pb.ManagerConfigResponse(
+        config_data=snapshot.configs[segment],
+        version=snapshot.segment_version(segment),
+        source=source,
+        pinned=pinned,
+        job=snapshot.job,
+    )
+    if snapshot.kind == FALLBACK:
+        return reply.SerializeToString()
+    reply.effective_step = snapshot.from_steps[segment]
+    if segment < len(snapshot.authors):
+        reply.author, reply.comment = snapshot.authors[segment], snapshot.comments[segment]
+    if segment + 1 < len(snapshot.from_steps):  # the next change, named apart from what is served
+        reply.pending_version = snapshot.segment_version(segment + 1)
+        reply.pending_step = snapshot.from_steps[segment + 1]
+    return reply.SerializeToString()
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,15 +48,30 @@ class Snapshot:
     configs: tuple[dict[str, str], ...]
     _replies: dict[tuple[int, bool], bytes] = field(default_factory=dict, repr=False)
     job: str = ""  # the manager's job, named in every reply
+    # Per segment: the version whose config it is (0: not said, ``version`` names it), and who
+    # made the change taking effect at its first step and why (empty when not said).
+    versions: tuple[int, ...] = ()
+    authors: tuple[str, ...] = ()
+    comments: tuple[str, ...] = ()
 
     @classmethod
     def from_reply(cls, reply: pb.LighthouseConfigResponse, job: str = "") -> Snapshot:
         if reply.segments:
-            from_steps = tuple(s.from_step for s in reply.segments)
-            configs = tuple(dict(s.config_data) for s in reply.segments)
-        else:
-            from_steps, configs = (0,), (dict(reply.config_data),)
-        return cls(reply.version, reply.state_id, reply.instance_id, CACHE, from_steps, configs, job=job)
+            segments = reply.segments
+            return cls(
+                reply.version,
+                reply.state_id,
+                reply.instance_id,
+                CACHE,
+                tuple(s.from_step for s in segments),
+                tuple(dict(s.config_data) for s in segments),
+                job=job,
+                versions=tuple(s.version for s in segments),
+                authors=tuple(s.author[:SEGMENT_AUTHOR_CHARS] for s in segments),
+                comments=tuple(s.comment[:SEGMENT_COMMENT_CHARS] for s in segments),
+            )
+        configs = (dict(reply.config_data),)
+        return cls(reply.version, reply.state_id, reply.instance_id, CACHE, (0,), configs, job=job)
 
     @classmethod
     def fallback(cls, job: str = "") -> Snapshot:
@@ -53,9 +83,7 @@ class Snapshot:
 
     @cached_property
     def _stale(self) -> Snapshot:
-        return Snapshot(
-            self.version, self.state_id, self.instance_id, STALE, self.from_steps, self.configs, job=self.job
-        )
+        return dataclasses.replace(self, kind=STALE, _replies={})
 
     def segment(self, step: int) -> int:
         """Index of the segment that holds ``step``."""
@@ -63,16 +91,27 @@ class Snapshot:
             return 0
         return max(0, bisect.bisect_right(self.from_steps, step) - 1)
 
+    def segment_version(self, segment: int) -> int:
+        """The version whose config segment ``segment`` is: its own, else the snapshot's (a
+        lighthouse of an earlier release, or a segment made only of pruned versions)."""
+        versions = self.versions
+        return (versions[segment] if segment < len(versions) else 0) or self.version
+
+    def pending(self, step: int) -> tuple[int, int] | None:
+        """(version, step) of the next change after ``step``, None when nothing is pending."""
+        following = self.segment(step) + 1
+        if following >= len(self.from_steps):
+            return None
+        return self.segment_version(following), self.from_steps[following]
+
     def reply(self, segment: int, pinned: bool) -> bytes:
         """The serialized worker reply for a segment."""
         key = (segment, pinned)
         cached = self._replies.get(key)
         if cached is None:
-            cached = self._replies[key] = _reply(
-                self.configs[segment], self.version, self.kind, pinned, self.job
-            )
+            cached = self._replies[key] = _reply(self, segment, self.kind, pinned)
         return cached
 
     def fresh_reply(self, segment: int, pinned: bool) -> bytes:
         """Like ``reply`` but labelled as just fetched from the lighthouse (rare: not cached)."""
-        return _reply(self.configs[segment], self.version, LIGHTHOUSE, pinned, self.job)
+        return _reply(self, segment, LIGHTHOUSE, pinned)

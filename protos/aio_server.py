@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -67,11 +67,16 @@ class AioServer:
         """Run ``coro`` on the server's loop and return its result (from any other thread)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def stop(self, grace: float | None = 1.0) -> None:
-        """Stop serving (calls in flight get ``grace`` seconds) and end the loop; safe to call twice."""
+    def stop(
+        self, grace: float | None = 1.0, then: Callable[[], Coroutine[Any, Any, None]] | None = None
+    ) -> None:
+        """Stop serving (calls in flight get ``grace`` seconds), run ``then`` on the loop (closing what
+        the handlers used), and end the loop; safe to call twice."""
         server, self.server = self.server, None
         if server is not None:
             self.call(server.stop(grace))
+            if then is not None:
+                self.call(then())
         self._close_loop()
 
     def _close_loop(self) -> None:

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ManagerStatus(_message.Message):
-    __slots__ = ("replica_id", "address", "version", "requests", "cache_hits", "step", "switches", "job", "lease_through_step", "steps_past_lease", "metrics", "metrics_batch", "metrics_dropped")
+    __slots__ = ("replica_id", "address", "version", "requests", "cache_hits", "step", "switches", "job", "lease_through_step", "steps_past_lease", "metrics", "metrics_batch", "metrics_dropped", "live_version", "pending_version", "pending_step", "run_id")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,10 @@ class ManagerStatus(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     METRICS_BATCH_FIELD_NUMBER: _ClassVar[int]
     METRICS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    LIVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PENDING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PENDING_STEP_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     version: int
@@ -34,7 +38,11 @@ class ManagerStatus(_message.Message):
     metrics: _containers.RepeatedCompositeFieldContainer[MetricSummaries]
     metrics_batch: int
     metrics_dropped: int
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[int] = ..., requests: _Optional[int] = ..., cache_hits: _Optional[int] = ..., step: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[StepSwitch, _Mapping]]] = ..., job: _Optional[str] = ..., lease_through_step: _Optional[int] = ..., steps_past_lease: _Optional[int] = ..., metrics: _Optional[_Iterable[_Union[MetricSummaries, _Mapping]]] = ..., metrics_batch: _Optional[int] = ..., metrics_dropped: _Optional[int] = ...) -> None: ...
+    live_version: int
+    pending_version: int
+    pending_step: int
+    run_id: str
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[int] = ..., requests: _Optional[int] = ..., cache_hits: _Optional[int] = ..., step: _Optional[int] = ..., switches: _Optional[_Iterable[_Union[StepSwitch, _Mapping]]] = ..., job: _Optional[str] = ..., lease_through_step: _Optional[int] = ..., steps_past_lease: _Optional[int] = ..., metrics: _Optional[_Iterable[_Union[MetricSummaries, _Mapping]]] = ..., metrics_batch: _Optional[int] = ..., metrics_dropped: _Optional[int] = ..., live_version: _Optional[int] = ..., pending_version: _Optional[int] = ..., pending_step: _Optional[int] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class MetricSummaries(_message.Message):
     __slots__ = ("name", "steps", "count", "nonfinite", "sum", "min", "max")
@@ -97,7 +105,7 @@ class LighthouseConfigRequest(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., known_version: _Optional[int] = ..., known_state_id: _Optional[str] = ..., status: _Optional[_Union[ManagerStatus, _Mapping]] = ..., job: _Optional[str] = ..., lease_seconds: _Optional[float] = ..., lease_from_step: _Optional[int] = ...) -> None: ...
 
 class ConfigSegment(_message.Message):
-    __slots__ = ("from_step", "config_data")
+    __slots__ = ("from_step", "config_data", "version", "author", "comment")
     class ConfigDataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -107,9 +115,15 @@ class ConfigSegment(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     FROM_STEP_FIELD_NUMBER: _ClassVar[int]
     CONFIG_DATA_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    AUTHOR_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
     from_step: int
     config_data: _containers.ScalarMap[str, str]
-    def __init__(self, from_step: _Optional[int] = ..., config_data: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    version: int
+    author: str
+    comment: str
+    def __init__(self, from_step: _Optional[int] = ..., config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., author: _Optional[str] = ..., comment: _Optional[str] = ...) -> None: ...
 
 class LighthouseConfigResponse(_message.Message):
     __slots__ = ("config_data", "version", "not_modified", "instance_id", "state_id", "segments", "current_step", "stable_through_step", "keepalive_ms")
@@ -186,7 +200,7 @@ class StepMetrics(_message.Message):
     def __init__(self, step: _Optional[int] = ..., values: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ManagerConfigResponse(_message.Message):
-    __slots__ = ("config_data", "version", "source", "pinned", "job", "stable_through_step")
+    __slots__ = ("config_data", "version", "source", "pinned", "job", "stable_through_step", "pending_version", "pending_step", "author", "comment", "effective_step")
     class ConfigDataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -200,20 +214,30 @@ class ManagerConfigResponse(_message.Message):
     PINNED_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     STABLE_THROUGH_STEP_FIELD_NUMBER: _ClassVar[int]
+    PENDING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PENDING_STEP_FIELD_NUMBER: _ClassVar[int]
+    AUTHOR_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_STEP_FIELD_NUMBER: _ClassVar[int]
     config_data: _containers.ScalarMap[str, str]
     version: int
     source: str
     pinned: bool
     job: str
     stable_through_step: int
-    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., pinned: _Optional[bool] = ..., job: _Optional[str] = ..., stable_through_step: _Optional[int] = ...) -> None: ...
+    pending_version: int
+    pending_step: int
+    author: str
+    comment: str
+    effective_step: int
+    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., pinned: _Optional[bool] = ..., job: _Optional[str] = ..., stable_through_step: _Optional[int] = ..., pending_version: _Optional[int] = ..., pending_step: _Optional[int] = ..., author: _Optional[str] = ..., comment: _Optional[str] = ..., effective_step: _Optional[int] = ...) -> None: ...
 
 class ManagerInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ManagerInfo(_message.Message):
-    __slots__ = ("replica_id", "job", "address", "source", "version", "cache_age_s", "cache_ttl_s", "lighthouse", "lighthouses", "last_answer_age_s", "last_error", "pinned_steps", "first_pinned_step", "last_pinned_step", "lighthouse_step", "requests", "cache_hits", "upstream_fetches", "upstream_failures", "lease_through_step")
+    __slots__ = ("replica_id", "job", "address", "source", "version", "cache_age_s", "cache_ttl_s", "lighthouse", "lighthouses", "last_answer_age_s", "last_error", "pinned_steps", "first_pinned_step", "last_pinned_step", "lighthouse_step", "requests", "cache_hits", "upstream_fetches", "upstream_failures", "lease_through_step", "live_version", "pending_version", "pending_step")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +258,9 @@ class ManagerInfo(_message.Message):
     UPSTREAM_FETCHES_FIELD_NUMBER: _ClassVar[int]
     UPSTREAM_FAILURES_FIELD_NUMBER: _ClassVar[int]
     LEASE_THROUGH_STEP_FIELD_NUMBER: _ClassVar[int]
+    LIVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PENDING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PENDING_STEP_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     job: str
     address: str
@@ -254,4 +281,7 @@ class ManagerInfo(_message.Message):
     upstream_fetches: int
     upstream_failures: int
     lease_through_step: int
-    def __init__(self, replica_id: _Optional[str] = ..., job: _Optional[str] = ..., address: _Optional[str] = ..., source: _Optional[str] = ..., version: _Optional[int] = ..., cache_age_s: _Optional[float] = ..., cache_ttl_s: _Optional[float] = ..., lighthouse: _Optional[str] = ..., lighthouses: _Optional[_Iterable[str]] = ..., last_answer_age_s: _Optional[float] = ..., last_error: _Optional[str] = ..., pinned_steps: _Optional[int] = ..., first_pinned_step: _Optional[int] = ..., last_pinned_step: _Optional[int] = ..., lighthouse_step: _Optional[int] = ..., requests: _Optional[int] = ..., cache_hits: _Optional[int] = ..., upstream_fetches: _Optional[int] = ..., upstream_failures: _Optional[int] = ..., lease_through_step: _Optional[int] = ...) -> None: ...
+    live_version: int
+    pending_version: int
+    pending_step: int
+    def __init__(self, replica_id: _Optional[str] = ..., job: _Optional[str] = ..., address: _Optional[str] = ..., source: _Optional[str] = ..., version: _Optional[int] = ..., cache_age_s: _Optional[float] = ..., cache_ttl_s: _Optional[float] = ..., lighthouse: _Optional[str] = ..., lighthouses: _Optional[_Iterable[str]] = ..., last_answer_age_s: _Optional[float] = ..., last_error: _Optional[str] = ..., pinned_steps: _Optional[int] = ..., first_pinned_step: _Optional[int] = ..., last_pinned_step: _Optional[int] = ..., lighthouse_step: _Optional[int] = ..., requests: _Optional[int] = ..., cache_hits: _Optional[int] = ..., upstream_fetches: _Optional[int] = ..., upstream_failures: _Optional[int] = ..., lease_through_step: _Optional[int] = ..., live_version: _Optional[int] = ..., pending_version: _Optional[int] = ..., pending_step: _Optional[int] = ...) -> None: ...

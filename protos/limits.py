@@ -9,3 +9,10 @@ STEP_WINDOW = 1024  # recent steps a manager keeps pinned (``--step-window``)
 # A guarded change (``--guard METRIC:FACTOR``, ``?guard=``): what a guard watches unless told.
 GUARD_STEPS = 200  # steps after the change takes effect
 GUARD_WINDOW = 10  # steps its metric is smoothed over (a trailing mean)
+
+MAX_ID_BYTES = 256  # a manager's replica id and address: longer is INVALID_ARGUMENT
+
+# Who made a change and why, as each config segment of a reply carries them (the history keeps
+# them whole; a worker's change callback gets them cut to these lengths).
+SEGMENT_AUTHOR_CHARS = 64
+SEGMENT_COMMENT_CHARS = 500

@@ -35,6 +35,9 @@ MAX_REQUEST_BYTES = 256 * 1024
 MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 DEFAULT_LIGHTHOUSE_PORT = 29510
+# A manager's token for a lighthouse with --manager-tokens-file: the token itself, or a file holding it.
+LIGHTHOUSE_TOKEN_ENV = "LIGHTHOUSE_TOKEN"
+LIGHTHOUSE_TOKEN_FILE_ENV = "LIGHTHOUSE_TOKEN_FILE"
 DEFAULT_DASHBOARD_PORT = 29511
 
 # A peer that died or was cut off (a frozen host, a path that drops packets) leaves a connection

@@ -35,13 +35,11 @@ class StreamThread:
             call.cancel()
 
     def cancel(self) -> bool:
-        """End the stream read now (``run`` goes on with the next one); False when there is none."""
+        """End the stream read now (``run`` goes on with the next one); False when there is none or
+        it ended already (so a stream many callers find silent is ended, and logged, once)."""
         with self._lock:
             call = self._call
-        if call is None:
-            return False
-        call.cancel()
-        return True
+        return call is not None and bool(call.cancel())
 
     def stop(self) -> None:
         self.stopped.set()

@@ -26,3 +26,10 @@ SeedConfigRequest = message_factory.GetMessageClass(
 SeedConfigResponse = message_factory.GetMessageClass(
     POOL.FindMessageTypeByName("torchft.LighthouseConfigResponse")
 )
+# What the dashboard reads of torchft's own quorum calls (lighthouse.torchft_forward.TorchftView).
+QuorumResponse = message_factory.GetMessageClass(
+    POOL.FindMessageTypeByName("torchft.LighthouseQuorumResponse")
+)
+HeartbeatRequest = message_factory.GetMessageClass(
+    POOL.FindMessageTypeByName("torchft.LighthouseHeartbeatRequest")
+)

@@ -2,9 +2,9 @@
 
 ``ManagerClient(..., on_change=callback)`` calls ``callback(change)`` on the training
 thread, once per change, at the first step a ``get_config(step=...)`` call is
-served its values (the first config too: its keys all new). A step costs one
-version comparison; only while a served version differs from the last logged
-one (a change announced before its step) are the values compared. A callback
+served its values (the first config too: its keys all new). A step costs a
+comparison of the served version and the step its config holds from; only when
+they differ from the last logged ones are the values compared. A callback
 that raises is logged once and never breaks training. Fallback answers (version 0)
 and calls without a step are no change.
 """
@@ -25,8 +25,10 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ConfigChange:
     """A version that took effect at ``step``: ``changes`` maps each changed key to (old, new) as
-    JSON text, None for a key added (old) or removed (new). ``author`` and ``comment``: None until
-    the manager's reply carries them (the fields are reserved here so trackers already show them)."""
+    JSON text, None for a key added (old) or removed (new). ``author`` and ``comment``: who made
+    the change that took effect and why, as the history shows them (cut to 64 and 500
+    characters; None when the manager's reply does not say, e.g. a lighthouse of an earlier
+    release)."""
 
     step: int
     version: int
@@ -84,7 +86,13 @@ class ChangeWatcher:
 
     def seen(self, config: Config) -> None:
         last = self._last
-        if (last is not None and last.version == config.version) or config.step is None:
+        if config.step is None or (
+            last is not None
+            and last.version == config.version
+            and last.effective_step == config.effective_step
+        ):
+            # One version may name two configs (a change scheduled before one made now took
+            # effect after it): the step they hold from tells them apart.
             return
         if config.version == 0:  # the fallback: no change, and the next real answer compares to `last`
             return
@@ -106,6 +114,8 @@ class ChangeWatcher:
             changes=changes,
             config=dict(config),
             job=config.job,
+            author=config.author,
+            comment=config.comment,
         )
         try:
             self._callback(change)

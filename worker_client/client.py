@@ -16,12 +16,14 @@ starts ranks as fresh processes, which is fine). A client inherited through
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import grpc
 
@@ -65,31 +67,29 @@ class _Decoder:
     __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self._last: tuple[bytes, dict[str, str], int, str, bool, str, int | None] | None = None
+        self._last: tuple[bytes, dict[str, str], dict[str, Any]] | None = None
 
     def __call__(self, raw: bytes, step: int | None) -> Config:
         last = self._last
         if last is None or last[0] != raw:
             reply = _Response.FromString(raw)
-            last = self._last = (
-                raw,
-                dict(reply.config_data),
-                reply.version,
-                reply.source,
-                reply.pinned,
-                reply.job,
-                reply.stable_through_step if reply.HasField("stable_through_step") else None,
-            )
-        _, data, version, source, pinned, job, through = last
-        return Config(
-            data,
-            version=version,
-            source=source,
-            step=step,
-            pinned=pinned,
-            job=job,
-            stable_through_step=through,
-        )
+            fields: dict[str, Any] = {
+                "version": reply.version,
+                "source": reply.source,
+                "pinned": reply.pinned,
+                "job": reply.job,
+                "author": reply.author or None,
+                "comment": reply.comment or None,
+            }
+            for name in _OPTIONAL:
+                fields[name] = getattr(reply, name) if reply.HasField(name) else None
+            last = self._last = (raw, dict(reply.config_data), fields)
+        _, data, fields = last
+        return Config(data, step=step, **fields)
+
+
+# Reply fields that are absent when not known (None in the Config).
+_OPTIONAL = ("stable_through_step", "pending_version", "pending_step", "effective_step")
 
 
 class _Prefetcher:
@@ -113,6 +113,11 @@ class _Prefetcher:
     MIN_POLL = 0.0002
     MAX_POLL = 0.05
     AHEAD = 3  # steps fetched ahead of the worker's
+    # With short steps, as many steps as this many seconds: a thread woken late or a round trip
+    # slowed on a loaded machine (2 cores shared: several milliseconds) still finds the next
+    # step fetched; 3 steps of 2 ms left 96.5% from memory at a load of 8, goal 99%.
+    AHEAD_SECONDS = 0.02
+    MAX_AHEAD = 16
 
     def __init__(self, client: ManagerClient) -> None:
         self._client = weakref.ref(client)
@@ -196,9 +201,14 @@ class _Prefetcher:
         return min(self.MAX_POLL, max(self.MIN_POLL, step_time / 8))
 
     def _ahead(self, client: ManagerClient, consumed: int) -> None:
-        """Fetch the next ``AHEAD`` steps not held or on their way: the later ones absorb a slow
-        round trip or a late wake-up (on a loaded machine) without the worker waiting."""
-        for k in range(1, self.AHEAD + 1):
+        """Fetch the next ``AHEAD`` steps not held or on their way (more for short steps: as many
+        as ``AHEAD_SECONDS`` of steps, at most ``MAX_AHEAD``): the later ones absorb a slow round
+        trip or a late wake-up (on a loaded machine) without the worker waiting."""
+        ahead = self.AHEAD
+        step_time = self._step_time
+        if step_time is not None and step_time > 0:
+            ahead = max(ahead, min(self.MAX_AHEAD, math.ceil(self.AHEAD_SECONDS / step_time)))
+        for k in range(1, ahead + 1):
             target = consumed + k * self._stride
             if target not in self.ready and target not in self.in_flight:
                 self._start(client, target)

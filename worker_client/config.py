@@ -20,9 +20,27 @@ class Config(dict[str, str]):
     manager serves ("" when the manager did not say: the fallback of an unreachable one);
     ``stable_through_step``: the step lease the group held for this answer (its config
     is the job's for every step up to it), None without one.
+
+    ``version`` names the config held at the step asked for; a change already known but
+    taking effect at a later step is named apart: ``pending_version`` from ``pending_step``
+    on (None when nothing is pending). ``effective_step``: the first step this config holds
+    for (None: not said, e.g. the fallback); ``author`` and ``comment``: who made the change
+    that took effect there and why (None when not said).
     """
 
-    __slots__ = ("job", "pinned", "source", "stable_through_step", "step", "version")
+    __slots__ = (
+        "author",
+        "comment",
+        "effective_step",
+        "job",
+        "pending_step",
+        "pending_version",
+        "pinned",
+        "source",
+        "stable_through_step",
+        "step",
+        "version",
+    )
 
     def __init__(
         self,
@@ -34,8 +52,18 @@ class Config(dict[str, str]):
         pinned: bool = False,
         job: str = "",
         stable_through_step: int | None = None,
+        pending_version: int | None = None,
+        pending_step: int | None = None,
+        effective_step: int | None = None,
+        author: str | None = None,
+        comment: str | None = None,
     ) -> None:
         super().__init__(data or {})
+        self.pending_version = pending_version
+        self.pending_step = pending_step
+        self.effective_step = effective_step
+        self.author = author
+        self.comment = comment
         self.job = job
         self.stable_through_step = stable_through_step
         self.version = version

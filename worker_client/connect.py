@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from protos.job_ids import JOB_ENV, check_job_id
-from protos.rpc import seconds, split_addresses
+from protos.rpc import LIGHTHOUSE_TOKEN_ENV, LIGHTHOUSE_TOKEN_FILE_ENV, seconds, split_addresses
 from protos.tls import LIGHTHOUSE_TLS_ENVS, TLSConfig, lighthouse_tls_from_env
 from worker_client.changes import ConfigChange
 from worker_client.client import DEFAULT_TIMEOUT, ConfigUnavailable, ManagerClient
@@ -58,6 +58,8 @@ def connect(
     strict: bool = False,
     tls: TLSConfig | None = None,
     on_change: Callable[[ConfigChange], object] | None = None,
+    lighthouse_token: str | None = None,
+    run_id: str | int | None = None,
 ) -> ManagerClient:
     """A ``ManagerClient`` to this replica group's manager, started by group rank 0.
 
@@ -72,6 +74,12 @@ def connect(
     the manager dials a TLS lighthouse (its CA, and a client pair for mutual TLS);
     without it, ``LIGHTHOUSE_CA``, ``LIGHTHOUSE_CERT`` and ``LIGHTHOUSE_KEY`` name the files.
     ``on_change`` is ``ManagerClient``'s (a tracker adapter from ``worker_client.trackers``).
+    ``lighthouse_token`` is the manager's token for a lighthouse with ``--manager-tokens-file``;
+    without it the manager reads ``LIGHTHOUSE_TOKEN`` or ``LIGHTHOUSE_TOKEN_FILE``.
+    ``run_id`` names this run of the training script (e.g. ``TORCHELASTIC_RESTART_COUNT`` when the
+    whole job restarts together): an id the job never had ends its live run and begins a new one
+    at the group's step, so the changes promised to the old run apply from the resume step. Leave it
+    out when groups restart alone (torchft heals them): their run is the job's.
     """
     wait = seconds(timeout, DEFAULT_TIMEOUT)
     deadline = time.monotonic() + wait
@@ -86,7 +94,9 @@ def connect(
     key = store_key(replica_id, job)
     if rank == 0:
         tls = tls if tls is not None else lighthouse_tls_from_env()
-        address = _start_manager(lighthouse, replica_id, job, cache_ttl, tls, deadline)
+        address = _start_manager(
+            lighthouse, replica_id, job, cache_ttl, tls, deadline, lighthouse_token, run_id
+        )
         store.set(key, address)
     else:
         address = _await_address(store, key, deadline)
@@ -152,6 +162,8 @@ def _start_manager(
     cache_ttl: float | None,
     tls: TLSConfig | None,
     deadline: float,
+    token: str | None = None,
+    run_id: str | int | None = None,
 ) -> str:
     """Start ``manager serve`` on a free port as our child and return the address it printed."""
     if tls is not None and tls.ca is None and tls.cert is None:
@@ -162,11 +174,16 @@ def _start_manager(
         args += ["--job", job]
     if cache_ttl is not None:
         args += ["--cache-ttl", str(cache_ttl)]
+    if run_id is not None and str(run_id):
+        args += ["--run-id", str(run_id)]
     if tls is not None:
         args += _lighthouse_tls_args(tls)
     env = dict(os.environ)
     for name in LIGHTHOUSE_TLS_ENVS:  # read into ``tls`` already: the options say it all
         env.pop(name, None)
+    if token:  # in its environment, not its command line (ps shows that)
+        env[LIGHTHOUSE_TOKEN_ENV] = token
+        env.pop(LIGHTHOUSE_TOKEN_FILE_ENV, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_SOURCE_ROOT, env.get("PYTHONPATH")) if p)
     # stderr is inherited: the manager's log lands where rank 0's does.
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)

@@ -137,7 +137,7 @@ class AdminClient:
             versions.extend(answer["versions"])
             following = answer.get("next_before")
             if following is None or len(versions) >= limit:
-                return {"versions": versions[:limit]}
+                return {"versions": versions[:limit], "runs": answer.get("runs", [])}
             query = {"limit": limit - len(versions), "before": following}
 
     def versions_after(self, version: int, limit: int = 100, wait: float = 0.0) -> list[dict[str, Any]]:
@@ -291,6 +291,14 @@ class AdminClient:
     def rollback(self, version: int, comment: str | None = None, dry_run: bool = False) -> dict[str, Any]:
         query = {"comment": comment, "dry_run": 1 if dry_run else None}
         return self._call("POST", f"{self._api}/config/rollback", body={"version": version}, query=query)
+
+    def runs(self) -> dict[str, Any]:
+        """The job's runs, oldest first (``lighthouse runs``)."""
+        return self._call("GET", f"{self._api}/config/runs")
+
+    def end_run(self, comment: str | None = None) -> dict[str, Any]:
+        """End the job's live run (AdminError 409 when none is live)."""
+        return self._call("POST", f"{self._api}/config/runs/end", query={"comment": comment})
 
     def cancel(self, version: int) -> dict[str, Any]:
         return self._call("DELETE", f"{self._api}/config/scheduled/{int(version)}")

@@ -480,6 +480,30 @@ def jobs(ctx: click.Context, client: AdminClient, output: str) -> None:
         emit(output, answer, lambda: admin_tables.jobs(answer))
 
 
+@click.group(invoke_without_command=True)
+@connection_options
+@click.pass_context
+def runs(ctx: click.Context, client: AdminClient, output: str) -> None:
+    """The job's runs: where each began (step, after which version) and how it ended.
+
+    `lighthouse runs end` ends the live one: its step leases end, a change made now applies at
+    once, and the next manager that steps begins the next run at its step.
+    """
+    if ctx.invoked_subcommand is None:
+        answer = client.runs()
+        emit(output, answer, lambda: admin_tables.runs(answer))
+
+
+@runs.command("end")
+@click.option("--comment", default=None, help="Why (kept in the run's record).")
+@connection_options
+def runs_end(client: AdminClient, output: str, comment: str | None) -> None:
+    """End the job's live run (a change token for the job)."""
+    answer = client.end_run(comment)
+    ended = answer["ended"]
+    emit(output, answer, lambda: [f"run {ended['number']} ended at step {ended['end_step']:,}"])
+
+
 @jobs.command("delete")
 @click.argument("name", metavar="JOB")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")

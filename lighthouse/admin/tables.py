@@ -209,6 +209,29 @@ def jobs(answer: dict[str, Any], now: float | None = None) -> list[str]:
     return table(headers, rows)
 
 
+def runs(answer: dict[str, Any], now: float | None = None) -> list[str]:
+    """``lighthouse runs``: one line per run, oldest first."""
+    items = answer["runs"]
+    if not items:
+        return ["(no run yet: no manager reported a step)"]
+    rows: list[list[Cell]] = []
+    for run in items:
+        live = run["ended_at"] is None
+        rows.append(
+            [
+                str(run["number"]),
+                steps(run["start_step"]),
+                f"after v{run['base_version']}",
+                ago(run.get("started_at"), now),
+                Styled("live", fg="green") if live else f"ended {ago(run['ended_at'], now)}",
+                "-" if live else steps(run["end_step"]),
+                run.get("end_reason") or "-",
+                run.get("run_id") or "-",
+            ]
+        )
+    return table(["RUN", "FROM STEP", "BEGAN", "STARTED", "STATE", "LAST STEP", "ENDED BY", "RUN ID"], rows)
+
+
 def scheduled(answer: dict[str, Any], now: float | None = None) -> list[str]:
     """``config scheduled``: every change scheduled at a step, and the groups that switched late."""
     items = answer["scheduled"]
@@ -236,14 +259,19 @@ def scheduled(answer: dict[str, Any], now: float | None = None) -> list[str]:
 
 
 def managers(answer: dict[str, Any]) -> list[str]:
-    """``config managers``: who serves which version; behind and late ones marked."""
+    """``config managers``: who serves which version (with which credential, when the lighthouse
+    asks for one); behind and late ones marked."""
     head = answer.get("version", 0)
     items = answer["managers"]
     with_lighthouse = any("lighthouse" in m for m in items)
     with_mode = any("mode" in m for m in items)
     with_lease = any("lease_through_step" in m for m in items)
-    headers = ["REPLICA", "ADDRESS", "VERSION", "LAST SEEN", "STEP", "REQUESTS", "CACHE HITS"]
-    headers += ["LIGHTHOUSE"] * with_lighthouse + ["MODE"] * with_mode + ["LEASE"] * with_lease + ["STATE"]
+    with_identity = any(m.get("identity") for m in items)  # an open lighthouse: no credential to show
+    with_pending = any(m.get("pending_version") is not None for m in items)
+    headers = ["REPLICA", "ADDRESS", *["IDENTITY"] * with_identity, "VERSION", "LAST SEEN", "STEP"]
+    headers += ["REQUESTS", "CACHE HITS"]
+    headers += ["LIGHTHOUSE"] * with_lighthouse + ["MODE"] * with_mode + ["LEASE"] * with_lease
+    headers += ["PENDING"] * with_pending + ["STATE"]
     rows: list[list[Cell]] = []
     for m in items:
         behind = m.get("behind_versions", head - m["version"])
@@ -256,7 +284,8 @@ def managers(answer: dict[str, Any]) -> list[str]:
         row: list[Cell] = [
             m["replica_id"],
             m.get("address") or "-",
-            str(m["version"]),
+            *([m.get("identity") or "-"] if with_identity else []),
+            str(m.get("live_version") or m["version"]),  # what its workers get at its step
             f"{duration(m['last_seen_s'])} ago",
             steps(m.get("step")),
             f"{m['requests']:,}",
@@ -268,9 +297,15 @@ def managers(answer: dict[str, Any]) -> list[str]:
             row.append(m.get("mode") or "-")
         if with_lease:
             row.append(steps(m.get("lease_through_step")))
+        if with_pending:
+            version, at = m.get("pending_version"), m.get("pending_step")
+            row.append("-" if version is None or at is None else f"v{version} at step {steps(at)}")
         row.append(Styled(", ".join(problems), fg="yellow") if problems else Styled("current", fg="green"))
         rows.append(row)
-    footer = f"live version {head}"
+    footer = f"live version {answer.get('live_version') or head}"
+    pending = answer.get("pending")
+    if pending:
+        footer += f", v{pending['version']} pending from step {steps(pending['effective_step'])}"
     return [*table(headers, rows), "", footer] if rows else ["(no managers)", "", footer]
 
 

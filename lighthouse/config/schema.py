@@ -12,12 +12,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from jsonschema import Draft202012Validator, SchemaError
-from jsonschema.exceptions import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from lighthouse.config.values import ConfigError
+
+if TYPE_CHECKING:  # jsonschema is imported when a schema is first loaded: it costs every start 0.1 s
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import ValidationError
 
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 MAX_VIOLATIONS = 100  # a config of a thousand wrong keys answers with the first hundred
@@ -62,6 +63,8 @@ class Schema:
 
 def load_schema(document: Any, what: str = "schema") -> Schema:
     """Check ``document`` as a draft 2020-12 schema; SchemaInvalid says where it is wrong."""
+    from jsonschema import Draft202012Validator, SchemaError
+
     if not isinstance(document, dict | bool):
         raise SchemaInvalid(f"{what} must be a JSON object (or true/false)")
     declared = document.get("$schema") if isinstance(document, dict) else None

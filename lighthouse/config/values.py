@@ -188,7 +188,10 @@ def type_changes(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str
     """Keys in both configs whose JSON type differs; a key added or deleted is no type change."""
     out = []
     for key, value in after.items():
-        if key in before and value_type(before[key]) != value_type(value):
+        old = before.get(key, value)
+        if old is value or (type(old) is type(value) and old == value):
+            continue  # unchanged (most keys of a big config): its type too
+        if key in before and value_type(old) != value_type(value):
             out.append({"key": key, "before": value_type(before[key]), "after": value_type(value)})
     return out
 
@@ -339,9 +342,14 @@ def apply_change(config: dict[str, Any], op: str, change: dict[str, Any]) -> dic
 def config_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per key ``{"before": .., "after": ..}``; a key added has no "before", one removed no "after"."""
     out: dict[str, dict[str, Any]] = {}
-    sides = (("before", before), ("after", after))
-    for key in [*before, *(k for k in after if k not in before)]:
-        change = {side: config[key] for side, config in sides if key in config}
-        if change.get("before", out) != change.get("after", out):
-            out[key] = change
+    for key, old in before.items():
+        if key not in after:
+            out[key] = {"before": old}
+            continue
+        new = after[key]
+        if new is not old and new != old:  # most keys of a big config are the very same object
+            out[key] = {"before": old, "after": new}
+    for key, new in after.items():
+        if key not in before:
+            out[key] = {"after": new}
     return out

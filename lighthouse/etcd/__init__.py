@@ -3,7 +3,8 @@ clientv3 is: ``types`` and ``errors``, the ``connection`` (failover), ``client``
 ``lease``, ``watch``. Imports nothing of the lighthouse's: the store and the peers build on it."""
 
 from lighthouse.etcd.client import EtcdClient
-from lighthouse.etcd.errors import EtcdError, EtcdUnavailable
+from lighthouse.etcd.connection import EtcdAuth
+from lighthouse.etcd.errors import EtcdAuthFailed, EtcdError, EtcdUnavailable
 from lighthouse.etcd.lease import KeepAlive
 from lighthouse.etcd.types import Compare, Delete, Event, Get, GetResult, KeyValue, Op, Put, TxnResult
 from lighthouse.etcd.watch import WATCH_PROGRESS_INTERVAL, WATCH_SILENCE_TIMEOUT, Watch
@@ -13,6 +14,8 @@ __all__ = [
     "WATCH_SILENCE_TIMEOUT",
     "Compare",
     "Delete",
+    "EtcdAuth",
+    "EtcdAuthFailed",
     "EtcdClient",
     "EtcdError",
     "EtcdUnavailable",

@@ -3,7 +3,10 @@
 Failover: every call goes to the current endpoint; when it fails with
 UNAVAILABLE or DEADLINE_EXCEEDED (or takes longer than ``attempt_timeout``) the
 client moves to the next endpoint and retries until the call's deadline, then
-raises ``EtcdUnavailable``. A retried
+raises ``EtcdUnavailable``. With ``auth`` (etcd RBAC) every call carries the token
+``Auth.Authenticate`` returned in its ``token`` metadata; when etcd no longer knows
+the token (it expired, or etcd restarted) the client logs in again once and retries.
+A retried
 write may have been applied by the first attempt: put and delete are
 idempotent, and a transaction's compare must let its caller recognise its own
 earlier success (the failure branch can read the head it compared).
@@ -15,14 +18,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Self, TypeVar
 
 import grpc
 
-from lighthouse.etcd.errors import EtcdError, EtcdUnavailable
-from protos.etcd import rpc_pb2_grpc
+from lighthouse.etcd.errors import EtcdAuthFailed, EtcdError, EtcdUnavailable
+from protos.etcd import rpc_pb2, rpc_pb2_grpc
 from protos.rpc import (
     KEEPALIVE_OPTIONS,
     RECONNECT_OPTIONS,
@@ -62,6 +65,65 @@ _FAILOVER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDE
 # e.g. waiting for a quorum, with the Go context's error and code UNKNOWN.
 _FAILOVER_DETAILS = ("context deadline exceeded", "context canceled")
 RETRY_PAUSE = 0.05
+# What etcd answers a call whose token it does not know (expired, or issued before a restart)
+# or whose token predates a change of users or roles: log in again and retry.
+_STALE_TOKEN_DETAILS = ("invalid auth token", "revision of auth store is old")
+_AUTHENTICATE = "/etcdserverpb.Auth/Authenticate"
+
+
+@dataclass(frozen=True)
+class EtcdAuth:
+    """An etcd user and its password (never a command-line value: an env variable or a file)."""
+
+    user: str
+    password: str = field(repr=False)
+
+
+def stale_token(details: str, watch: bool = False) -> bool:
+    """etcd refused a call for its token (log in again), not for its content; etcd 3.4 cancels a
+    watch whose token it does not know as "permission denied"."""
+    texts = (*_STALE_TOKEN_DETAILS, "permission denied") if watch else _STALE_TOKEN_DETAILS
+    return any(text in details for text in texts)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, base: grpc.ClientCallDetails, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
+        self.method = base.method
+        self.timeout = base.timeout
+        self.metadata = metadata
+        self.credentials = base.credentials
+        self.wait_for_ready = getattr(base, "wait_for_ready", None)
+        self.compression = getattr(base, "compression", None)
+
+
+class _TokenMetadata(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds the current token to every call but the login itself."""
+
+    def __init__(self, token: Callable[[], str | None]) -> None:
+        self._token = token
+
+    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        token = self._token()
+        if token is None or details.method == _AUTHENTICATE:
+            return details
+        return _CallDetails(details, (*(details.metadata or ()), ("token", token)))
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
 
 
 @dataclass
@@ -71,6 +133,7 @@ class Stubs:
     watch: Any
     lease: Any
     maintenance: Any
+    auth: Any
 
 
 def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
@@ -89,11 +152,15 @@ class Connection:
         timeout: timedelta | float = DEFAULT_TIMEOUT,
         attempt_timeout: timedelta | float = DEFAULT_ATTEMPT_TIMEOUT,
         tls: TLSConfig | None = None,
+        auth: EtcdAuth | None = None,
     ) -> None:
         self.endpoints = parse_endpoints(endpoints)
         self.timeout = seconds(timeout, DEFAULT_TIMEOUT)
         self.attempt_timeout = seconds(attempt_timeout, DEFAULT_ATTEMPT_TIMEOUT)
         self._tls = tls
+        self._auth = auth
+        self._token: str | None = None
+        self._login_lock = threading.Lock()
         self._lock = threading.Lock()
         self._stubs: dict[int, Stubs] = {}
         self._current = 0
@@ -114,12 +181,16 @@ class Connection:
                         self._tls.channel_credentials(),
                         options=[*_CHANNEL_OPTIONS, *self._tls.channel_options()],
                     )
+                calls = channel
+                if self._auth is not None:
+                    calls = grpc.intercept_channel(channel, _TokenMetadata(lambda: self._token))
                 stubs = Stubs(
                     channel,
-                    rpc_pb2_grpc.KVStub(channel),
-                    rpc_pb2_grpc.WatchStub(channel),
-                    rpc_pb2_grpc.LeaseStub(channel),
-                    rpc_pb2_grpc.MaintenanceStub(channel),
+                    rpc_pb2_grpc.KVStub(calls),
+                    rpc_pb2_grpc.WatchStub(calls),
+                    rpc_pb2_grpc.LeaseStub(calls),
+                    rpc_pb2_grpc.MaintenanceStub(calls),
+                    rpc_pb2_grpc.AuthStub(calls),
                 )
                 self._stubs[index] = stubs
             return stubs
@@ -135,8 +206,52 @@ class Connection:
                 self._current = (failed + 1) % len(self.endpoints)
             return self._current
 
-    def _call(self, fn: Callable[[Stubs, float], T], timeout: timedelta | float | None) -> T:
-        """Run ``fn(stubs, attempt_timeout)`` on the current endpoint, failing over until the deadline."""
+    def login(self, stale: str | None = None, *, timeout: timedelta | float | None = None) -> None:
+        """Get a token for ``auth`` (EtcdAuthFailed for a wrong user or password); with ``stale``, the
+        token etcd refused, only if no other thread replaced it meanwhile."""
+        if self._auth is None:
+            return
+        with self._login_lock:
+            if stale is not None and self._token != stale:
+                return
+            request = rpc_pb2.AuthenticateRequest(name=self._auth.user, password=self._auth.password)
+            try:
+                reply = self._call(lambda s, t: s.auth.Authenticate(request, timeout=t), timeout, login=False)
+            except EtcdError as exc:
+                refused = f"login as {self._auth.user!r} refused: {exc.details}"
+                raise EtcdAuthFailed(exc.code, refused) from None
+            self._token = reply.token
+            log.debug("logged in to etcd as %r", self._auth.user)
+
+    def relogin_if_stale(self, details: str, watch: bool = False) -> bool:
+        """After a stream ended with ``details``: log in again if etcd refused the token."""
+        if self._auth is None or not stale_token(details, watch):
+            return False
+        try:
+            self.login(self._token)
+        except (EtcdError, EtcdUnavailable) as exc:
+            log.warning("etcd login failed: %s", exc)
+        return True
+
+    def _call(
+        self, fn: Callable[[Stubs, float], T], timeout: timedelta | float | None, *, login: bool = True
+    ) -> T:
+        """Run ``fn(stubs, attempt_timeout)`` on the current endpoint, failing over until the deadline;
+        a refused token gets one new login and one retry."""
+        if not login or self._auth is None:
+            return self._attempts(fn, timeout)
+        if self._token is None:
+            self.login(None, timeout=timeout)
+        token = self._token
+        try:
+            return self._attempts(fn, timeout)
+        except EtcdError as exc:
+            if not stale_token(exc.details):
+                raise
+        self.login(token, timeout=timeout)
+        return self._attempts(fn, timeout)
+
+    def _attempts(self, fn: Callable[[Stubs, float], T], timeout: timedelta | float | None) -> T:
         budget = seconds(timeout, self.timeout)
         deadline = time.monotonic() + budget
         index = self._current_index()

@@ -17,3 +17,7 @@ class EtcdError(Exception):
         super().__init__(f"etcd: {details} ({code.name})")
         self.code = code
         self.details = details
+
+
+class EtcdAuthFailed(EtcdError):
+    """etcd refused the user name or password (``Auth.Authenticate``)."""

@@ -135,8 +135,11 @@ class Watch:
                 reason = f"nothing heard for {WATCH_SILENCE_TIMEOUT:g}s"
             if reason == "compacted":
                 continue  # same endpoint, from the revision the reload returned
-            log.info("etcd watch on %s lost (%s); reconnecting", self._client.endpoints[index], reason)
-            self._client._move_on(index)
+            # A token etcd no longer knows (expired, or etcd restarted) refuses the watch's creation
+            # (etcd 3.4 says "permission denied"): log in again and retry on the same endpoint.
+            if not self._client.relogin_if_stale(reason, watch=True):
+                log.info("etcd watch on %s lost (%s); reconnecting", self._client.endpoints[index], reason)
+                self._client._move_on(index)
             # Back off only while no stream gets established (every endpoint down or leaderless).
             backoff = RETRY_PAUSE if established else min(backoff * 2, _WATCH_BACKOFF_MAX)
             self._stream.stopped.wait(backoff)

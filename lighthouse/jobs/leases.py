@@ -14,7 +14,8 @@ it does not know of. Its own promises it knows exactly, so its changes take effe
 
     E = max(highest horizon promised in this life, floor, job step) + 1
 
-(and at once, as before leases, while the job was never promised a step).
+(and at once, as before leases, while the job was never promised a step), and never below a
+pending change made now (``ConfigStore._now_step``): acknowledged order is effective order.
 
 Lease length, per job: ``L = max(min_steps, ceil(rate * seconds)) + extra_steps``, where
 ``rate`` is the job's step rate (steps per second of its fastest group, measured from the steps
@@ -58,6 +59,9 @@ class LeasePolicy:
     # after a restart, or when made through another lighthouse, a change waits up to this much
     # longer. None: 10 s on a store with one writer (only a restart pays), 1 s on a shared one.
     ceiling_ahead: float | None = None
+    # Seconds without a step from any manager before a job's run ends, at least (``runs``): a
+    # pause shorter than this (an evaluation, a checkpoint save) keeps the run and its leases.
+    run_end_after: float = 5.0
 
     def for_store(self, shared: bool) -> LeasePolicy:
         """This policy with the ceiling's lead decided for a store (shared by lighthouses or not)."""
@@ -68,6 +72,22 @@ class LeasePolicy:
     def length(self, rate: float, seconds: float) -> int:
         """Steps a lease lasts at ``rate`` steps/s for a manager renewing every ``seconds``."""
         return max(self.min_steps, math.ceil(rate * (seconds or self.default_seconds))) + self.extra_steps
+
+
+class LeaseGate:
+    """Whether this lighthouse may grant step leases, for all its jobs.
+
+    Not while a lighthouse that does not honour them is live on the same store (an earlier
+    release: ``peers.features`` decides): its changes apply at once, inside any promise.
+    """
+
+    def __init__(self) -> None:
+        self.suspended_by: tuple[str, ...] = ()  # those lighthouses' addresses
+        self.runs_suspended_by: tuple[str, ...] = ()  # live lighthouses that know no runs: none begins
+
+    @property
+    def suspended(self) -> bool:
+        return bool(self.suspended_by)
 
 
 @dataclass(frozen=True)
@@ -97,8 +117,10 @@ class LeaseBook(Generic[T]):
         view: int = 0,
         floor_grantable: bool,
         request_ceiling: Callable[[LeaseBook[T]], None] = lambda book: None,
+        gate: LeaseGate | None = None,
     ) -> None:
         self.policy = policy
+        self.gate = gate or LeaseGate()
         self._cond = threading.Condition(threading.Lock())
         self._served: T | None = None
         self._served_version = 0
@@ -129,19 +151,29 @@ class LeaseBook(Generic[T]):
     def served_version(self) -> int:
         return self._served_version
 
+    @property
+    def promisable(self) -> int:
+        """The highest step this lighthouse may promise without another ceiling write."""
+        return max(self.stored, self.floor) if self._floor_grantable else self.stored
+
     def grant(self, step: int, seconds: float, wait: float = 0.0) -> tuple[T, int]:
         """The served snapshot and the horizon promised with it to a group at ``step``.
 
         NO_LEASE when no promise can cover ``step`` within ``wait`` seconds (the ceiling is not
-        stored yet, or a commit is under way and the group is past every promise).
+        stored yet, or a commit is under way and the group is past every promise), and while
+        the gate suspends leases.
         """
+        if self.gate.suspended:
+            with self._cond:
+                assert self._served is not None, "publish() before grant()"
+                return self._served, NO_LEASE
         length = self.policy.length(self.rate, seconds)
         want = step + length
         deadline = time.monotonic() + wait
         request = False
         while True:
             with self._cond:
-                limit = max(self.stored, self.floor) if self._floor_grantable else self.stored
+                limit = self.promisable
                 if self._frozen is not None:
                     limit = min(limit, self._frozen)
                 headroom = length + math.ceil(self.rate * (self.policy.ceiling_ahead or 0.0))
@@ -168,6 +200,8 @@ class LeaseBook(Generic[T]):
     def prepare(self, step: int, seconds: float) -> None:
         """A manager without steps yet (it just started): store a ceiling covering its first lease
         now, so that its workers' first steps do not wait for a store write."""
+        if self.gate.suspended:  # no promise to cover: grants wait for the gate to open
+            return
         want = max(step, 0) + self.policy.length(self.rate, seconds)
         with self._cond:
             headroom = want - max(step, 0) + math.ceil(self.rate * (self.policy.ceiling_ahead or 0.0))
@@ -194,17 +228,20 @@ class LeaseBook(Generic[T]):
         """Start a commit: no grant goes past today's horizon until ``thaw``; where a change made
         now takes effect."""
         with self._cond:
-            horizon = max(self.granted, self.floor)
-            self._frozen = horizon
-            now_step = None if horizon == NO_LEASE else max(horizon, job_step) + 1
-            return CommitWindow(horizon, now_step, self.view)
+            self._frozen = max(self.granted, self.floor)
+            return self._window(job_step)
 
     def window(self, job_step: int) -> CommitWindow:
         """Like ``freeze`` without freezing (a dry run)."""
         with self._cond:
-            horizon = max(self.granted, self.floor)
-            now_step = None if horizon == NO_LEASE else max(horizon, job_step) + 1
-            return CommitWindow(horizon, now_step, self.view)
+            return self._window(job_step)
+
+    def _window(self, job_step: int) -> CommitWindow:
+        """At once while nothing is promised: never promised, or leases suspended and every
+        promise passed (as the lighthouses that suspend them commit)."""
+        horizon = max(self.granted, self.floor)
+        at_once = horizon == NO_LEASE or (self.gate.suspended and job_step > horizon)
+        return CommitWindow(horizon, None if at_once else max(horizon, job_step) + 1, self.view)
 
     def thaw(self) -> None:
         """The commit is over (its snapshot published, or it failed): grants go on."""
@@ -213,11 +250,22 @@ class LeaseBook(Generic[T]):
             self._cond.notify_all()
 
     # ------------------------------------------------------------ ceilings
+    def new_run(self) -> None:
+        """A run ended or began: every promise was to the run before (see ``runs``), none holds now."""
+        with self._cond:
+            self.granted = self.floor = self.stored = self.wanted = NO_LEASE
+            self._cond.notify_all()
+
     def ceiling_stored(self, ceiling: int) -> None:
         with self._cond:
             self.ceiling_writes += 1
             if ceiling > self.stored:
                 self.stored = ceiling
+            if not self._floor_grantable:
+                # The shared floor key holds it now: every lighthouse on the store, this one too once
+                # it reads the job again, counts it as promised. Counted at once, the horizon never
+                # jumps later (after leases were suspended and their promises seemed passed).
+                self.floor = max(self.floor, ceiling)
             self._cond.notify_all()
 
     def raise_floor(self, ceiling: int, view: int) -> None:
@@ -253,6 +301,8 @@ class CeilingWriter:
         self._queue: dict[JobId, LeaseBook[object]] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        # Jobs whose last ceiling write failed, and why (until one is stored).
+        self.failing: dict[JobId, str] = {}
         self._thread = threading.Thread(target=self._run, name="lease-ceilings", daemon=True)
         self._thread.start()
 
@@ -281,13 +331,16 @@ class CeilingWriter:
                 except self._unavailable as exc:
                     logger.warning("job %s: step-lease ceiling not stored yet: %s", job, exc)
                     self.request(job, book)
+                    self.failing[job] = str(exc)
                     failed = True
                     continue
-                except Exception:
+                except Exception as exc:
                     logger.exception("job %s: storing the step-lease ceiling failed", job)
                     self.request(job, book)
+                    self.failing[job] = str(exc)
                     failed = True
                     continue
+                self.failing.pop(job, None)
                 book.ceiling_stored(ceiling)
             pause = min(pause * 2, self.BACKOFF_MAX) if failed else self.PAUSE
             self._stopping.wait(pause)

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from lighthouse.config.files import FileContent
-from lighthouse.jobs.leases import CeilingWriter, LeaseBook, LeasePolicy
-from lighthouse.jobs.state import LighthouseState
+from lighthouse.jobs.leases import CeilingWriter, LeaseBook, LeaseGate, LeasePolicy
+from lighthouse.jobs.runs import same_run, unpack
+from lighthouse.jobs.state import LighthouseState, ManagerLimits
 from lighthouse.jobs.versions import ConfigStore, NotFound
 from lighthouse.store.backend import HeadMoved, SharedBackend, StoreBackend, StoreUnavailable
 from protos.job_ids import DEFAULT_JOB, JobId
@@ -48,11 +49,14 @@ class JobRegistry:
         default_schema_path: Path | None = None,
         strict: bool = False,
         lease_policy: LeasePolicy | None = None,
+        manager_limits: ManagerLimits | None = None,
     ) -> None:
         self.backend = backend
+        self._manager_limits = manager_limits or ManagerLimits()
         self._history_limit = history_limit
         self._lease_policy = lease_policy or LeasePolicy()
         self.owner = uuid.uuid4().hex  # this lighthouse life, owner of its step-lease ceilings
+        self.lease_gate = LeaseGate()  # shut while an earlier release shares the store (peers.features)
         self._ceilings = CeilingWriter(
             self._save_ceiling, retry=(HeadMoved,), unavailable=(StoreUnavailable,)
         )
@@ -99,7 +103,9 @@ class JobRegistry:
         """A lighthouse stored a step-lease ceiling of ``job``: another one's bounds our changes."""
         state = self._states.get(job)
         if state is not None and key != self.backend.lease_ceiling_key(self.owner):
-            state.store.leases.raise_floor(ceiling, revision)
+            run, step = unpack(ceiling)
+            if same_run(run, state.store.runs.number):  # another run's promises ended with it
+                state.store.leases.raise_floor(step, revision)
 
     def _save_ceiling(self, job: JobId, ceiling: int, served_version: int) -> None:
         state = self._states.get(job)
@@ -123,8 +129,10 @@ class JobRegistry:
             owner=self.owner,
             lease_policy=self._lease_policy,
             request_ceiling=partial(self._request_ceiling, job),
+            lease_gate=self.lease_gate,
         )
         state = LighthouseState(store, config_path, strict=strict, schema_path=schema_path)
+        state.limits = self._manager_limits
         self._attach(state)
         return state
 
@@ -257,6 +265,24 @@ class JobRegistry:
             "stalled": stall is not None,
             "stall_reason": stall,
         }
+
+    def check_runs(self) -> None:
+        """End the runs whose managers are all gone (the health loop, every second)."""
+        for state in self.states():
+            try:
+                state.check_run()
+            except Exception:  # a store that cannot write now: the next look tries again
+                logger.exception("job %s: ending its run failed", state.job)
+
+    def unpromised(self) -> dict[JobId, str]:
+        """Jobs whose groups step past every promise this lighthouse can make, as their step-lease
+        ceiling cannot be stored (and why): their workers get no config for those steps."""
+        stuck = {}
+        for job, why in list(self._ceilings.failing.items()):
+            state = self._states.get(job)
+            if state is not None and state.store.leases.promisable < state.store.current_step:
+                stuck[job] = why
+        return stuck
 
     def close(self) -> None:
         self._ceilings.stop()

@@ -12,8 +12,10 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +30,28 @@ from lighthouse.config.values import (
 )
 from lighthouse.jobs.guards import JobGuards
 from lighthouse.jobs.leases import NO_LEASE
+from lighthouse.jobs.runs import STEP_BITS, Run
 from lighthouse.jobs.schema_check import JobSchema
 from lighthouse.jobs.series import JobSeries
 from lighthouse.jobs.stall import Progress
 from lighthouse.jobs.timeline import live_version
-from lighthouse.jobs.versions import ConfigStore, Edit, Plan, Segment
+from lighthouse.jobs.versions import ConfigStore, Edit, Plan, Segment, first_segment
 from protos import lighthouse_config_pb2 as pb
+from protos.limits import SEGMENT_AUTHOR_CHARS, SEGMENT_COMMENT_CHARS
 from protos.rpc import MAX_REPLY_BYTES, varint_field
 
 logger = logging.getLogger(__name__)
 
-MAX_STEP_LEAP = 1_000_000  # steps between two reports of one manager that count at once
+MAX_STEP_LEAP = 1_000_000  # steps ahead a worker may ask a lease for (``lease_from_step``)
+# What one report may do to the job's step (``plausible_step``): STEP_SLACK steps beyond the
+# job's step or the group's last accepted step, plus what its rate makes plausible since then.
+STEP_SLACK = 64
+RATE_FACTOR = 4.0
+# The rate assumed for a group whose rate is not measured yet, or is lower: a manager that reports
+# once a second for a job of 100 steps/s leaps 100 steps per report before any rate is known, and
+# must not be ignored (its job step would stall, and its leases with it); a step of 10^15 still is.
+RATE_FLOOR = 1000.0
+IGNORED_LOG_EVERY = 10.0  # seconds between two log lines about ignored reports, per job
 # A group's step rate is measured over at least this many seconds of its reports: two reports
 # close together (a renewal right after a fetch) would give a rate far off.
 RATE_WINDOW = 0.25
@@ -49,8 +62,25 @@ RATE_WINDOW = 0.25
 RATE_SMOOTHING = 0.3
 REPLY_HEADROOM = 4096  # bytes of a reply besides its configs (ids, steps, lease, keep-alive)
 PAST_LEASE_SHOWN = 30.0  # seconds a group that served steps past its lease stays marked so
+# A run ends when every manager of the job has been gone, or has not stepped, for longer than
+# RUN_END_TTLS x its lease's seconds (its cache TTL) + RUN_END_MARGIN: a manager's own lease lapses
+# after one TTL without a step (it renews before serving the next), so none serves past the end.
+RUN_END_TTLS = 2.0
+RUN_END_MARGIN = 0.5
+RUN_STEP_LIMIT = (1 << STEP_BITS) - 1  # a run may begin at any step below
 _CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
 _STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
+
+
+@dataclass(frozen=True)
+class ManagerLimits:
+    """How many manager records a job keeps, and how long: a flood of made-up replica ids must not
+    grow the lighthouse."""
+
+    max_managers: int = 1024
+    """Records per job; a new one past it evicts the oldest-unseen without a stream (``--max-managers``)."""
+    record_ttl: float = 3600.0
+    """Seconds a manager unseen (and without a push stream) stays listed (``--manager-record-ttl``)."""
 
 
 @dataclass
@@ -59,7 +89,9 @@ class ManagerRecord:
 
     replica_id: str
     address: str = ""
-    version: int = 0
+    version: int = 0  # the newest version it holds
+    live_version: int = 0  # the version its workers get at its step (0: not said, an older manager)
+    pending: tuple[int, int] | None = None  # (version, step) of the change pending after its step
     requests: int = 0
     cache_hits: int = 0
     step: int = -1
@@ -73,12 +105,20 @@ class ManagerRecord:
     rate_anchor: tuple[int, float] = (-1, 0.0)  # (step, time) the rate is measured from
     streams: int = 0  # its open push streams to this lighthouse (0: it polls)
     ttl: float = 0.0  # the cache TTL it asks leases for: how often a polling manager is heard from
+    accepted: tuple[int, float] = (-1, 0.0)  # (step, time) of its last report that counted
+    moved_at: float = float("-inf")  # when a report of it last moved its step (it trains in the run)
+    trained: bool = False  # a step it reported counted (plausible_step): its metrics count
+    identity: str = ""  # the credential it called with ("" on an open lighthouse)
 
     def to_json(self, now: float, head: int) -> dict[str, Any]:
         return {
             "replica_id": self.replica_id,
             "address": self.address,
-            "version": self.version,
+            "version": self.version,  # the newest it holds (ahead of live_version while one is pending)
+            # What its workers get at its step (tables name this one), and the change pending after it.
+            "live_version": self.live_version or self.version,
+            "pending_version": None if self.pending is None else self.pending[0],
+            "pending_step": None if self.pending is None else self.pending[1],
             # pushed to: the open stream is its liveness (it reports only when something changed)
             "last_seen_s": 0 if self.streams else round(now - self.last_seen, 3),
             "mode": "push" if self.streams else "poll",
@@ -91,11 +131,29 @@ class ManagerRecord:
             "past_lease": self.past_lease or now - self.past_lease_at < PAST_LEASE_SHOWN,
             "steps_past_lease": self.steps_past_lease,
             "ttl_s": self.ttl,
+            "identity": self.identity,
         }
 
 
+def plausible_step(step: int, job_step: int, last_accepted: int, rate: float, elapsed: float) -> bool:
+    """Whether a group's reported ``step`` may move the job's step (which orders every change).
+
+    At most ``STEP_SLACK + max(rate, RATE_FLOOR) * elapsed * RATE_FACTOR`` beyond the higher of
+    the job's step and the group's last accepted step (``rate``: the group's, else the job's;
+    ``elapsed``: seconds since that accepted report, or for a group never accepted since any
+    group's last). A job that never stepped takes its first step as reported.
+    """
+    if step < 0:
+        return False
+    if job_step < 0:
+        return True
+    base = max(job_step, last_accepted)
+    allowance = STEP_SLACK + max(rate, RATE_FLOOR) * elapsed * RATE_FACTOR
+    return step <= base + allowance
+
+
 @dataclass(frozen=True, eq=False)
-class Snapshot:
+class ServedReplies:
     """The GetConfig replies for one (version, current segment), serialized once."""
 
     version: int
@@ -105,15 +163,20 @@ class Snapshot:
     not_modified_reply: bytes
     instance_id: str = ""
     state_id: str = ""
+    # The first step the full reply covers (-1: all of them, from step 0).
+    full_from: int = -1
     _from: dict[int, bytes] = field(default_factory=dict, repr=False)  # reply_from's, by segment
 
     def reply_from(self, step: int) -> bytes:
         """The reply for a group at ``step``: only the segments from the one holding ``step`` on, so
         its size does not grow with the history (a group never needs a step below the one it
-        reports: those it served are pinned). Serialized once per first segment."""
-        if step < 0 or len(self.segments) < 2 or step < self.segments[1].from_step:
+        reports: those it served are pinned). Serialized once per first segment. No step (-1):
+        the full reply, from the job's step on."""
+        if step < 0 or len(self.segments) < 2:
             return self.full_reply
-        first = first_segment(self.segments, step)
+        first = max(0, bisect.bisect_right(self._starts, step) - 1)  # first_segment, held starts
+        if self.segments[first].from_step == max(self.full_from, 0):
+            return self.full_reply
         cached = self._from.get(first)
         if cached is None:
             reply = config_reply(self.config, self.segments[first:], self.version)
@@ -121,10 +184,10 @@ class Snapshot:
             cached = self._from[first] = reply.SerializeToString()
         return cached
 
-
-def first_segment(segments: tuple[Segment, ...], step: int) -> int:
-    """Index of the segment that holds ``step`` (the first from step 0)."""
-    return max(0, bisect.bisect_right([s.from_step for s in segments], step) - 1)
+    @cached_property
+    def _starts(self) -> list[int]:
+        """Each segment's first step, listed once per snapshot: a long history holds thousands."""
+        return [seg.from_step for seg in self.segments]
 
 
 def config_reply(
@@ -133,8 +196,37 @@ def config_reply(
     """A reply with ``live`` and ``segments`` (the ones a receiver can still use)."""
     reply = pb.LighthouseConfigResponse(config_data=live, version=version)
     for seg in segments:
-        reply.segments.add(from_step=seg.from_step, config_data=encode_config(seg.config))
+        reply.segments.add(
+            from_step=seg.from_step,
+            config_data=_encoded(seg.config),
+            version=seg.version,
+            author="" if seg.author == "-" else seg.author[:SEGMENT_AUTHOR_CHARS],  # "-": not known
+            comment=seg.comment[:SEGMENT_COMMENT_CHARS],
+        )
     return reply
+
+
+_ENCODED: OrderedDict[int, tuple[dict[str, Any], dict[str, str]]] = OrderedDict()
+_ENCODED_KEPT = 8  # a commit's few segments from the job's step on; big configs: keep few
+_encoded_lock = threading.Lock()
+
+
+def _encoded(config: dict[str, Any]) -> dict[str, str]:
+    """``encode_config`` of a segment's config, remembered for the segments recently encoded: a
+    commit checks its reply's size and then builds it, and each reply from a step encodes the
+    segments from it on again; a segment's config dict is never changed once made (the store
+    remembers its segments), and the entry keeps it alive, so its id names it."""
+    with _encoded_lock:
+        hit = _ENCODED.get(id(config))
+        if hit is not None and hit[0] is config:
+            _ENCODED.move_to_end(id(config))
+            return hit[1]
+    encoded = encode_config(config)
+    with _encoded_lock:
+        _ENCODED[id(config)] = (config, encoded)
+        while len(_ENCODED) > _ENCODED_KEPT:
+            _ENCODED.popitem(last=False)
+    return encoded
 
 
 class LighthouseState:
@@ -152,7 +244,7 @@ class LighthouseState:
         self.file_error: str | None = None
         self.schema = JobSchema(store, schema_path)  # checks every commit below
         self.series = JobSeries(self.job)  # what the job's ranks report (ManagerClient.report)
-        if store.backend.shared:
+        if store.shared:
             self.series.share()  # other lighthouses take what this one's managers send (peer_series)
         # Changes that roll themselves back when a metric regresses, as a change made here.
         self.guards = JobGuards(store, self.series, self._revert_change)
@@ -162,7 +254,13 @@ class LighthouseState:
         self._get_config_count = itertools.count(1)  # next() is atomic: no call lost across threads
         self._heartbeat_count = itertools.count(1)
         self._lock = threading.Lock()
+        self._accepted_at = time.monotonic()  # when a group's reported step was last accepted
+        self._started_at = self._accepted_at  # a live run with no manager heard of is gone from here
+        self._run_began_at = float("-inf")  # when this lighthouse began the live run
         self._managers: dict[str, ManagerRecord] = {}
+        self.limits = ManagerLimits()  # set by the job registry
+        self._ignored_steps = 0
+        self._ignored_logged = float("-inf")
         # Managers of this job that talk to other lighthouses on the same store (None: no peers),
         # and this lighthouse's name for its own managers in the merged table.
         self.peers: Callable[[], list[dict[str, Any]]] | None = None
@@ -188,28 +286,40 @@ class LighthouseState:
 
     # ------------------------------------------------------------ serving
     @property
-    def snapshot(self) -> Snapshot:
+    def snapshot(self) -> ServedReplies:
         return self._snapshot
 
-    def _build_snapshot(self) -> Snapshot:
+    def _build_snapshot(self) -> ServedReplies:
+        """The replies for the head. The full one (for a manager that reports no step yet) carries
+        the segments from the one holding the job's step on: none below it is served by a manager
+        without a step, and a group behind the job reports its step, and gets its own reply
+        (``reply_from``). So no reply grows with the history, and a commit encodes only those."""
         store = self.store
         version = store.head
         segments = tuple(store.segments(version))
-        live = encode_config(store.resolve(version, max(store.current_step, 0)))
-        scheduled = len(segments) > 1 or encode_config(segments[0].config) != live
-        reply = config_reply(live, segments if scheduled else (), version)
-        reply.instance_id, reply.state_id = self.instance_id, store.state_id
+        job_step = max(store.current_step, 0)
+        live = encode_config(store.resolve(version, job_step))
+        first = first_segment(segments, job_step)
+        used = segments[first:]
+        # One segment that names a version other than the head (the head cancelled a change not
+        # yet in effect), or who made it and why: sent too, so that what is served is named.
+        named = used[0].version not in (0, version) or used[0].author not in ("", "-") or used[0].comment
+        scheduled = len(used) > 1 or encode_config(used[0].config) != live or bool(named)
+        reply = config_reply(live, used if scheduled else (), version)
+        state_id = store.served_state_id
+        reply.instance_id, reply.state_id = self.instance_id, state_id
         not_modified = pb.LighthouseConfigResponse(
-            version=version, not_modified=True, instance_id=self.instance_id, state_id=store.state_id
+            version=version, not_modified=True, instance_id=self.instance_id, state_id=state_id
         )
-        return Snapshot(
+        return ServedReplies(
             version,
             live,
             segments,
             reply.SerializeToString(),
             not_modified.SerializeToString(),
             self.instance_id,
-            store.state_id,
+            state_id,
+            full_from=used[0].from_step if first else -1,
         )
 
     def refresh(self) -> None:
@@ -237,7 +347,9 @@ class LighthouseState:
         with self._served_changed:
             return self._served_changed.wait_for(lambda: self.store.head > after, timeout)
 
-    def receive(self, request: pb.LighthouseConfigRequest, peer: str, stream: bool = False) -> int:
+    def receive(
+        self, request: pb.LighthouseConfigRequest, peer: str, stream: bool = False, identity: str = ""
+    ) -> int:
         """Take in a fetch (a GetConfig call, or a request on a push stream): count it, record the
         manager's status; the step a lease should cover (-1: none, no step reported)."""
         if stream:
@@ -246,7 +358,8 @@ class LighthouseState:
             self.get_config_calls = next(self._get_config_count)
         if not request.HasField("status"):
             return -1
-        step = self.observe(request.status, peer, fetch=True)
+        asked = request.lease_from_step if request.HasField("lease_from_step") else -1
+        step = self.observe(request.status, peer, fetch=True, identity=identity, wanted=asked)
         if request.lease_seconds > 0:
             with self._lock:
                 record = self._managers.get(request.status.replica_id or peer)
@@ -277,17 +390,26 @@ class LighthouseState:
         ``step`` (-1: none), and the version it carries. None when that lease needs a wait (the
         job's first ceiling write, a commit under way) and ``wait`` is 0: an event loop asks again
         from a thread."""
-        if step >= 0:
+        if step >= 0 and not self.store.runs.between:  # no run is live: nothing to promise to
             snap, horizon = self.store.leases.grant(step, request.lease_seconds, wait)
-            if horizon == NO_LEASE and wait == 0.0:
-                return None
+            if horizon == NO_LEASE and wait == 0.0 and not self.store.leases.gate.suspended:
+                return None  # suspended: no wait brings a lease
             self._note_lease(request.status.replica_id or peer, horizon)
         else:
             snap, horizon = self._snapshot, NO_LEASE
-        if known_version == snap.version and known_state_id == self.store.state_id:
+        # From the lowest step the manager may still serve from it: its step or the lease's.
+        steps = [s for s in (request.status.step if request.HasField("status") else -1, step) if s >= 0]
+        lowest = min(steps, default=-1)
+        # A manager that holds this version from a stepless reply (segments from the job's step on)
+        # and now serves a lower step (a group restarted behind the job) gets the segments it lacks.
+        below_full = 0 <= lowest < snap.full_from
+        if known_version == snap.version and known_state_id == snap.state_id and not below_full:
             body = snap.not_modified_reply
         else:
-            body = snap.reply_from(request.status.step if request.HasField("status") else -1)
+            body = snap.reply_from(lowest)
+        if horizon == NO_LEASE and self.store.leases.gate.suspended:
+            # Answered as a release without leases does: the manager serves by its TTL, no fallback.
+            return body + self._step_field, snap.version
         return body + self._step_field + varint_field(_STABLE_THROUGH, horizon), snap.version
 
     def watched(self, replica_id: str, opened: int, version: int | None = None) -> None:
@@ -311,42 +433,75 @@ class LighthouseState:
     def count_heartbeat(self) -> None:
         self.heartbeat_calls = next(self._heartbeat_count)
 
-    def observe(self, status: pb.ManagerStatus, peer: str, fetch: bool = False) -> int:
+    def observe(
+        self, status: pb.ManagerStatus, peer: str, fetch: bool = False, identity: str = "", wanted: int = -1
+    ) -> int:
         """Record a manager's status (from a heartbeat or riding on a fetch); returns its step when
-        plausible (a step lease may cover it), else -1."""
+        plausible (a step lease may cover it), else -1. ``wanted``: a step its workers wait for.
+
+        A run id the job never had ends the live run; with no run live, a manager that steps (its
+        step moved, or its workers wait for one) begins the next run, at any step."""
         replica_id = status.replica_id or peer
+        self._run_for(status, replica_id, wanted)
         now = time.monotonic()
         rate = 0.0
         with self._lock:
             record = self._managers.get(replica_id)
             if record is None:
-                record = self._managers[replica_id] = ManagerRecord(replica_id)
+                record = self._new_record(replica_id, now)
                 logger.info("manager %s (%s) joined", replica_id, status.address or peer)
+            record.identity = identity
             record.address = status.address or peer
             record.version = status.version
+            record.live_version = status.live_version
+            record.pending = (
+                (status.pending_version, status.pending_step)
+                if status.HasField("pending_version") and status.HasField("pending_step")
+                else None
+            )
             record.requests = status.requests
             record.cache_hits = status.cache_hits
-            previous, record.step = record.step, status.step
-            plausible = self._plausible_step(previous, status.step)
+            record.step = status.step
+            last_step, last_time = record.accepted
+            plausible = plausible_step(
+                status.step,
+                self.store.current_step,
+                last_step,
+                record.rate or self.store.leases.rate,
+                # A group not accepted yet (new, or every group after a lighthouse restart) is
+                # judged by the time since any group's step was last accepted here.
+                now - (last_time if last_step >= 0 else self._accepted_at),
+            )
             if status.HasField("lease_through_step"):  # a manager with leases says what it holds
                 record.lease_through = status.lease_through_step
             record.past_lease = 0 <= record.lease_through < status.step
             if status.steps_past_lease > record.steps_past_lease:
                 record.past_lease_at = now
             record.steps_past_lease = status.steps_past_lease
-            anchor_step, anchor_time = record.rate_anchor
-            if not plausible or status.step < anchor_step or anchor_step < 0:
-                record.rate_anchor = (status.step, now)  # (re)start measuring from here
-            elif now - anchor_time >= RATE_WINDOW:
-                sample = (status.step - anchor_step) / (now - anchor_time)
-                smoothed = record.rate + RATE_SMOOTHING * (sample - record.rate) if record.rate else sample
-                rate = record.rate = smoothed
-                record.rate_anchor = (status.step, now)
+            if plausible:
+                record.trained = True
+                if status.step > last_step:
+                    record.moved_at = now
+                record.accepted = (status.step, now)
+                self._accepted_at = now
+                anchor_step, anchor_time = record.rate_anchor
+                if status.step < anchor_step or anchor_step < 0:
+                    record.rate_anchor = (status.step, now)  # (re)start measuring from here
+                elif now - anchor_time >= RATE_WINDOW:
+                    sample = (status.step - anchor_step) / (now - anchor_time)
+                    smoothed = (
+                        record.rate + RATE_SMOOTHING * (sample - record.rate) if record.rate else sample
+                    )
+                    rate = record.rate = smoothed
+                    record.rate_anchor = (status.step, now)
+            elif status.step >= 0:
+                self._ignored(replica_id, status.step, now)
+            trained = record.trained
             record.last_seen = now
             record.fetches += int(fetch)
         if rate > 0:
             self.store.leases.observe_rate(rate)
-        if status.metrics or status.metrics_dropped:
+        if (status.metrics or status.metrics_dropped) and trained:  # none: it trained no step here
             self.series.take_status(replica_id, status)
         if status.switches:
             self.store.record_switches(
@@ -355,6 +510,132 @@ class LighthouseState:
         if plausible and self.store.advance_step(status.step):
             self._step_moved()
         return status.step if plausible else -1
+
+    # ------------------------------------------------------------ runs
+    def _run_for(self, status: pb.ManagerStatus, replica_id: str, wanted: int) -> None:
+        """End the live run on a new run id; begin one for a manager that steps while none is live."""
+        runs = self.store.runs
+        live = runs.live
+        run_id = status.run_id
+        if live is not None and run_id and run_id != live.run_id and not runs.known_id(run_id):
+            self.end_run(f"run id {run_id!r}")
+            live = None
+        if live is not None:
+            return
+        with self._lock:
+            record = self._managers.get(replica_id)
+            before = record.step if record is not None else -1
+        # The first step of the new run: the one its workers wait for, or a step served since the
+        # manager's last report (a manager whose lease covered it: it took the new run's snapshot).
+        starts = [s for s in (wanted, status.step if status.step > before else -1) if s >= 0]
+        start = min(starts, default=-1)
+        if 0 <= start <= RUN_STEP_LIMIT:
+            self.begin_run(start, run_id, status)
+
+    def begin_run(self, step: int, run_id: str = "", status: pb.ManagerStatus | None = None) -> Run | None:
+        """Begin the next run at ``step`` (None: one is live already); served at once."""
+        self._run_began_at = time.monotonic()
+        run = self.store.begin_run(step, run_id)
+        if run is None:
+            return None
+        logger.info(
+            "job %s: run %d began at step %d%s%s",
+            self.job,
+            run.number,
+            step,
+            f" (run id {run_id!r})" if run_id else "",
+            f", manager {status.replica_id}" if status is not None and status.replica_id else "",
+        )
+        self._step_field = varint_field(_CURRENT_STEP, self.store.current_step)
+        self.progress = Progress()  # the new run's steps start over, maybe lower
+        self.progress.moved(step)
+        self.refresh()
+        return run
+
+    def end_run(self, reason: str) -> Run | None:
+        """End the live run (None: none is live): its step leases end, a change made now applies at
+        once, and the changes promised to it apply from the next run's first step."""
+        store = self.store
+        rebased = any(s["status"] == "pending" and not s["scheduled"] for s in store.scheduled())
+        run = store.end_run(reason)
+        if run is None:
+            return None
+        logger.info("job %s: run %d ended at step %d (%s)", self.job, run.number, run.end_step, reason)
+        if rebased:
+            # What it was promised now holds at once: a version says so (the versions served within
+            # the run replay as they were served, at-step and the history stay exact).
+            edit = Edit(
+                "patch", {}, "run", "-", f"run {run.number} ended ({reason}): its pending changes apply now"
+            )
+            self._apply([edit])
+        else:
+            self.refresh()
+        return run
+
+    def check_run(self) -> Run | None:
+        """End the live run once no manager's step has moved for longer than its lease lasts
+        (``RUN_END_TTLS`` x the longest TTL its managers ask for, + ``RUN_END_MARGIN``): every
+        manager gone, or none stepping (a paused job). A lighthouse that just started gives them as
+        long to come back. The ended run, else None."""
+        live = self.store.runs.live
+        if live is None:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            records = list(self._managers.values())
+        ttl = max([live.ttl, *(r.ttl for r in records)])
+        if ttl > live.ttl:
+            self.store.note_run_ttl(ttl)  # after a restart, the record says how long to wait
+        policy = self.store.leases.policy
+        bound = max(RUN_END_TTLS * (ttl or policy.default_seconds) + RUN_END_MARGIN, policy.run_end_after)
+        # The job's step moving counts too: on an etcd prefix the groups may talk to other lighthouses.
+        job_moved = self.progress.at if self.progress.at is not None else float("-inf")
+        moved = max([self._started_at, self._run_began_at, job_moved, *(r.moved_at for r in records)])
+        if now - moved > bound:
+            return self.end_run("managers gone")
+        return None
+
+    def runs(self) -> list[dict[str, Any]]:
+        """The job's runs, oldest first (``GET /api/config/runs``)."""
+        self.check_run()
+        return self.store.runs.to_json()
+
+    def _new_record(self, replica_id: str, now: float) -> ManagerRecord:
+        """A record for a new manager (under the lock): records unseen for ``record_ttl`` go first;
+        at ``max_managers``, the oldest-unseen without a push stream makes room (a flood of made-up
+        ids evicts itself: real managers are seen every few seconds)."""
+        self._expire(now)
+        if len(self._managers) >= self.limits.max_managers:
+            idle = [m for m in self._managers.values() if not m.streams]
+            if idle:
+                del self._managers[min(idle, key=lambda m: m.last_seen).replica_id]
+        record = self._managers[replica_id] = ManagerRecord(replica_id, last_seen=now)
+        return record
+
+    def _expire(self, now: float) -> None:
+        """Drop records unseen for ``record_ttl`` (under the lock)."""
+        stale = [
+            r
+            for r, m in self._managers.items()
+            if not m.streams and now - m.last_seen > self.limits.record_ttl
+        ]
+        for replica_id in stale:
+            del self._managers[replica_id]
+
+    def _ignored(self, replica_id: str, step: int, now: float) -> None:
+        """Log (at most every IGNORED_LOG_EVERY seconds per job) a reported step that did not count."""
+        self._ignored_steps += 1
+        if now - self._ignored_logged >= IGNORED_LOG_EVERY:
+            logger.warning(
+                "job %s: manager %s reported step %d, beyond what the job's step %d and its rate make "
+                "plausible; ignored (%d such reports since the last line)",
+                self.job,
+                replica_id,
+                step,
+                self.store.current_step,
+                self._ignored_steps,
+            )
+            self._ignored_logged, self._ignored_steps = now, 0
 
     def _step_moved(self) -> None:
         self.progress.moved(self.store.current_step)
@@ -371,29 +652,37 @@ class LighthouseState:
 
     def reload(self) -> None:
         """Serve what the store holds now (another lighthouse on the same store changed the job)."""
+        run = self.store.runs.number
         self.store.reload()
+        if self.store.runs.number != run:  # a run another lighthouse began: its steps start over
+            self.progress = Progress()
+            self.progress.moved(self.store.current_step)
         self.schema.reload()
         self.guards.reload()
         self._step_field = varint_field(_CURRENT_STEP, self.store.current_step)
         self.refresh()
-
-    def _plausible_step(self, previous: int, step: int) -> bool:
-        """Whether a manager's reported step may move the job's step (which orders every change).
-
-        A leap of more than MAX_STEP_LEAP counts only once the same manager reports a step
-        near it again, so one stray report cannot move the job far ahead for good.
-        """
-        if step < 0:
-            return False
-        near_job = step <= max(self.store.current_step, 0) + MAX_STEP_LEAP
-        confirmed = previous >= 0 and 0 <= step - previous <= MAX_STEP_LEAP
-        return near_job or confirmed
 
     def _maybe_refresh_for_step(self) -> None:
         step = self.store.current_step
         live = next(s for s in reversed(self._snapshot.segments) if s.from_step <= step)
         if encode_config(live.config) != self._snapshot.config:
             self.refresh()
+
+    def live_and_pending(self) -> tuple[int, dict[str, int] | None]:
+        """The version served at the job's step, and the next pending change ({version,
+        effective_step}; None: none): what the card, the managers table and the timeline name."""
+        store = self.store
+        pending = [s for s in store.scheduled() if s["status"] == "pending"]
+        with store.lock:
+            return self._live_and_next(pending)
+
+    def _live_and_next(self, pending: list[dict[str, Any]]) -> tuple[int, dict[str, int] | None]:
+        store = self.store
+        served = live_version(store, store.held_changes(), store.current_step)
+        following = min(pending, key=lambda s: (s["effective_step"], s["version"]), default=None)
+        if following is None:
+            return served, None
+        return served, {"version": following["version"], "effective_step": following["effective_step"]}
 
     def managers(self) -> list[dict[str, Any]]:
         """Every manager of the job; with peers, also those of other lighthouses, each saying which
@@ -418,6 +707,7 @@ class LighthouseState:
         """The managers that talk to this lighthouse, by replica id, ages from ``now`` (monotonic)."""
         head = self.store.head
         with self._lock:
+            self._expire(now)
             return [m.to_json(now, head) for m in sorted(self._managers.values(), key=lambda m: m.replica_id)]
 
     def local_managers(self) -> list[dict[str, Any]]:
@@ -526,7 +816,8 @@ class LighthouseState:
         dry_run: bool = False,
         check: Callable[[Plan], None] | None = None,
     ) -> Plan:
-        if self.store.backend.shared:  # another lighthouse may have changed the schema a moment ago
+        self.check_run()  # a run whose managers are all gone ends first: the change applies at once
+        if self.store.shared:  # another lighthouse may have changed the schema a moment ago
             self.schema.reload()  # (read before the store's lock: an etcd outage never blocks readers)
         plan = self.store.apply(
             edits,
@@ -573,12 +864,13 @@ class LighthouseState:
         effect above the step leases) have taken effect, None when there are none. An editor
         edits that one: editing the live config would undo them.
         """
+        self.check_run()
         store = self.store
         pending = [s for s in store.scheduled() if s["status"] == "pending"]
         with store.lock:  # version and config from the same instant
             latest = store.latest()
             config = store.live()
-            served = live_version(store.held_changes(), store.current_step)
+            served, next_change = self._live_and_next(pending)
             made_now = [s["effective_step"] for s in pending if not s["scheduled"]]
             upcoming = None
             if latest is not None and made_now:
@@ -588,27 +880,28 @@ class LighthouseState:
                     "effective_step": at,
                     "config": store.resolve(latest.version, at),
                 }
-        next_change = min(pending, key=lambda s: (s["effective_step"], s["version"]), default=None)
         return {
             "version": latest.version if latest else 0,
             # The version whose config ``config`` is (served at the job's step); the head
             # (``version``) differs while a change is pending, which ``pending`` names apart.
             "live_version": served,
-            "pending": None
-            if next_change is None
-            else {"version": next_change["version"], "effective_step": next_change["effective_step"]},
+            "pending": next_change,
             "config": config,
             "updated_at": latest.created_at if latest else None,
             "source": latest.source if latest else None,
             "author": latest.author if latest else None,
             "comment": latest.comment if latest else None,
             "current_step": self.store.current_step,
+            # The live run (None: no run is live, a change made now applies at once).
+            "run": None if (run := self.store.runs.live) is None else run.to_json(),
             # The highest step groups may have been promised: a change made now takes effect after
             # it, and nothing can be scheduled at or below it (-1: no group holds a lease).
             "lease_horizon": self.store.leases.horizon,
             # How far this lighthouse may promise without another store write (its stored ceiling):
             # what carries the groups through a store that cannot write (etcd without quorum).
             "lease_ceiling": self.store.leases.stored,
+            # Lighthouses on the store that do not honour step leases (none: leases are granted).
+            "step_leases_suspended_by": list(self.store.leases.gate.suspended_by),
             "scheduled": pending,
             "upcoming": upcoming,
             "file": {

@@ -11,16 +11,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from lighthouse.jobs.versions import ConfigStore
+from lighthouse.jobs.versions import ConfigStore, first_segment
 from lighthouse.store.backend import Change
 
 DEFAULT_SEGMENTS = 50
 
 
-def live_version(held: list[Change], current_step: int) -> int:
-    """The version whose config is served at the job's step: the last held change in apply order
-    that is not pending (the card, the timeline and the live config all name this one)."""
-    live = [row.version for row in held if row.order_step <= current_step]
+def live_version(store: ConfigStore, held: list[Change], current_step: int) -> int:
+    """The version whose config is served at the job's step: the one its segment names, as a
+    worker at that step gets it (the card, the timeline, the managers table and ``cfg.version``
+    all name this one); when only pruned versions made it, the last held change in apply order
+    that is not pending."""
+    segments = store.segments()
+    named = segments[first_segment(segments, max(current_step, 0))].version
+    if named:
+        return named
+    live = [row.version for row in held if not store.pending(row)]
     return live[-1] if live else 0
 
 
@@ -40,7 +46,7 @@ def timeline(store: ConfigStore, limit: int = DEFAULT_SEGMENTS) -> dict[str, Any
                 "to_step": None if following is None else max(following.order_step, 0),
                 "scheduled": row.scheduled,
                 "made_now": row.made_now,
-                "pending": row.order_step > current,
+                "pending": store.pending(row),
                 "created_at": row.created_at,
                 "source": row.source,
                 "author": row.author,
@@ -57,8 +63,10 @@ def timeline(store: ConfigStore, limit: int = DEFAULT_SEGMENTS) -> dict[str, Any
     return {
         "job": store.job,
         "version": head,
-        "live_version": live_version(held, current),
+        "live_version": live_version(store, held, current),
         "current_step": current,
+        # Where each run began and at which step (the picture marks them).
+        "runs": store.runs.to_json(),
         "segments": segments[-limit:],
         "earlier": max(0, len(segments) - limit),
         "late_groups": late,

@@ -15,8 +15,9 @@ at version H is a pure function ``resolve(H, N)`` of the stored rows:
   does not undo it, and an edit made after S overrides it;
 * once any group holds a step lease (see ``leases``), a change made now is
   stored like one scheduled at the step E the lighthouse chose above every
-  promised step (``made_now``), and nothing is scheduled or cancelled at or
-  below a promised step.
+  promised step (``made_now``), and not below a pending change made now (so
+  changes take effect in the order they were acknowledged, whichever lighthouse
+  took them); nothing is scheduled or cancelled at or below a promised step.
 
 Because ``resolve`` depends only on committed rows, every manager resolves the
 same step to the same content, and the history can replay any (version, step).
@@ -27,10 +28,11 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
+import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,12 +43,25 @@ from lighthouse.config.values import (
     apply_change,
     config_changes,
 )
-from lighthouse.jobs.leases import CommitWindow, LeaseBook, LeasePolicy
-from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, StoreBackend, Switch
+from lighthouse.jobs.leases import CommitWindow, LeaseBook, LeaseGate, LeasePolicy
+from lighthouse.jobs.runs import RUNS_META, Run, Runs, pack, same_run, unpack
+from lighthouse.store.backend import (
+    Change,
+    HeadMoved,
+    JobRecords,
+    LeaseView,
+    SharedBackend,
+    StoreBackend,
+    Switch,
+)
 from protos.job_ids import DEFAULT_JOB, JobId
 from protos.limits import FOREVER
 
 __all__ = ["FOREVER", "Change", "ConfigStore", "HistoryPage", "NotFound", "Segment", "VersionConflict"]
+
+SEGMENTS_CACHED = 4  # results of _segments kept: a commit's before and after, a reload's
+
+logger = logging.getLogger(__name__)
 
 LEASE_META = "lease_ceiling"  # meta keys of step-lease ceilings start with this
 MAX_COMMIT_RETRIES = 20  # another lighthouse appending first, again and again
@@ -133,10 +148,43 @@ class HistoryPage:
 
 @dataclass(frozen=True)
 class Segment:
-    """``config`` holds for steps from ``from_step`` up to the next segment's."""
+    """``config`` holds for steps from ``from_step`` up to the next segment's.
+
+    ``version``: the version whose config it is, the newest change with an effect on it (the
+    state at that version gives this config for these steps), 0 when only pruned versions
+    made it; ``author`` and ``comment``: the change that takes effect at ``from_step`` (a
+    change scheduled there may be older than a change made now that took effect before it).
+    """
 
     from_step: int
     config: dict[str, Any]
+    version: int = 0
+    author: str = ""
+    comment: str = ""
+
+
+def first_segment(segments: Sequence[Segment], step: int) -> int:
+    """Index of the segment that holds ``step`` (the first from step 0)."""
+    return max(0, bisect.bisect_right([s.from_step for s in segments], step) - 1)
+
+
+def _applies(row: Change, step: int) -> bool:
+    """Whether ``row`` (not cancelled) is part of the config at ``step``."""
+    return row.effective_step is None or row.effective_step <= step
+
+
+@dataclass(frozen=True)
+class SegmentsMemo:
+    """A remembered ``_segments`` result and what it holds for: the pruned base and the runs it
+    was made with, the first and last row objects it was made of."""
+
+    base: list[tuple[int, dict[str, Any]]]
+    runs: Runs
+    segments: list[Segment]
+    top: tuple[int, int, int]  # the apply order key of the last row it applies
+    first: Change
+    last: Change
+    taking: dict[int, Change]  # the newest change taking effect at each step above 0 (the causes)
 
 
 def _apply(config: dict[str, Any], row: Change) -> dict[str, Any]:
@@ -159,32 +207,45 @@ class ConfigStore:
         owner: str = "",
         lease_policy: LeasePolicy | None = None,
         request_ceiling: Callable[[LeaseBook[Any]], None] | None = None,
+        lease_gate: LeaseGate | None = None,
     ) -> None:
         if history_limit is not None and history_limit < 1:
             raise ValueError("history_limit must be at least 1")
         self.job = job
         self.history_limit = history_limit
         self.backend = backend
+        # Other lighthouses write this job too (etcd): their lease ceilings bound promises this one
+        # does not know of, and what it holds (the schema) may be older than the store.
+        self.shared = isinstance(backend, SharedBackend)
         self._lock = threading.RLock()
         # Held through a whole commit (which may wait for the store), never by readers: a store
         # without quorum makes edits wait, not the managers' calls.
         self._commit_lock = threading.Lock()
         self._closed = False
-        self._current_step = -1  # the job's step never goes down, also across reloads
+        self._current_step = -1  # the job's step never goes down within a run, also across reloads
+        self._stored_step = -1  # the highest step of this run read from the store (``_order_now``)
+        self.runs = Runs()  # the job's runs (see ``runs``); read from the store in ``_take``
+        self._runs_pending: dict[str, str] = {}  # the runs record to store (``_queue_runs``)
+        self._runs_queue_lock = threading.Lock()
+        self._runs_write_lock = threading.Lock()
         # This lighthouse life: its step-lease ceiling is its own meta key.
         self.owner = owner or uuid.uuid4().hex
         self._lease_key = self.backend.lease_ceiling_key(self.owner)
         self.leases: LeaseBook[Any] = LeaseBook(
-            (lease_policy or LeasePolicy()).for_store(self.backend.shared),
-            floor_grantable=not self.backend.shared,
+            (lease_policy or LeasePolicy()).for_store(self.shared),
+            floor_grantable=not self.shared,
             request_ceiling=request_ceiling or (lambda book: None),
+            gate=lease_gate,
         )
+        # _segments' last results by (head, rows' count, ids of the first and last row).
+        self._segments_cache: dict[tuple[int, int, int, int], SegmentsMemo] = {}
         self._take(self.backend.load(self.job))
 
     def _take(self, records: JobRecords) -> None:
         """Hold ``records``: the job as read at open, or again because another writer changed it."""
         meta = records.meta
         self._meta = meta
+        self._segments_cache.clear()  # a recreated job may reuse the same version numbers
         self._rows: list[Change] = records.rows
         if "state_id" not in meta:
             meta["state_id"] = uuid.uuid4().hex
@@ -198,7 +259,23 @@ class ConfigStore:
         self._next_version = (
             max(int(meta.get("last_version", "0")), self._rows[-1].version if self._rows else 0) + 1
         )
-        self._current_step = max(int(meta.get("current_step", "-1")), self._current_step)
+        stored_run, stored_step = unpack(int(meta.get("current_step", "-1")))
+        runs = Runs.decode(meta.get(RUNS_META), stored_step if stored_run == 0 else -1)
+        with self._runs_queue_lock:
+            if self._runs_pending and runs.number <= self.runs.number:
+                runs = self.runs  # ours, not stored yet, is newer than what was read
+        if runs.number != self.runs.number:  # another lighthouse began a run: its step starts over
+            self._current_step = -1
+            self._stored_step = -1
+            if runs.live is not None and runs.live.number > 0:
+                self.leases.new_run()
+        self.runs = runs
+        if same_run(stored_run, runs.number):
+            self._current_step = max(stored_step, self._current_step)
+            self._stored_step = max(stored_step, self._stored_step)
+        live = runs.live
+        if live is not None:
+            self._current_step = max(self._current_step, live.start_step)
         self._cancelled = {int(r.change["version"]) for r in self._rows if r.op == "cancel"}
         self._pruned_cancels: set[int] = set(json.loads(meta.get("pruned_cancels", "[]")))
         self._cancelled.update(self._pruned_cancels)
@@ -206,9 +283,11 @@ class ConfigStore:
         # Every other life's ceiling bounds promises this one does not know of (on a store with one
         # writer, the single key holds what the earlier lives stored).
         floors = [
-            int(value)
+            unpack(int(value))[1]
             for key, value in meta.items()
-            if key.startswith(LEASE_META) and (key != self._lease_key or not self.backend.shared)
+            if key.startswith(LEASE_META)
+            and (key != self._lease_key or not self.shared)
+            and same_run(unpack(int(value))[0], runs.number)
         ]
         self.leases.raise_floor(max(floors, default=-1), records.revision)
         for i, row in enumerate(self._rows):
@@ -248,6 +327,14 @@ class ConfigStore:
         """The latest version (0 when nothing was ever stored)."""
         with self._lock:
             return self._rows[-1].version if self._rows else 0
+
+    @property
+    def served_state_id(self) -> str:
+        """The state id managers are served: the job's, with the run era once runs began. A new
+        one when a run ends or begins makes every manager drop the leases it holds (they were
+        promises to the run before) and take the snapshot it is sent, at the same version."""
+        era = self.runs.era
+        return self.state_id if era == 0 else f"{self.state_id}-r{era}"
 
     @property
     def current_step(self) -> int:
@@ -303,7 +390,14 @@ class ConfigStore:
         ``order_step`` until the next one's (the job's timeline)."""
         with self._lock:
             rows = [r for r in self._rows if r.op != "cancel" and r.version not in self._cancelled]
-            return sorted(rows, key=lambda r: (r.order_step, r.version))
+            return sorted(rows, key=self._order)
+
+    def pending(self, row: Change) -> bool:
+        """Whether ``row`` has yet to take effect at the job's step (in the current run)."""
+        at = self._effective(row, self.head + 1)
+        if at is None:
+            return row.order_step > self._current_step and not self.runs.runs  # before runs: as it was
+        return at > self._current_step
 
     def resolve(self, version: int, step: int) -> dict[str, Any]:
         """The config the state at ``version`` gives for ``step``."""
@@ -318,7 +412,9 @@ class ConfigStore:
             return self._resolve(self._rows, self.head, max(self._current_step, 0))
 
     def segments(self, version: int | None = None) -> list[Segment]:
-        """The config per step range at ``version`` (default head); one segment when nothing is scheduled."""
+        """The config per step range at ``version`` (default head); one segment when nothing is scheduled.
+
+        Remembered (``_segments``): every view of the live version reads them."""
         with self._lock:
             return self._segments(self._rows, self.head if version is None else version)
 
@@ -335,6 +431,8 @@ class ConfigStore:
                     continue
                 if row.version in self._cancelled:
                     status = "cancelled"
+                elif row.made_now and self.runs.rebased(row.version):
+                    status = "in_effect"  # promised to an earlier run: holds at every step now
                 elif row.effective_step > self._current_step:
                     status = "pending"
                 else:
@@ -346,21 +444,6 @@ class ConfigStore:
             return out
 
     # ----------------------------------------------------------------- writes
-    def commit(
-        self,
-        op: str,
-        change: dict[str, Any],
-        *,
-        source: str,
-        author: str = "-",
-        comment: str = "",
-        effective_step: int | None = None,
-        if_match: int | None = None,
-    ) -> Change:
-        """Store one change durably and return it; raises VersionConflict, ConfigError or NotFound."""
-        edit = Edit(op, change, source, author, comment, effective_step)
-        return self.apply([edit], if_match=if_match).row
-
     def plan(
         self, edits: list[Edit], *, if_match: int | None = None, window: CommitWindow | None = None
     ) -> Plan:
@@ -440,7 +523,7 @@ class ConfigStore:
                 if dry_run:
                     return plan
                 meta = {
-                    "current_step": str(self._current_step),
+                    "current_step": str(pack(self.runs.number, self._current_step)),
                     "last_version": str(plan.version),
                     "state_id": self.state_id,
                 }
@@ -478,19 +561,98 @@ class ConfigStore:
             now = time.monotonic()
             if now - self._step_saved_at >= self.backend.step_save_interval:
                 self._step_saved_at = now
-                self.backend.set_meta(self.job, {"current_step": str(step)})
+                self.backend.set_meta(self.job, {"current_step": str(pack(self.runs.number, step))})
             return True
 
-    def adopt_step(self, step: int) -> bool:
+    def adopt_step(self, stored: int) -> bool:
         """Take a job step another lighthouse reached (it stored it); True when it moved ours.
 
-        Nothing is written: the step is already in the store.
+        Nothing is written: the step is already in the store. A step of another run is not ours.
         """
+        run, step = unpack(stored)
         with self._lock:
-            if step <= self._current_step or self._closed:
+            if not same_run(run, self.runs.number) or self._closed:
+                return False
+            self._stored_step = max(self._stored_step, step)
+            if step <= self._current_step:
                 return False
             self._current_step = step
             return True
+
+    # ------------------------------------------------------------------ runs
+    def begin_run(self, step: int, run_id: str = "", ttl: float = 0.0) -> Run | None:
+        """Begin a run at ``step`` unless one is live (then None): the job's step starts over there,
+        every change acknowledged so far applies from it. Stored at once (with the step)."""
+        with self._lock:
+            if self.runs.live is not None or self._closed or self.leases.gate.runs_suspended_by:
+                return None
+            self.leases.new_run()  # first: a grant that sees the new run is never reset
+            self._current_step = step
+            self._stored_step = -1
+            self.runs = self.runs.begin(step, self.head, run_id, ttl)
+            self._step_saved_at = time.monotonic()
+            run = self.runs.live
+            items = {RUNS_META: self.runs.encode(), "current_step": str(pack(self.runs.number, step))}
+        assert run is not None
+        self._queue_runs(items)
+        return run
+
+    def end_run(self, reason: str) -> Run | None:
+        """End the live run (None: none is live): its step leases end with it, a change made now
+        applies at once until the next run begins."""
+        with self._lock:
+            if self.runs.live is None or self._closed:
+                return None
+            self.runs = self.runs.end(self._current_step, self.head, reason)
+            self.leases.new_run()
+            run = self.runs.last
+            items = {RUNS_META: self.runs.encode()}
+        assert run is not None
+        self._queue_runs(items)
+        return run
+
+    def note_run_ttl(self, ttl: float) -> None:
+        """A manager of the live run asks leases for ``ttl`` seconds: the run is gone only after
+        every manager was away for longer. Kept in memory and stored with the record's next write
+        (a run's end or begin): a ceiling waits for a queued record, and a TTL must never hold one
+        up (on a full disk the record cannot be written while the ceiling still can)."""
+        with self._lock:
+            live = self.runs.live
+            if live is None or ttl <= live.ttl or self._closed:
+                return
+            self.runs = self.runs.with_ttl(ttl)
+
+    def _queue_runs(self, items: dict[str, str]) -> None:
+        """Store the runs record off the caller's thread (a run begins on the gRPC path, which never
+        waits for the store); the lease ceiling of the new run is stored only after it
+        (``save_lease_ceiling``), so no promise of a run is made before its record is durable."""
+        with self._runs_queue_lock:
+            self._runs_pending.update(items)
+        threading.Thread(target=self._flush_runs_quietly, name="runs-record", daemon=True).start()
+
+    def flush_runs(self) -> None:
+        """Write the queued runs record now (raises what the store raises; it stays queued)."""
+        with self._runs_write_lock:
+            with self._runs_queue_lock:
+                items, self._runs_pending = self._runs_pending, {}
+            if not items:
+                return
+            with self._lock:
+                if self._closed:
+                    return
+                items[RUNS_META] = self.runs.encode()  # the newest, whichever call queued it
+            try:
+                self.backend.set_meta(self.job, items)
+            except BaseException:
+                with self._runs_queue_lock:
+                    self._runs_pending = {**items, **self._runs_pending}
+                raise
+
+    def _flush_runs_quietly(self) -> None:
+        try:
+            self.flush_runs()
+        except Exception as exc:  # the ceiling writer flushes it again before its next write
+            logger.warning("job %s: the runs record is not stored yet: %s", self.job, exc)
 
     def record_switches(self, replica_id: str, switches: Iterable[tuple[int, int, int]]) -> None:
         """Remember that ``replica_id`` started serving ``version`` at ``step`` after serving up to
@@ -512,12 +674,14 @@ class ConfigStore:
 
         On a store with one writer the single key must keep what earlier lives promised too.
         """
-        if not self.backend.shared:
+        if not self.shared:
             ceiling = max(ceiling, self.leases.floor)
+        self.flush_runs()  # the run this ceiling is for is stored first
         with self._lock:
             if self._closed:
                 return
-        self.backend.save_lease_ceiling(self.job, self.owner, ceiling, served_version)
+            run = self.runs.number
+        self.backend.save_lease_ceiling(self.job, self.owner, pack(run, ceiling), served_version)
 
     def file_hash(self, path: str) -> str | None:
         return self._meta.get(f"file:{path}")
@@ -556,31 +720,181 @@ class ConfigStore:
         return self.backend.schemas(self.job, limit)
 
     def close(self) -> None:
+        try:
+            self.flush_runs()
+        except Exception as exc:
+            logger.warning("job %s: the runs record was not stored: %s", self.job, exc)
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             if self._current_step >= 0:
-                self.backend.set_meta(self.job, {"current_step": str(self._current_step)})
+                step = pack(self.runs.number, self._current_step)
+                self.backend.set_meta(self.job, {"current_step": str(step)})
 
     # -------------------------------------------------------------- internals
     def _segments(self, rows: list[Change], head: int) -> list[Segment]:
-        cancelled = self._cancelled_at(rows, head)
-        points = sorted(
-            {
-                r.effective_step
-                for r in rows
-                if r.version <= head and r.effective_step is not None and r.version not in cancelled
-            }
-        )
-        segments = [Segment(0, self._resolve(rows, head, 0))]
-        for point in points:
-            if point <= 0:
+        """The config per step range at ``head``, remembered for the last few (a commit plans with
+        the segments before and after it, and the served reply is built from the latter). Rows
+        are never changed in place, so the very first and last row objects and the count name a
+        list of them (a refused plan's draft rows are other objects than the rows committed under
+        the same versions); the runs are immutable, so their object says they did not move. A
+        commit on top of remembered segments recomputes only those from its lowest step on."""
+        if not rows:
+            return self._compute_segments(rows, head)[0]
+        memo = self._memo(rows, head)
+        if memo is None:
+            memo = self._extended(rows, head)
+            if memo is None:
+                segments, top = self._compute_segments(rows, head)
+                named, taking = self._named(rows, head, segments)
+                memo = SegmentsMemo(self._base, self.runs, named, top, rows[0], rows[-1], taking)
+            self._remember(rows, head, memo)
+        return list(memo.segments)
+
+    def _memo(self, rows: list[Change], head: int) -> SegmentsMemo | None:
+        memo = self._segments_cache.get((head, len(rows), id(rows[0]), id(rows[-1])))
+        if memo is None or memo.base is not self._base or memo.runs is not self.runs:
+            return None
+        return memo if memo.first is rows[0] and memo.last is rows[-1] else None
+
+    def _remember(self, rows: list[Change], head: int, memo: SegmentsMemo) -> None:
+        self._segments_cache[(head, len(rows), id(rows[0]), id(rows[-1]))] = memo
+        while len(self._segments_cache) > SEGMENTS_CACHED:
+            del self._segments_cache[next(iter(self._segments_cache))]
+
+    def _extended(self, rows: list[Change], head: int) -> SegmentsMemo | None:
+        """The segments of ``rows`` from remembered ones of a prefix of them, when every row added
+        is a change (no cancel) that sorts after every row of the prefix, and no run ended at or
+        after the prefix's head (so every prefix row keeps its effective step; an added row, newer
+        than every ended run, keeps its own): below the lowest added step nothing changed, and
+        from there each step's config is the prefix's with the added rows up to it on top."""
+        if len(self._base) != 1 or not rows:
+            return None
+        for (h, n, _, _), memo in list(self._segments_cache.items()):
+            if memo.base is not self._base or memo.runs is not self.runs:
                 continue
-            config = self._resolve(rows, head, point)
+            if not 0 < n < len(rows) or head < rows[-1].version or h != memo.last.version:
+                continue
+            if memo.first is not rows[0] or rows[n - 1] is not memo.last:
+                continue
+            if any(not run.live and run.end_version >= h for run in self.runs.runs):
+                continue
+            added = sorted(rows[n:], key=self._order)
+            if self._order(added[0]) <= memo.top or any(r.op == "cancel" for r in added):
+                continue
+            segments = memo.segments
+            lowest = min(r.effective_step or 0 for r in added)
+            out = [seg for seg in segments if seg.from_step < lowest]  # named as before: no added row applies
+            taking = dict(memo.taking)
+            for row in added:
+                at = row.effective_step
+                if at is not None and at > 0 and (at not in taking or row.version > taking[at].version):
+                    taking[at] = row
+            starts = [seg.from_step for seg in segments]
+            points = sorted({p for p in starts if p >= lowest} | {r.effective_step or 0 for r in added})
+            for point in points:
+                config = segments[max(0, bisect.bisect_right(starts, point) - 1)].config
+                for row in added:
+                    if (row.effective_step or 0) <= point:
+                        config = _apply(config, row)
+                if not out or config != out[-1].config:
+                    # Named by the newest row with an effect here: an added one (from ``lowest`` on,
+                    # one applies at every point, and each added version is above the prefix's).
+                    source = max(
+                        (r for r in added if (r.effective_step or 0) <= point), key=lambda r: r.version
+                    )
+                    cause = taking.get(point, source) if point > 0 else source
+                    out.append(Segment(point, config, source.version, cause.author, cause.comment))
+            return SegmentsMemo(self._base, self.runs, out, self._order(added[-1]), rows[0], rows[-1], taking)
+        return None
+
+    def _compute_segments(self, rows: list[Change], head: int) -> tuple[list[Segment], tuple[int, int, int]]:
+        """The config per step range at ``head``, and the apply order key of the last row in apply
+        order. One full resolve for step 0, then at each effective step its rows applied on
+        top of the previous segment together with every row applied so far that sorts after them
+        (usually none: changes land in order). Exact because a patch sets or deletes top-level
+        keys: a key's value is that of the last row in apply order that names it (a put names
+        every key), so re-applying the rows from the first new one's place on changes only what
+        they name. A commit costs one config copy per segment, not a resolve of the history per
+        segment, also for a job whose ended runs moved changes' effective steps."""
+        cancelled = self._cancelled_at(rows, head)
+        at: dict[int, list[Change]] = {}
+        applied: list[Change] = []  # in apply order
+        for r in rows:
+            if r.version > head or r.op == "cancel" or r.version in cancelled:
+                continue
+            step = self._effective(r, head)
+            if step is not None and step > 0:
+                at.setdefault(step, []).append(r)
+            else:
+                applied.append(r)
+        applied.sort(key=self._order)
+        keys = [self._order(r) for r in applied]
+        segments = [Segment(0, self._resolve_rows(rows, head, 0))]
+        one_base = len(self._base) == 1  # a pruned base that changes with the step needs a resolve
+        for point, _ in self._base[1:]:  # and its steps start segments too
+            if point > 0:
+                at.setdefault(point, [])
+        for point in sorted(at):
+            new = sorted(at[point], key=self._order)
+            if new and one_base:
+                first = bisect.bisect_left(keys, self._order(new[0]))
+                config = segments[-1].config
+                for row in sorted([*applied[first:], *new], key=self._order):
+                    config = _apply(config, row)
+            else:
+                config = self._resolve_rows(rows, head, point)
+            for row in new:
+                key = self._order(row)
+                where = bisect.bisect_right(keys, key)
+                keys.insert(where, key)
+                applied.insert(where, row)
             if config != segments[-1].config:
                 segments.append(Segment(point, config))
-        return segments
+        return segments, keys[-1] if keys else (-1, -FOREVER, 0)
+
+    def _named(
+        self, rows: list[Change], head: int, segments: list[Segment]
+    ) -> tuple[list[Segment], dict[int, Change]]:
+        """``segments`` each named by the newest change with an effect at its first step (a change
+        that applies there, or a cancel of one that would: every later version gives that step the
+        same config, so the state at this version names it exactly), with the author and comment
+        of the change that takes effect there (an older one, when it was scheduled before a change
+        made now that took effect earlier). One pass over the rows, not one per segment."""
+        cancelled = self._cancelled_at(rows, head)
+        by_version = {r.version: r for r in rows}
+        effects: list[tuple[int, int]] = []  # (from which step, version): a change's effect
+        taking: dict[int, Change] = {}  # the newest change taking effect at each step above 0
+        for row in rows:
+            if row.version > head:
+                continue
+            if row.op == "cancel":
+                target = by_version.get(int(row.change["version"]))
+                if target is not None:
+                    effects.append((self._effective(target, head) or 0, row.version))
+                continue
+            if row.version in cancelled:
+                continue
+            step = self._effective(row, head)
+            effects.append((step or 0, row.version))
+            if step is not None and step > 0 and (step not in taking or row.version > taking[step].version):
+                taking[step] = row
+        effects.sort()
+        starts = [step for step, _ in effects]
+        newest: list[int] = []  # newest[i]: the highest version of effects[: i + 1]
+        for _, version in effects:
+            newest.append(max(version, newest[-1]) if newest else version)
+        named = []
+        for seg in segments:
+            at = bisect.bisect_right(starts, seg.from_step)
+            source = by_version.get(newest[at - 1]) if at else None
+            if source is None:
+                named.append(Segment(seg.from_step, seg.config))
+                continue
+            cause = taking.get(seg.from_step, source) if seg.from_step > 0 else source
+            named.append(Segment(seg.from_step, seg.config, source.version, cause.author, cause.comment))
+        return named, taking
 
     def _draft(self, rows: list[Change], version: int, edit: Edit, window: CommitWindow) -> Change | None:
         """The row ``edit`` makes on top of ``rows``, with its resolved config; raises when refused
@@ -599,7 +913,7 @@ class ConfigStore:
                     return None
                 raise
         elif effective_step is None:
-            effective_step = window.now_step  # above every promised step (None: none ever was)
+            effective_step = self._now_step(rows, window)
             made_now = effective_step is not None
         elif effective_step <= window.horizon:
             raise StepPromised(
@@ -608,7 +922,9 @@ class ConfigStore:
                 f"{window.horizon + 1}",
                 window.horizon + 1,
             )
-        order_step = self._current_step
+        # Ordered after the steps the live run reached; with no run live, on top of every earlier
+        # run and before anything the next run does (its own step is not known yet).
+        order_step = -1 if self.runs.between else self._order_now(rows, version)
         if effective_step is not None:
             order_step = max(order_step, effective_step)
         draft = Change(
@@ -629,11 +945,77 @@ class ConfigStore:
         self._check_size(candidate, version, config, effective_step)
         return dataclasses.replace(draft, config=config)
 
+    def _order_now(self, rows: list[Change], version: int) -> int:
+        """Where a change made now sorts among the live run's changes: at the step the job reached,
+        and never below a change made at once before it, whatever step the lighthouse that took
+        that one had seen (acknowledged order is apply order).
+
+        While a lighthouse of an earlier release is live on the prefix, the step is the one stored
+        on the prefix rather than ours: that release orders its changes by the step it has seen,
+        which is the stored one or its own groups', and lags ours when our groups lead."""
+        step = self._stored_step if self.leases.gate.suspended else self._current_step
+        epoch = self.runs.epoch(version)
+        at_once = (
+            r.order_step for r in rows if r.effective_step is None and self.runs.epoch(r.version) == epoch
+        )
+        return max(step, max(at_once, default=-1))
+
+    def _now_step(self, rows: list[Change], window: CommitWindow) -> int | None:
+        """The lowest step a change made now may take effect at (None: at once).
+
+        Above every promised step (``window``), and never below a change made now that is
+        pending (acknowledged before this one, through any lighthouse): acknowledged order
+        is effective order. The commit compares the job's head, so a change committed
+        meanwhile through another lighthouse makes this one plan again with it in ``rows``.
+        """
+        cancelled = self._cancelled_at(rows, FOREVER)
+        pending = max(
+            (
+                r.effective_step
+                for r in rows
+                if r.made_now
+                and r.effective_step is not None
+                and r.effective_step > self._current_step
+                and r.version not in cancelled
+                and not self.runs.rebased(r.version)
+            ),
+            default=None,
+        )
+        if pending is None:
+            return window.now_step
+        return pending if window.now_step is None else max(window.now_step, pending)
+
+    def _effective(self, row: Change, at: int | None = None) -> int | None:
+        """The step ``row`` takes effect at in the current run: a change made now that was promised to
+        an earlier run holds at every step of this one (None), a scheduled change keeps its step."""
+        if row.made_now and self.runs.rebased(row.version, at):
+            return None
+        return row.effective_step
+
+    def _order(self, row: Change) -> tuple[int, int, int]:
+        """Apply order: a later run's changes on top of an earlier run's, then by ``order_step``."""
+        return (self.runs.epoch(row.version), row.order_step, row.version)
+
     def _cancelled_at(self, rows: list[Change], version: int) -> set[int]:
         cancelled = {int(r.change["version"]) for r in rows if r.op == "cancel" and r.version <= version}
         return cancelled | self._pruned_cancels
 
     def _resolve(self, rows: list[Change], version: int, step: int) -> dict[str, Any]:
+        """The config ``rows`` give at ``version`` for ``step``: a copy of a remembered (or
+        extended) segment's when ``version`` is their head, else resolved from the rows."""
+        if step >= 0 and rows and version == rows[-1].version and len(self._base) == 1:
+            memo = self._memo(rows, version)
+            if memo is None:
+                memo = self._extended(rows, version)
+                if memo is not None:
+                    self._remember(rows, version, memo)
+            if memo is not None:
+                segments = memo.segments
+                at = bisect.bisect_right([seg.from_step for seg in segments], step) - 1
+                return dict(segments[max(at, 0)].config)
+        return self._resolve_rows(rows, version, step)
+
+    def _resolve_rows(self, rows: list[Change], version: int, step: int) -> dict[str, Any]:
         cancelled = self._cancelled_at(rows, version)
         ops = [
             r
@@ -641,13 +1023,20 @@ class ConfigStore:
             if r.version <= version
             and r.op != "cancel"
             and r.version not in cancelled
-            and (r.effective_step is None or r.effective_step <= step)
+            and ((at := self._effective(r, version)) is None or at <= step)
         ]
-        ops.sort(key=lambda r: (r.order_step, r.version))
+        ops.sort(key=self._order)
         start = max((i for i, r in enumerate(ops) if r.op == "put"), default=None)
-        config = self._base_at(step) if start is None else {}
+        config = self._base_at(step) if start is None else {}  # a fresh dict: merged in place
         for row in ops[start or 0 :]:
-            config = _apply(config, row)
+            if row.op == "put":
+                config = dict(row.change)
+                continue
+            for key, value in row.change.items():  # one copy, not one per row of the history
+                if value is None:
+                    config.pop(key, None)
+                else:
+                    config[key] = value
         return config
 
     def _check_size(

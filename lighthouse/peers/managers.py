@@ -85,6 +85,11 @@ class PeerManagers(EtcdShare):
                 out.append(row)
         return out
 
+    def instances(self) -> dict[str, str]:
+        """The other lighthouses that publish managers on the prefix: instance -> address."""
+        with self._lock:
+            return {instance: entry[0] for jobs in self._remote.values() for instance, entry in jobs.items()}
+
     def _parse_key(self, key: bytes) -> tuple[str, str] | None:
         """(job, instance) of a summary key, None for our own or a malformed one."""
         rest = key.decode(errors="replace")[len(self.root) :]

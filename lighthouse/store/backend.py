@@ -114,6 +114,11 @@ class StoreUnavailable(Exception):
     """The backend cannot commit now (etcd without quorum); nothing was stored."""
 
 
+class StoreFull(StoreUnavailable):
+    """The store has no space for a write (a full disk or quota, etcd's NOSPACE alarm); nothing was
+    stored. Reads and step leases go on (see ``SqliteBackend``'s ceiling file)."""
+
+
 def stored_job(name: str) -> JobId | None:
     """A job id read from a store; None (logged) for a name no lighthouse writes (a foreign key),
     as a request naming it would be refused."""
@@ -132,9 +137,6 @@ def stored_jobs(names: Iterable[str]) -> list[JobId]:
 class StoreBackend(Protocol):
     """Durable records of every job. ``append`` returns only once the record is committed."""
 
-    # True when other lighthouses write to the same store (etcd): what this one holds in memory
-    # (a job's schema) may then be older than the store.
-    shared: bool
     # How often a store hands the job's step over (``set_meta("current_step")``): a backend that
     # queues steps and writes them in the background takes every one (0).
     step_save_interval: float
@@ -157,6 +159,10 @@ class StoreBackend(Protocol):
         transaction if the job's head is still ``expected_head`` (and, on a shared store, no other
         lighthouse raised its lease ceiling since ``leases.revision``), else raise HeadMoved
         (storing nothing); StoreUnavailable when it cannot commit now."""
+        ...
+
+    def space_problem(self) -> str | None:
+        """Why writes fail for lack of space now (None: they do not): health shows it."""
         ...
 
     def lease_ceiling_key(self, owner: str) -> str:

@@ -7,7 +7,9 @@ digits so keys sort by number)::
     {p}/jobs/{job}/head                               latest version, decimal
     {p}/jobs/{job}/v/{version}                        one Change as JSON
     {p}/jobs/{job}/meta/{key}                         meta value (current_step, state_id, base, file:...)
-    {p}/jobs/{job}/meta/lease_ceiling/{owner}         a lighthouse life's step-lease ceiling
+    {p}/jobs/{job}/meta/lease_ceiling/{owner}         a live lighthouse life's step-lease ceiling
+                                                      (on that life's etcd lease)
+    {p}/jobs/{job}/meta/lease_ceiling_floor           the highest ceiling any life stored
     {p}/jobs/{job}/sw/{replica}/{step}/{version}      previous_step of a step switch
     {p}/jobs/{job}/schema/{time_ns}                   one schema change as JSON (id: create revision)
     {p}/jobs/{job}/guards/{version}                   a guarded change's guard as JSON
@@ -31,6 +33,12 @@ change below a step another one promised: a lighthouse raises its lease ceiling
 only while the job's head is the version it serves (else it has a change to
 take first), and an append fails (HeadMoved: reload, plan again) when another
 lighthouse raised its ceiling after the revision the commit's plan read.
+
+Ceilings do not pile up with restarts: a life's own key lives on its etcd lease (deleted when it
+closes, expiring ``CEILING_LEASE_TTL`` after it died), and every write of it also raises the
+job's one floor key (compare-and-swap, in the same transaction), which outlives every life: a
+restarted lighthouse, and its peers, read every promise any life made from the floor. Keys an
+older release left without a lease are folded into the floor when a job is loaded.
 """
 
 from __future__ import annotations
@@ -48,8 +56,10 @@ from urllib.parse import urlsplit
 
 from lighthouse.config.values import ConfigTooLarge
 from lighthouse.etcd.client import EtcdClient
-from lighthouse.etcd.errors import EtcdError, EtcdUnavailable
-from lighthouse.etcd.types import Compare, Delete, Event, Get, Op, Put, prefix_end
+from lighthouse.etcd.connection import EtcdAuth
+from lighthouse.etcd.errors import EtcdAuthFailed, EtcdError, EtcdUnavailable
+from lighthouse.etcd.lease import KeepAlive
+from lighthouse.etcd.types import Compare, Delete, Event, Get, KeyValue, Op, Put, prefix_end
 from lighthouse.etcd.watch import Watch
 from lighthouse.store.backend import (
     CeilingChanged,
@@ -59,6 +69,7 @@ from lighthouse.store.backend import (
     JobRecords,
     LeaseView,
     StepChanged,
+    StoreFull,
     StoreUnavailable,
     Switch,
     stored_job,
@@ -82,7 +93,10 @@ FLUSH_PAUSE = 0.25
 FLUSH_BACKOFF_MAX = 2.0
 FLUSH_TIMEOUT = 2.0  # per call of the background writer, so closing never waits long for it
 
-LEASE_CEILING = "lease_ceiling/"  # meta key prefix: one key per lighthouse life
+LEASE_CEILING = "lease_ceiling/"  # meta key prefix: one key per live lighthouse life
+CEILING_FLOOR = "lease_ceiling_floor"  # meta key: the highest ceiling any life of the job stored
+CEILING_LEASE_TTL = 10.0  # seconds a dead life's own ceiling key outlives it (the floor keeps it)
+CEILING_CAS_TRIES = 16  # floor compare-and-swap attempts against other lighthouses' writes
 
 
 def _num(n: int) -> str:
@@ -93,13 +107,25 @@ def _no_quorum(exc: Exception) -> StoreUnavailable:
     return StoreUnavailable(f"the config store has no quorum (etcd cannot commit now): {exc}")
 
 
+# What etcd answers a write once its backend passed --quota-backend-bytes (its NOSPACE alarm).
+NO_SPACE = "database space exceeded"
+
+
 @contextmanager
 def _mapped() -> Iterator[None]:
-    """EtcdUnavailable -> the backend interface's StoreUnavailable (HTTP 503)."""
+    """EtcdUnavailable -> the backend interface's StoreUnavailable (HTTP 503); etcd out of space ->
+    StoreFull (507)."""
     try:
         yield
     except EtcdUnavailable as exc:
         raise _no_quorum(exc) from None
+    except EtcdError as exc:
+        if NO_SPACE not in exc.details:
+            raise
+        raise StoreFull(
+            f"the config store is out of space (etcd: {exc.details}; compact, defragment and disarm "
+            "its NOSPACE alarm); nothing was stored"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -130,17 +156,22 @@ def parse_store_url(url: str) -> StoreUrl:
 
 
 def open_etcd_store(
-    url: str, *, ca: str | None = None, cert: str | None = None, key: str | None = None
+    url: str,
+    *,
+    ca: str | None = None,
+    cert: str | None = None,
+    key: str | None = None,
+    auth: EtcdAuth | None = None,
 ) -> EtcdBackend:
-    """The backend ``--store URL`` names; ValueError for a bad URL, StoreUnavailable when etcd
-    cannot be reached."""
+    """The backend ``--store URL`` names; ValueError for a bad URL or a refused login,
+    StoreUnavailable when etcd cannot be reached."""
     parsed = parse_store_url(url)
     if not parsed.tls and (ca or cert or key):
         raise ValueError(f"store {url!r}: certificates given but the scheme is etcd:// (use etcds://)")
     if bool(cert) != bool(key):
         raise ValueError("--store-cert and --store-key go together (mutual TLS)")
     tls = TLSConfig(ca=ca, cert=cert, key=key) if parsed.tls else None
-    return EtcdBackend(parsed.endpoints, parsed.prefix, tls=tls)
+    return EtcdBackend(parsed.endpoints, parsed.prefix, tls=tls, auth=auth)
 
 
 def _row_json(row: Change, with_config: bool) -> bytes:
@@ -166,8 +197,6 @@ class EtcdBackend:
     Raises StoreUnavailable at construction when etcd cannot be reached within ``timeout``.
     """
 
-    shared = True  # several lighthouses on one prefix
-
     # Stores hand over every job step (``set_meta`` only queues it; the writer coalesces), so the
     # other lighthouses order changes by a step at most FLUSH_PAUSE old.
     step_save_interval = 0.0
@@ -178,11 +207,13 @@ class EtcdBackend:
         prefix: str = DEFAULT_PREFIX,
         tls: TLSConfig | None = None,
         timeout: timedelta | float = DEFAULT_TIMEOUT,
+        auth: EtcdAuth | None = None,
+        ceiling_lease_ttl: float = CEILING_LEASE_TTL,
     ) -> None:
         self.prefix = prefix.rstrip("/")
         if not self.prefix:
             raise ValueError("the etcd prefix must not be empty (default /lighthouse-config)")
-        self.client = EtcdClient(endpoints, timeout=timeout, tls=tls)
+        self.client = EtcdClient(endpoints, timeout=timeout, tls=tls, auth=auth)
         self._jobs_key = f"{self.prefix}/jobs/"
         self._lock = threading.Lock()
         self._pending_steps: dict[str, int] = {}
@@ -194,9 +225,19 @@ class EtcdBackend:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._watch: Watch | None = None
+        self._space_problem: str | None = None  # the last commit failed for lack of space
+        # This life's own ceiling keys live on one etcd lease, granted at the first ceiling write.
+        self._ceiling_ttl = ceiling_lease_ttl
+        self._ceiling_lease = 0
+        self._ceiling_lease_lost = threading.Event()
+        self._ceiling_keepalive: KeepAlive | None = None
+        self._ceiling_lease_lock = threading.Lock()
         try:
             with _mapped():
                 self._start_revision = self.client.get(self.prefix + "/", prefix=True, limit=1).revision
+        except EtcdAuthFailed as exc:
+            self.client.close()
+            raise ValueError(f"etcd store: {exc.details}") from None
         except BaseException:
             self.client.close()
             raise
@@ -235,6 +276,7 @@ class EtcdBackend:
             if not has_config:
                 records.unresolved.add(row.version)
         records.meta = {kv.key.decode()[len(base) + 5 :]: kv.value.decode() for kv in result.gets[1]}
+        self._fold_unleased_ceilings(job, result.gets[1])
         base_kv = [kv.mod_revision for kv in result.gets[1] if kv.key == (base + "meta/base").encode()]
         with self._lock:
             self._base_revision[job] = base_kv[0] if base_kv else 0
@@ -296,8 +338,13 @@ class EtcdBackend:
             *(Put(base + "meta/" + k, v) for k, v in meta.items()),
         ]
         compares = [compare, *self._ceilings_unchanged(job, leases)]
-        with _mapped():
-            result = self.client.txn(compares, ops, [Get(row_keys[-1]), Get(head)])
+        try:
+            with _mapped():
+                result = self.client.txn(compares, ops, [Get(row_keys[-1]), Get(head)])
+        except StoreFull as exc:
+            self._space_problem = str(exc)
+            raise
+        self._space_problem = None  # a commit went through: etcd has space (again)
         if not result.succeeded:
             mine, current = result.gets
             if mine and mine[0].value == values[-1]:
@@ -326,21 +373,91 @@ class EtcdBackend:
             Compare(after_own, "mod", "<", newer, range_end=end),
         ]
 
+    def space_problem(self) -> str | None:
+        return self._space_problem
+
     def lease_ceiling_key(self, owner: str) -> str:
         return LEASE_CEILING + owner
 
     def save_lease_ceiling(self, job: str, owner: str, ceiling: int, served_head: int) -> None:
+        """This life's key (on its etcd lease) and the job's floor raised to ``ceiling``, in one
+        transaction comparing the head (HeadMoved: a change to take first) and the floor (another
+        lighthouse raised it meanwhile: read it again and retry)."""
         base = self._job(job)
         head = base + "head"
-        compare = (
+        floor_key = base + "meta/" + CEILING_FLOOR
+        compare_head = (
             Compare(head, "create", "==", 0)
             if served_head == 0
             else Compare(head, "value", "==", str(served_head))
         )
         with _mapped():
-            result = self.client.txn([compare], [Put(base + "meta/" + LEASE_CEILING + owner, str(ceiling))])
-        if not result.succeeded:
-            raise HeadMoved(f"job {job}: its head moved past version {served_head}")
+            kvs = self.client.get(floor_key).kvs
+        floor, floor_mod = (int(kvs[0].value), kvs[0].mod_revision) if kvs else (-1, 0)
+        for _ in range(CEILING_CAS_TRIES):
+            lease = self._own_ceiling_lease()
+            ops: list[Op] = [Put(base + "meta/" + LEASE_CEILING + owner, str(ceiling), lease=lease)]
+            if ceiling > floor:
+                ops.append(Put(floor_key, str(ceiling)))
+            try:
+                with _mapped():
+                    result = self.client.txn(
+                        [compare_head, Compare(floor_key, "mod", "==", floor_mod)],
+                        ops,
+                        [Get(head), Get(floor_key)],
+                    )
+            except EtcdError as exc:
+                if "lease not found" not in exc.details:
+                    raise
+                log.warning("job %s: the lease of this lighthouse's ceilings expired; taking a new one", job)
+                self._ceiling_lease_lost.set()
+                continue
+            if result.succeeded:
+                return
+            heads, floors = result.gets
+            if (heads[0].value.decode() if heads else "0") != str(served_head):
+                raise HeadMoved(f"job {job}: its head moved past version {served_head}")
+            floor, floor_mod = (int(floors[0].value), floors[0].mod_revision) if floors else (-1, 0)
+        raise HeadMoved(f"job {job}: the ceiling floor kept moving; try again")
+
+    def _own_ceiling_lease(self) -> int:
+        """The etcd lease of this life's ceiling keys (granted once, again when it was lost)."""
+        with self._ceiling_lease_lock:
+            if self._ceiling_lease and not self._ceiling_lease_lost.is_set():
+                return self._ceiling_lease
+            if self._ceiling_keepalive is not None:
+                self._ceiling_keepalive.stop()
+            self._ceiling_lease_lost.clear()
+            with _mapped():
+                self._ceiling_lease = self.client.lease_grant(self._ceiling_ttl)
+            self._ceiling_keepalive = self.client.keep_alive(
+                self._ceiling_lease, self._ceiling_ttl, self._ceiling_lease_lost.set
+            )
+            return self._ceiling_lease
+
+    def _fold_unleased_ceilings(self, job: str, meta: list[KeyValue]) -> None:
+        """Ceiling keys without a lease (an older release's lives, never deleted) go into the
+        floor and are deleted, in one transaction that holds only if none of them moved; best
+        effort (a later load tries again). The values were read already: nothing is lost."""
+        base = self._job(job) + "meta/"
+        own_prefix = (base + LEASE_CEILING).encode()
+        floor_key = (base + CEILING_FLOOR).encode()
+        old = [kv for kv in meta if kv.key.startswith(own_prefix) and kv.lease == 0][: TXN_OPS - 2]
+        if not old:
+            return
+        floors = [kv for kv in meta if kv.key == floor_key]
+        floor = max([int(kv.value) for kv in old + floors])
+        compares = [Compare(kv.key, "mod", "==", kv.mod_revision) for kv in old]
+        compares.append(Compare(floor_key, "mod", "==", floors[0].mod_revision if floors else 0))
+        ops: list[Op] = [Put(floor_key, str(floor)), *(Delete(kv.key) for kv in old)]
+        try:
+            with _mapped():
+                done = self.client.txn(compares, ops).succeeded
+        except (StoreUnavailable, StoreFull, EtcdError) as exc:
+            log.info("job %s: old lease-ceiling keys not folded yet: %s", job, exc)
+            return
+        if done:
+            log.info("job %s: folded %d old lease-ceiling keys into its floor (%d)", job, len(old), floor)
 
     def add_schema(self, job: str, record: dict[str, Any]) -> None:
         """Schema changes sort by key (time of the change); their ``id`` is etcd's create revision."""
@@ -533,6 +650,8 @@ class EtcdBackend:
                     ceilings.append((job, sub[len("meta/") :], int(event.kv.value), event.revision))
                 elif sub == "meta/base" and event.revision != self._base_revision.get(job):
                     pruned.add(job)  # another lighthouse pruned: reload the folded base
+                elif sub == "meta/runs":
+                    pruned.add(job)  # a run began or ended (maybe through another lighthouse): reload
                 elif sub.startswith(("schema/", "guards/")):
                     pruned.add(job)  # a schema or guard change (maybe another lighthouse's): reload
             for job in pruned:
@@ -573,4 +692,18 @@ class EtcdBackend:
             self._flush(timeout=1.0)
         except (EtcdUnavailable, EtcdError) as exc:
             log.warning("etcd store: closing with job steps or switches unsaved: %s", exc)
+        self._end_ceiling_lease()
         self.client.close()
+
+    def _end_ceiling_lease(self) -> None:
+        """This life's ceiling keys go (the floor keeps what they promised)."""
+        with self._ceiling_lease_lock:
+            if self._ceiling_keepalive is not None:
+                self._ceiling_keepalive.stop()
+                self._ceiling_keepalive = None
+            if self._ceiling_lease:
+                try:
+                    self.client.lease_revoke(self._ceiling_lease, timeout=1.0)
+                except (EtcdUnavailable, EtcdError) as exc:
+                    log.info("lease-ceiling keys left to expire with their lease: %s", exc)
+                self._ceiling_lease = 0

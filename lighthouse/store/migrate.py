@@ -18,9 +18,11 @@ from typing import Any, Protocol
 
 import click
 
+from lighthouse.etcd.connection import EtcdAuth
 from lighthouse.etcd.errors import EtcdError
 from lighthouse.store.backend import Change, StoreBackend, StoreUnavailable
 from lighthouse.store.etcd import open_etcd_store
+from lighthouse.store.etcd_options import etcd_connection_options, store_auth
 from lighthouse.store.sqlite import STORE_FILE, SqliteBackend, StateInUse
 from protos.limits import EVERY_RECORD
 
@@ -105,9 +107,11 @@ def _same_rows(want: list[Change], got: list[Change]) -> bool:
     )
 
 
-def open_etcd(url: str, ca: str | None, cert: str | None, key: str | None) -> MigrationTarget:
+def open_etcd(
+    url: str, ca: str | None, cert: str | None, key: str | None, auth: EtcdAuth | None = None
+) -> MigrationTarget:
     """The etcd backend a ``--store`` URL names (``lighthouse serve --store`` opens the same)."""
-    target: MigrationTarget = open_etcd_store(url, ca=ca, cert=cert, key=key)
+    target: MigrationTarget = open_etcd_store(url, ca=ca, cert=cert, key=key, auth=auth)
     return target
 
 
@@ -125,11 +129,15 @@ def open_etcd(url: str, ca: str | None, cert: str | None, key: str | None) -> Mi
     metavar="etcd://HOST:PORT[,HOST:PORT...][/PREFIX]",
     help="The empty etcd prefix to copy into (etcds:// = TLS; default prefix /lighthouse-config).",
 )
-@click.option("--store-ca", default=None, help="CA bundle that signed etcd's certificates (etcds://).")
-@click.option("--store-cert", default=None, help="Client certificate for etcd (mutual TLS).")
-@click.option("--store-key", default=None, help="Key of --store-cert.")
+@etcd_connection_options
 def migrate_command(
-    state_dir: Path, store_url: str, store_ca: str | None, store_cert: str | None, store_key: str | None
+    state_dir: Path,
+    store_url: str,
+    store_ca: str | None,
+    store_cert: str | None,
+    store_key: str | None,
+    store_user: str | None,
+    store_password_file: str | None,
 ) -> None:
     """Copy every job's history from --state-dir into an empty etcd prefix (refuses a non-empty one)."""
     db = state_dir / STORE_FILE
@@ -139,11 +147,12 @@ def migrate_command(
     source: SqliteBackend | None = None
     target: MigrationTarget | None = None
     try:
+        auth = store_auth(store_user, store_password_file)
         source = SqliteBackend(db)
-        target = open_etcd(store_url, store_ca, store_cert, store_key)
+        target = open_etcd(store_url, store_ca, store_cert, store_key, auth)
         copied = migrate(source, target)
         target.close()  # writes what the backend queued (job steps, step switches)...
-        target = open_etcd(store_url, store_ca, store_cert, store_key)
+        target = open_etcd(store_url, store_ca, store_cert, store_key, auth)
         check(source, target)  # ...and a fresh connection reads it all back
     except StateInUse as exc:
         click.echo(f"error: {exc}; stop that lighthouse before migrating", err=True)

@@ -13,6 +13,7 @@ not acknowledged edits).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -21,10 +22,22 @@ import socket
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from lighthouse.store.backend import Change, HeadMoved, JobRecords, LeaseView, Switch, stored_jobs
+from lighthouse.store.backend import (
+    Change,
+    HeadMoved,
+    JobRecords,
+    LeaseView,
+    StoreFull,
+    StoreUnavailable,
+    Switch,
+    stored_jobs,
+)
+from lighthouse.store.ceiling_file import CeilingFile
 from protos.job_ids import JobId
 
 logger = logging.getLogger(__name__)
@@ -35,6 +48,10 @@ FORMAT_VERSION = 3
 STORE_FILE = "lighthouse.db"  # the database file inside a --state-dir
 STEP_SAVE_PAUSE = 1.0  # seconds between two writes of queued job steps (one transaction for all jobs)
 LEASE_CEILING_KEY = "lease_ceiling"
+CEILING_FILE = "lease_ceilings"  # beside STORE_FILE: the step-lease ceilings, written in place
+# Below this many free bytes in the state directory the store shows as full (health): an edit
+# needs a few pages of WAL, a checkpoint a few more.
+LOW_SPACE = 1 << 20
 # job_versions' columns: the job, and a Change's fields of the same names (read and written by name).
 CHANGE_COLUMNS = (
     "job",
@@ -118,15 +135,17 @@ def _lock_exclusively(path: Path) -> IO[str]:
         raise StateInUse(f"state directory {path.parent} is in use by {holder}") from None
     handle.seek(0)
     handle.truncate()
-    handle.write(f"lighthouse pid {os.getpid()} on {socket.gethostname()}\n")
-    handle.flush()
+    try:  # who holds it, for the message above; a full disk leaves it unsaid
+        handle.write(f"lighthouse pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+    except OSError:
+        pass
     return handle
 
 
 class SqliteBackend:
     """One SQLite database for every job; ``path=None`` keeps it in memory (lost on exit)."""
 
-    shared = False  # one lighthouse per state directory (a lock file guarantees it)
     step_save_interval = 0.0  # every step is queued; the writer thread coalesces them
 
     def __init__(self, path: Path | None = None) -> None:
@@ -139,10 +158,14 @@ class SqliteBackend:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._lock_file: IO[str] | None = None
+        self._ceilings: CeilingFile | None = None
+        self._space_problem: str | None = None  # the last write failed for lack of space
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._lock_file = _lock_exclusively(path.with_name(path.name + ".lock"))
         try:
+            if path is not None:
+                self._ceilings = CeilingFile(path.with_name(CEILING_FILE))
             self._db = sqlite3.connect(
                 str(path) if path is not None else ":memory:", check_same_thread=False, isolation_level=None
             )
@@ -151,9 +174,15 @@ class SqliteBackend:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA busy_timeout=5000")
             self._open_schema()
-        except BaseException:
+        except BaseException as exc:
+            if self._ceilings is not None:
+                self._ceilings.close()
             if self._lock_file is not None:
                 self._lock_file.close()
+            if isinstance(exc, sqlite3.Error | OSError) and self._no_space(exc):
+                raise StoreFull(f"cannot open {path}: its disk is full ({exc}); free space there") from None
+            if isinstance(exc, sqlite3.Error):
+                raise OSError(f"cannot open {path}: {exc}") from None
             raise
         self._writer = threading.Thread(target=self._write_steps, name="sqlite-steps", daemon=True)
         self._writer.start()
@@ -200,7 +229,49 @@ class SqliteBackend:
             step = self._pending_steps.get(job)
         if step is not None and step > int(meta.get("current_step", "-1")):
             meta["current_step"] = str(step)  # queued, not written yet: still the job's step
+        if self._ceilings is not None:  # the file's, or one a lighthouse before it stored in meta
+            ceiling = max(self._ceilings.get(job), int(meta.get(LEASE_CEILING_KEY, "-1")))
+            if ceiling >= 0:
+                meta[LEASE_CEILING_KEY] = str(ceiling)
         return JobRecords(rows, meta)
+
+    # ------------------------------------------------------------------ space
+    def space_problem(self) -> str | None:
+        """A write that failed for lack of space, until one commits or space is free again; or
+        less than LOW_SPACE free in the state directory now."""
+        if self.path is None:
+            return None
+        try:
+            stat = os.statvfs(self.path.parent)
+        except OSError:
+            return self._space_problem
+        free = stat.f_bavail * stat.f_frsize
+        if free < LOW_SPACE:
+            return f"the state directory {self.path.parent} is full ({free} bytes free)"
+        self._space_problem = None
+        return None
+
+    @contextmanager
+    def _space_checked(self) -> Iterator[None]:
+        """A write: one refused for lack of space raises StoreFull (the transaction rolled back)."""
+        try:
+            yield
+        except (sqlite3.Error, OSError) as exc:
+            if not self._no_space(exc):
+                raise
+            where = self.path.parent if self.path is not None else "memory"
+            self._space_problem = f"the state directory {where} is full ({exc})"
+            raise StoreFull(f"{self._space_problem}; nothing was stored: free space there") from None
+        self._space_problem = None
+
+    def _no_space(self, exc: BaseException) -> bool:
+        if isinstance(exc, OSError):
+            return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code == sqlite3.SQLITE_FULL:
+            return True
+        # An I/O error (the WAL index could not grow, say) on a disk with no space left.
+        return code is not None and code & 0xFF == sqlite3.SQLITE_IOERR and self.space_problem() is not None
 
     def is_empty(self) -> bool:
         """No job holds anything (a store ``lighthouse migrate`` may copy into)."""
@@ -235,7 +306,7 @@ class SqliteBackend:
         leases: LeaseView | None = None,
     ) -> None:
         # ``leases`` is moot: no other lighthouse writes this database
-        with self._lock, self._db:  # one transaction: the rows and their meta
+        with self._lock, self._space_checked(), self._db:  # one transaction: the rows and their meta
             self._db.execute("BEGIN IMMEDIATE")
             (head,) = self._db.execute(
                 "SELECT COALESCE(MAX(version), 0) FROM job_versions WHERE job = ?", (job,)
@@ -256,7 +327,7 @@ class SqliteBackend:
                     self._pending_steps[job] = int(step)
             self._wake.set()
         if items:
-            with self._lock:
+            with self._lock, self._space_checked():
                 if not self._closed:
                     self._set_meta(job, items)
 
@@ -266,18 +337,34 @@ class SqliteBackend:
         return LEASE_CEILING_KEY
 
     def save_lease_ceiling(self, job: str, owner: str, ceiling: int, served_head: int) -> None:
-        self.set_meta(job, {LEASE_CEILING_KEY: str(ceiling)})
+        """In the ceiling file (in place: no space needed); in meta for a database in memory."""
+        if self._ceilings is None:
+            self.set_meta(job, {LEASE_CEILING_KEY: str(ceiling)})
+            return
+        try:
+            self._ceilings.save(job, ceiling)
+        except OSError as exc:
+            if self._no_space(exc):
+                raise StoreFull(f"no slot for job {job}'s step-lease ceiling: {exc}") from None
+            raise StoreUnavailable(f"the step-lease ceiling of job {job} cannot be written: {exc}") from None
 
     def _write_steps(self) -> None:
         """Write queued job steps, every job in one transaction, at most once per STEP_SAVE_PAUSE."""
+        failing = False
         while not self._stopping.is_set():
             self._wake.wait()
             self._wake.clear()
             try:
                 self._flush_steps()
-            except sqlite3.Error as exc:  # a full disk, say: the steps stay queued, tried again
-                logger.warning("job steps not saved yet: %s", exc)
+            except (sqlite3.Error, OSError) as exc:  # a full disk, say: the steps stay queued, tried again
+                if not failing:
+                    logger.warning("job steps not saved yet (tried again each second): %s", exc)
+                failing = True
                 self._wake.set()
+            else:
+                if failing:
+                    logger.info("job steps saved again")
+                failing = False
             self._stopping.wait(STEP_SAVE_PAUSE)
 
     def _flush_steps(self) -> None:
@@ -321,7 +408,7 @@ class SqliteBackend:
         self._wake.set()
 
     def add_schema(self, job: str, record: dict[str, Any]) -> None:
-        with self._lock, self._db:
+        with self._lock, self._space_checked(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute(
                 "INSERT INTO job_schemas (job, schema, created_at, source, author, comment)"
@@ -347,7 +434,7 @@ class SqliteBackend:
         return [{**dict(zip(keys, r, strict=True)), "schema": json.loads(r[1])} for r in rows]
 
     def save_guard(self, job: str, record: dict[str, Any]) -> None:
-        with self._lock:
+        with self._lock, self._space_checked():
             self._db.execute(
                 "INSERT OR REPLACE INTO job_guards VALUES (?, ?, ?)",
                 (job, int(record["version"]), json.dumps(record, ensure_ascii=False)),
@@ -361,8 +448,9 @@ class SqliteBackend:
         return [json.loads(r[0]) for r in rows]
 
     def prune(self, job: str, gone: set[int], meta: dict[str, str], oldest_kept: int) -> None:
-        self._flush_steps()  # queued switches first: the pruning below decides which to keep
-        with self._lock, self._db:
+        with self._space_checked():
+            self._flush_steps()  # queued switches first: the pruning below decides which to keep
+        with self._lock, self._space_checked(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(
                 "DELETE FROM job_versions WHERE job = ? AND version = ?", [(job, v) for v in gone]
@@ -379,10 +467,12 @@ class SqliteBackend:
         with self._queue_lock:
             self._pending_steps.pop(job, None)
             self._pending_switches = [sw for sw in self._pending_switches if sw[0] != job]
-        with self._lock, self._db:
+        with self._lock, self._space_checked(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             for table in ("job_versions", "job_meta", "job_switches", "job_schemas", "job_guards"):
                 self._db.execute(f"DELETE FROM {table} WHERE job = ?", (job,))
+        if self._ceilings is not None:
+            self._ceilings.delete(job)
 
     def close(self) -> None:
         """Write the queued job steps, then close the database."""
@@ -399,6 +489,8 @@ class SqliteBackend:
         with self._lock:
             self._closed = True
             self._db.close()
+            if self._ceilings is not None:
+                self._ceilings.close()
             if self._lock_file is not None:
                 self._lock_file.close()  # releases the lock
 

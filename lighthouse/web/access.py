@@ -89,23 +89,24 @@ def _unauthorized(message: str) -> HttpError:
     return HttpError(401, message, headers={"WWW-Authenticate": 'Bearer realm="lighthouse"'})
 
 
-def load_job_tokens(path: Path) -> dict[str, list[str]]:
-    """Read a ``--tokens`` file; raises ValueError naming what is wrong."""
+def load_job_tokens(path: Path, flag: str = "--tokens", what: str = "token") -> dict[str, list[str]]:
+    """Read a ``--tokens`` (or ``flag``) file of ``what`` strings per job; raises ValueError naming
+    what is wrong."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--tokens {path}: {exc}") from None
+        raise ValueError(f"{flag} {path}: {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError(f'--tokens {path}: expected a JSON object {{"job": ["token", ...]}}')
+        raise ValueError(f'{flag} {path}: expected a JSON object {{"job": ["{what}", ...]}}')
     out: dict[str, list[str]] = {}
     for name, tokens in data.items():
         try:
             job = check_job_name(name)  # an empty name is no job, not "default"
         except InvalidJobId as exc:
-            raise ValueError(f"--tokens {path}: {exc}") from None
+            raise ValueError(f"{flag} {path}: {exc}") from None
         if isinstance(tokens, str):
             tokens = [tokens]
         if not isinstance(tokens, list) or not all(isinstance(t, str) and t.strip() for t in tokens):
-            raise ValueError(f"--tokens {path}: job {job!r} must map to a list of non-empty token strings")
+            raise ValueError(f"{flag} {path}: job {job!r} must map to a list of non-empty {what} strings")
         out[job] = [t.strip() for t in tokens]
     return out

@@ -13,7 +13,7 @@ from lighthouse.config.schema import SchemaViolation
 from lighthouse.config.values import ConfigError, ConfigTooLarge, TypeChanged
 from lighthouse.jobs.registry import JobBusy, TooManyJobs
 from lighthouse.jobs.versions import NotCancellable, NotFound, StepPromised, VersionConflict
-from lighthouse.store.backend import StoreUnavailable
+from lighthouse.store.backend import StoreFull, StoreUnavailable
 from lighthouse.web.messages import HttpError
 from protos.job_ids import InvalidJobId
 
@@ -35,6 +35,7 @@ STATUSES: dict[type[Exception], tuple[int, Callable[[Any], dict[str, Any]]]] = {
     SchemaViolation: (422, lambda exc: {"violations": exc.violations}),
     TypeChanged: (422, lambda exc: {"type_changes": exc.type_changes}),
     StoreUnavailable: (503, _none),
+    StoreFull: (507, _none),  # no space for the write: nothing stored, reads and leases go on
     TooManyJobs: (507, _none),
 }
 

@@ -28,6 +28,7 @@ from lighthouse.jobs.registry import JobRegistry
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.timeline import DEFAULT_SEGMENTS, timeline
 from lighthouse.jobs.versions import ConfigStore, HistoryPage, NotFound, Plan
+from lighthouse.store.backend import SharedBackend
 from lighthouse.web.access import Access, author_of
 from lighthouse.web.messages import (
     HttpError,
@@ -66,6 +67,8 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 Handler = Callable[[Request], Response]
+TorchftSnapshot = Callable[[], dict[str, Any]]
+"""torchft's view (``lighthouse serve --torchft``): its latest quorum and the groups heartbeating."""
 
 
 TOKEN_HEADER = "X-Lighthouse-Token"  # "not-needed": a token came for a job that needs none
@@ -86,8 +89,10 @@ class AdminApi:
         admin_token: str | None,
         allowed_hosts: Iterable[str] = (),
         job_tokens: dict[str, list[str]] | None = None,
+        torchft: TorchftSnapshot | None = None,
     ) -> None:
         self.jobs = jobs
+        self._torchft = torchft
         self.access = Access(admin_token, job_tokens)
         self._allowed_hosts = {h.lower() for h in allowed_hosts} | _own_names()
         self.assets = load_assets()
@@ -111,7 +116,11 @@ class AdminApi:
             (r"/api/config/scheduled/([^/]+)", {"DELETE": self.cancel}),
             (r"/api/config/at-step/([^/]+)", {"GET": self.at_step}),
             (r"/api/config/timeline", {"GET": self.timeline}),
+            # /api/jobs/{job}/runs[/end] arrives as /api/runs[/end]
+            (r"/api(?:/config)?/runs", {"GET": self.runs}),
+            (r"/api(?:/config)?/runs/end", {"POST": self.end_run}),
             (r"/api/managers", {"GET": self.managers}),
+            (r"/api/torchft", {"GET": self.torchft}),
             (r"/api/metrics", {"GET": self.training_metrics}),
             (r"/api/config/guards", {"GET": self.guards}),
             (r"/api/config/guards/([^/]+)", {"DELETE": self.cancel_guard}),
@@ -217,7 +226,18 @@ class AdminApi:
 
     # ------------------------------------------------------------ reads
     def healthz(self, req: Request) -> Response:
-        return json_response({"status": "ok", "version": self.jobs.default.store.head})
+        """200 while the lighthouse serves configs; ``degraded`` (still 200: reads and leases go on)
+        while its store cannot take writes for lack of space. On a shared store, whether step leases
+        are granted (an earlier release live on the prefix suspends them: peers.features)."""
+        problem = self.jobs.backend.space_problem()
+        body: dict[str, Any] = {"status": "ok", "version": self.jobs.default.store.head}
+        if problem is not None:  # the healthy answer stays as it was
+            body.update(status="degraded", store="full", store_problem=problem)
+        if isinstance(self.jobs.backend, SharedBackend):
+            gate = self.jobs.lease_gate
+            body["step_leases"] = "suspended" if gate.suspended else "granted"
+            body["step_leases_suspended_by"] = list(gate.suspended_by)
+        return json_response(body)
 
     def list_jobs(self, req: Request) -> Response:
         return json_response({"jobs": self.jobs.overview()})
@@ -246,7 +266,9 @@ class AdminApi:
             if wait:
                 raise HttpError(400, "wait needs after=VERSION (the version you hold)")
             return _history_page(
-                state.store.history_page(limit, _HISTORY_ENTRIES_BYTES, before=before), "before"
+                state.store.history_page(limit, _HISTORY_ENTRIES_BYTES, before=before),
+                "before",
+                state.store.runs.to_json(),
             )
         if before is not None:
             raise HttpError(400, "before and after do not go together")
@@ -261,7 +283,8 @@ class AdminApi:
                 state.wait_for_version(after, wait)
             finally:
                 self._waiting.release()
-        return _history_page(state.store.history_page(limit, _HISTORY_ENTRIES_BYTES, after=after), "after")
+        page = state.store.history_page(limit, _HISTORY_ENTRIES_BYTES, after=after)
+        return _history_page(page, "after", state.store.runs.to_json())
 
     def scheduled(self, req: Request) -> Response:
         return json_response({"scheduled": self.state(req).store.scheduled()})
@@ -281,9 +304,32 @@ class AdminApi:
         limit = req.int_arg("limit", minimum=1) or DEFAULT_SEGMENTS
         return json_response(timeline(self.state(req).store, min(limit, MAX_HISTORY_LIMIT)))
 
+    def runs(self, req: Request) -> Response:
+        state = self.state(req)
+        return json_response({"runs": state.runs(), "current_step": state.store.current_step})
+
+    def end_run(self, req: Request) -> Response:
+        """POST runs/end: the operator (or the training script) ends the live run: its step leases
+        end, a change made now applies at once, the next stepping manager begins the next run."""
+        author = self.authorize(req)
+        state = self.state(req)
+        reason = f"ended by {author}"
+        comment = self._comment(req)
+        run = state.end_run(f"{reason}: {comment}" if comment else reason)
+        if run is None:
+            raise HttpError(409, "no run of this job is live (it ended already, or never began)")
+        return json_response({"ended": run.to_json(), "runs": state.runs()})
+
     def managers(self, req: Request) -> Response:
         state = self.state(req)
-        return json_response({"managers": state.managers(), "version": state.store.head})
+        live, pending = state.live_and_pending()
+        answer = {"managers": state.managers(), "version": state.store.head}
+        return json_response({**answer, "live_version": live, "pending": pending})
+
+    def torchft(self, req: Request) -> Response:
+        """GET /api/torchft: the quorum torchft's lighthouse formed on this port (every job's
+        groups: torchft's lighthouse knows no jobs); ``{"torchft": null}`` without ``--torchft``."""
+        return json_response({"torchft": self._torchft() if self._torchft is not None else None})
 
     def training_metrics(self, req: Request) -> Response:
         """GET /api/metrics?name=loss&from_step=A&to_step=B[&max_points=N][&groups=1]: the job's
@@ -326,6 +372,12 @@ class AdminApi:
         ) -> None:
             metric(name, kind, help_text, [(labels, value(st)) for labels, st in per_job])
 
+        metric(
+            "lighthouse_store_writable",
+            "gauge",
+            "1 while the store can take edits, 0 while it has no space for them.",
+            [("", 0 if self.jobs.backend.space_problem() is not None else 1)],
+        )
         job_metric("lighthouse_config_version", "gauge", "Latest config version.", lambda st: st.store.head)
         job_metric(
             "lighthouse_get_config_calls_total",
@@ -424,6 +476,12 @@ class AdminApi:
             "gauge",
             "Newest step a metric was reported for.",
             [(labels, v.step) for labels, v in last],
+        )
+        metric(
+            "lighthouse_step_leases_suspended",
+            "gauge",
+            "1 while a lighthouse on the store that does not honour step leases is live: none are granted.",
+            [("", int(self.jobs.lease_gate.suspended))],
         )
         body = ("\n".join(lines) + "\n").encode()
         return Response(200, body, METRICS_TYPE, {"Cache-Control": "no-store"})
@@ -563,10 +621,11 @@ class AdminApi:
         )
 
 
-def _history_page(page: HistoryPage, direction: str) -> Response:
+def _history_page(page: HistoryPage, direction: str, runs: list[dict[str, Any]]) -> Response:
     """``next_before`` (``next_after`` for a feed) when more versions lie past this page: ask with
-    it for them; ``truncated`` when the byte budget ended the page before ``limit``."""
-    answer: dict[str, Any] = {"versions": page.versions}
+    it for them; ``truncated`` when the byte budget ended the page before ``limit``. ``runs``: where
+    each run began (after version ``base_version``, at step ``start_step``)."""
+    answer: dict[str, Any] = {"versions": page.versions, "runs": runs}
     if page.more:
         answer[f"next_{direction}"] = page.versions[-1]["version"]
     if page.truncated:

@@ -16,6 +16,7 @@ const LHChart = (() => {
   const PAD = { left: 68, right: 18, top: 26, bottom: 30 };
   const TIMELINE_LIMIT = 200;
   const GROUP_COLORS = ["#d9480f", "#2b8a3e", "#862e9c", "#1971c2", "#e67700", "#0b7285", "#c2255c", "#5f3dc4"];
+  const LEGEND_MAX = 12; // groups named under a chart; the rest as "N more" (hover lists them)
 
   const fmt = (v) => (v === null || v === undefined ? "–" : Number(v).toPrecision(4).replace(/\.?0+(e|$)/, "$1"));
   const lastStep = (p) => (p.to_step ?? p.step);
@@ -145,7 +146,7 @@ const LHChart = (() => {
     root.append(svg("path", { class: "ch-band", d: bandPath(points, x, y) }));
     Object.keys(groups).sort().forEach((replica, i) => {
       root.append(svg("path", {
-        class: "ch-group", "data-replica": replica, stroke: GROUP_COLORS[i % GROUP_COLORS.length],
+        class: "ch-group", "data-replica": replica, stroke: groupColor(i),
         d: linePath(groups[replica], x, (p) => (p.mean === null ? null : y(p.mean))),
       }, title(`group ${replica}`)));
     });
@@ -180,7 +181,21 @@ const LHChart = (() => {
       ));
     }
     root.append(markers);
-    return root;
+    return Object.keys(groups).length ? [root, groupLegend(name, Object.keys(groups).sort())] : [root];
+  }
+
+  const groupColor = (i) => GROUP_COLORS[i % GROUP_COLORS.length];
+
+  // Which line is which replica group: the first LEGEND_MAX by name, then how many more.
+  function groupLegend(name, replicas) {
+    const shown = replicas.slice(0, LEGEND_MAX);
+    const rest = replicas.slice(LEGEND_MAX);
+    return LH.el("ul", { class: "chart-legend", "data-metric": name, "data-testid": "chart-legend" },
+      shown.map((replica, i) => LH.el("li", { dataset: { replica } },
+        svg("svg", { class: "swatch", width: 16, height: 8, "aria-hidden": "true" },
+          svg("line", { x1: 0, x2: 16, y1: 4, y2: 4, stroke: groupColor(i), "stroke-width": 2.5 })),
+        replica)),
+      rest.length ? LH.el("li", { class: "more", title: rest.join(", ") }, `${rest.length} more`) : null);
   }
 
   // One line per guard under the charts: what it watches and how it ended.
@@ -210,7 +225,7 @@ const LHChart = (() => {
       const last = latest.metrics.last[name];
       return latest.metrics.metrics[name].filter((p) => !last || p.step <= last.step);
     };
-    box.replaceChildren(...names.map((name) => renderOne(name, settled(name), perGroup[name] || {}, latest, range, width)));
+    box.replaceChildren(...names.flatMap((name) => renderOne(name, settled(name), perGroup[name] || {}, latest, range, width)));
     renderGuards(latest.guards);
     const dropped = latest.metrics.dropped;
     document.getElementById("charts-dropped").textContent = dropped

@@ -6,6 +6,8 @@ const LH = (() => {
   // The token last entered in this tab (the admin token works for every job), and per job the one
   // that job accepted, so a job editor moving between jobs is asked once per job.
   const TOKEN_KEY = "lighthouse-admin-token";
+  // The name a change from these pages records as its author (X-Author), kept across visits.
+  const AUTHOR_KEY = "lighthouse-author";
   // On /jobs/{job} and /jobs/{job}/config the pages act on that job; elsewhere on the job "default".
   const JOB = (() => {
     const m = location.pathname.match(/^\/jobs\/([^/]+)/);
@@ -244,6 +246,8 @@ const LH = (() => {
     const token = sessionStorage.getItem(jobTokenKey()) || sessionStorage.getItem(TOKEN_KEY);
     const sent = { ...headers };
     if (token) sent.Authorization = "Bearer " + token;
+    const author = method === "GET" || !ask ? "" : authorName(); // background checks record nothing
+    if (author) sent["X-Author"] = headerText(author);
     const init = { method, headers: sent, cache: "no-store" };
     if (body !== undefined) {
       sent["Content-Type"] = "application/json";
@@ -264,7 +268,71 @@ const LH = (() => {
       sessionStorage.removeItem(jobTokenKey());
       if (await askToken(tokenReason(token, otherJob))) return api(method, path, body, headers);
     }
+    if (author && res.status === 400 && /^X-Author /.test((data && data.error) || "")) {
+      authorRefused(data.error);
+    } else if (author && res.ok) {
+      keepAuthor(author);
+    }
     return { ok: res.ok, status: res.status, data };
+  }
+
+  // ---- the author: asked for in a bar under the header while none is kept (a name typed there
+  // is used by the next change, and kept once the lighthouse accepts it); "author: alice ✎" changes it.
+  const authorBar = () => document.getElementById("author-bar");
+
+  function authorName() {
+    const kept = localStorage.getItem(AUTHOR_KEY);
+    if (kept) return kept;
+    const bar = authorBar();
+    return bar && !bar.hidden ? document.getElementById("author-name").value.trim() : "";
+  }
+
+  // Header values are bytes: the name goes as UTF-8 (the lighthouse decodes it so).
+  const headerText = (name) => String.fromCharCode(...new TextEncoder().encode(name));
+
+  function keepAuthor(name) {
+    localStorage.setItem(AUTHOR_KEY, name);
+    const bar = authorBar();
+    if (bar) bar.hidden = true;
+    showAuthor();
+  }
+
+  function authorRefused(message) {
+    localStorage.removeItem(AUTHOR_KEY);
+    showAuthor();
+    openAuthorBar(message);
+  }
+
+  function showAuthor() {
+    const button = document.getElementById("author-edit");
+    if (button) button.textContent = `author: ${localStorage.getItem(AUTHOR_KEY) || "not set"} ✎`;
+  }
+
+  function openAuthorBar(refusal = "") {
+    const bar = authorBar();
+    if (!bar) return;
+    const reason = document.getElementById("author-reason");
+    reason.textContent = refusal ? `Not accepted: ${refusal}` : "";
+    reason.hidden = !refusal;
+    const input = document.getElementById("author-name");
+    input.value = localStorage.getItem(AUTHOR_KEY) || "";
+    bar.hidden = false;
+    input.focus();
+  }
+
+  function initAuthorBar() {
+    const bar = authorBar();
+    if (!bar) return;
+    showAuthor();
+    bar.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const name = document.getElementById("author-name").value.trim();
+      if (name) keepAuthor(name);
+      else bar.hidden = true;
+    });
+    document.getElementById("author-later").addEventListener("click", () => { bar.hidden = true; });
+    document.getElementById("author-edit").addEventListener("click", () => openAuthorBar());
+    if (!localStorage.getItem(AUTHOR_KEY) && document.querySelector('header.topbar[data-page="editor"]')) openAuthorBar();
   }
 
   function fmtTime(epochSeconds) {
@@ -317,6 +385,7 @@ const LH = (() => {
       el("a", { href, class: current ? "active" : null, "aria-current": current ? "page" : null, ...attrs }, label);
     const brand = el("span", { class: "brand" }, "lighthouse", el("span", { class: "brand-dim" }, "-config"));
     const conn = el("span", { id: "conn", class: "conn" }, "connecting…");
+    header.after(el("div", { id: "store-bar", class: "store-bar", role: "alert", "data-testid": "store-bar", hidden: true }));
     if (page === "jobs") {
       header.append(brand, el("nav", {}, link("Jobs", "/", true)), conn);
       return;
@@ -328,8 +397,15 @@ const LH = (() => {
         link("All jobs", "/", false, { "data-nav": "jobs", hidden: true }),
         link("Dashboard", "/", page === "dashboard"),
         link("Config editor", "/config", page === "editor")),
+      el("button", { type: "button", id: "author-edit", class: "small author-edit", "data-testid": "author-edit", title: "the name your changes record as their author" }, "author: not set ✎"),
       conn,
     );
+    header.after(el("form", { id: "author-bar", class: "token-bar author-bar", "data-testid": "author-bar", hidden: true },
+      el("span", { id: "author-reason", class: "refused", "data-testid": "author-reason", role: "alert", hidden: true }),
+      el("label", {}, "Your name (recorded as the author) ",
+        el("input", { id: "author-name", "data-testid": "author-name", autocomplete: "name", maxlength: 64, placeholder: "e.g. alice" })),
+      el("button", { type: "submit", class: "primary small" }, "Use name"),
+      el("button", { type: "button", id: "author-later", class: "small" }, "Later")));
     header.after(el("form", { id: "token-bar", class: "token-bar", hidden: true },
       el("span", { id: "token-reason" }),
       el("span", { id: "token-form-fields" },
@@ -338,8 +414,29 @@ const LH = (() => {
         el("button", { type: "button", id: "token-cancel", class: "small" }, "Cancel"))));
   }
 
+  // ---- a store that cannot take edits (a full disk): a banner on every page, gone once space is back
+  const STORE_POLL_MS = 5000;
+  async function watchStore() {
+    const bar = document.getElementById("store-bar");
+    try {
+      const res = await fetch("/healthz", { cache: "no-store" });
+      const health = await res.json();
+      const full = health.store === "full";
+      bar.hidden = !full;
+      bar.textContent = full
+        ? `Edits are refused: ${health.store_problem}. Workers keep their config; edits work again once space is free.`
+        : "";
+    } catch {
+      // unreachable: the header says so
+    } finally {
+      setTimeout(watchStore, STORE_POLL_MS);
+    }
+  }
+
   renderChrome();
+  document.addEventListener("DOMContentLoaded", watchStore);
   document.addEventListener("DOMContentLoaded", initTokenBar);
+  document.addEventListener("DOMContentLoaded", initAuthorBar);
   document.addEventListener("DOMContentLoaded", jobLinks);
 
   return { JOB, RawNumber, parseJson, stringify, el, api, fmtTime, fmtAgo, confirmButton, setStatus };

@@ -20,8 +20,10 @@
     $("changed-by").textContent = by || "–";
     $("changed-comment").textContent = view.comment || "";
     $("step").textContent = view.current_step >= 0 ? String(view.current_step) : "–";
-    $("step-detail").textContent =
-      view.lease_horizon >= 0
+    const suspendedBy = view.step_leases_suspended_by || [];
+    $("step-detail").textContent = suspendedBy.length
+      ? `step leases suspended: ${suspendedBy.join(", ")} on the store does not honour them (an earlier release); changes apply at once`
+      : view.lease_horizon >= 0
         ? `promised through step ${view.lease_horizon}: a change made now takes effect after it`
         : "highest step any manager reported";
     const error = view.file && view.file.error;
@@ -43,7 +45,7 @@
   function renderManagers(managers, current) {
     $("manager-count").textContent = String(managers.length);
     const upToDate = managers.filter((m) => m.version >= current).length;
-    $("manager-uptodate").textContent = managers.length ? `${upToDate} of ${managers.length} on v${current}` : "none yet";
+    $("manager-uptodate").textContent = managers.length ? `${upToDate} of ${managers.length} hold v${current}` : "none yet";
     $("managers-empty").hidden = managers.length > 0;
     $("managers").replaceChildren(
       ...managers.map((m) => {
@@ -55,14 +57,23 @@
           { dataset: { replica: m.replica_id }, class: late ? "row-late" : null },
           el("td", { class: "key" }, m.replica_id),
           el("td", { class: "mono" }, m.address, m.lighthouse ? el("span", { class: "sub" }, `via ${m.lighthouse}`) : null),
+          el(
+            "td",
+            { class: "identity", title: m.identity ? "the credential its calls presented" : "an open lighthouse: no credential asked" },
+            m.identity || "–",
+          ),
           el("td", { class: "last-seen" }, `${Number(m.last_seen_s).toFixed(1)} s`, late ? el("span", { class: "pill warn" }, "late") : null),
           el(
             "td",
-            { class: "served-version", dataset: { version: m.version } },
-            `v${m.version}`,
+            // What its workers get at its step; a change it holds for a later step is named apart.
+            { class: "served-version", dataset: { version: m.live_version ?? m.version, held: m.version } },
+            `v${m.live_version ?? m.version}`,
             behind
               ? el("span", { class: "pill warn" }, m.behind_versions > 1 ? `${m.behind_versions} behind` : "behind")
               : el("span", { class: "pill ok" }, "current"),
+            m.pending_version != null
+              ? el("span", { class: "sub pending-version" }, `v${m.pending_version} pending from step ${m.pending_step}`)
+              : null,
           ),
           el(
             "td",
@@ -143,6 +154,41 @@
     refresh();
   }
 
+  // torchft's view (lighthouse serve --torchft): its latest quorum, read from the replies forwarded.
+  let torchftOn = true; // until the lighthouse says it runs no torchft lighthouse
+  function renderTorchft(view) {
+    $("torchft-panel").hidden = !view;
+    if (!view) {
+      torchftOn = false;
+      return;
+    }
+    $("torchft-page").textContent = view.page;
+    const q = view.quorum;
+    $("torchft-table").hidden = !q;
+    if (q) {
+      const n = q.members.length;
+      $("torchft-quorum").textContent =
+        `quorum ${q.id} at step ${q.step}: ${n} replica group${n === 1 ? "" : "s"} (handed out ${Number(q.seconds_ago).toFixed(1)} s ago)`;
+      $("torchft-members").replaceChildren(
+        ...q.members.map((m) =>
+          el(
+            "tr",
+            { dataset: { replica: m.replica_id } },
+            el("td", { class: "key" }, m.replica_id),
+            el("td", { class: "num" }, m.step),
+            el("td", { class: "num" }, m.world_size),
+            el("td", { class: "mono" }, m.address),
+            el("td", {}, m.heartbeat_s === null ? "–" : `${Number(m.heartbeat_s).toFixed(1)} s ago`),
+          ),
+        ),
+      );
+    }
+    const beats = view.heartbeats;
+    $("torchft-heartbeats").textContent = beats.length
+      ? `heartbeating: ${beats.map((b) => `${b.replica_id} (${Number(b.seconds_ago).toFixed(1)} s ago)`).join(", ")}`
+      : "no replica group heartbeating";
+  }
+
   let shownTimeline = null;
   let lastTimeline = null;
   function renderTimeline(data, force = false) {
@@ -157,13 +203,15 @@
   async function refresh() {
     clearTimeout(timer);
     try {
-      const [view, managers, scheduled, timeline, job] = await Promise.all([
+      const [view, managers, scheduled, timeline, job, torchft] = await Promise.all([
         api("GET", "/api/config"),
         api("GET", "/api/managers"),
         api("GET", "/api/config/scheduled"),
         api("GET", `/api/config/timeline?limit=${TIMELINE_ROWS}`),
         api("GET", `/api/jobs/${encodeURIComponent(LH.JOB || "default")}`),
+        torchftOn ? api("GET", "/api/torchft") : null,
       ]);
+      if (torchft) renderTorchft(torchft.data.torchft);
       renderConfig(view.data);
       renderStall(job.data);
       renderManagers(managers.data.managers, view.data.version);

@@ -190,27 +190,30 @@
       list.replaceChildren(el("p", { class: "muted" }, `No changes to version ${loaded.version}.`));
       return;
     }
+    list.replaceChildren(diffTable(rows));
+  }
+
+  // Per key what a change does (the editor's pending edit, or a version in the history); text only.
+  function diffTable(rows) {
     const sign = { added: "+", removed: "−", changed: "~" };
-    list.replaceChildren(
+    return el(
+      "table",
+      { class: "diff-table" },
       el(
-        "table",
-        { class: "diff-table" },
-        el(
-          "tbody",
-          {},
-          rows.map((r) =>
+        "tbody",
+        {},
+        rows.map((r) =>
+          el(
+            "tr",
+            { class: `diff-${r.kind}`, dataset: { key: r.key, kind: r.kind } },
+            el("td", { class: "sign" }, sign[r.kind]),
+            el("td", { class: "key" }, r.key),
             el(
-              "tr",
-              { class: `diff-${r.kind}`, dataset: { key: r.key, kind: r.kind } },
-              el("td", { class: "sign" }, sign[r.kind]),
-              el("td", { class: "key" }, r.key),
-              el(
-                "td",
-                { class: "value" },
-                r.kind === "added" ? stringify(r.after) : stringify(r.before),
-                r.kind === "changed" ? el("span", { class: "arrow" }, " → ") : null,
-                r.kind === "changed" ? el("span", { class: "new" }, stringify(r.after)) : null,
-              ),
+              "td",
+              { class: "value" },
+              r.kind === "added" ? stringify(r.after) : stringify(r.before),
+              r.kind === "changed" ? el("span", { class: "arrow" }, " → ") : null,
+              r.kind === "changed" ? el("span", { class: "new" }, stringify(r.after)) : null,
             ),
           ),
         ),
@@ -278,10 +281,44 @@
     $("stale").hidden = false;
   }
 
-  function describe(item) {
+  const SUMMARY_KEYS = 3; // keys a history row names before "+N more"
+  const SUMMARY_CHARS = 40; // of each value there
+
+  // What a version changed: its config against the version before it (null when that one is not
+  // known: pruned, or on a page not loaded), per key.
+  function versionChanges(item, previous) {
+    const before = previous ? previous.config : item.version === 1 ? {} : null;
+    return before === null ? null : diff(before, item.config);
+  }
+
+  function summaryRow(r) {
+    const value = (v) => LHSvg.short(stringify(v), SUMMARY_CHARS);
+    if (r.kind === "added") return el("span", { class: "d d-added", dataset: { key: r.key } }, `+ ${r.key}: ${value(r.after)}`);
+    if (r.kind === "removed") return el("span", { class: "d d-removed", dataset: { key: r.key } }, `− ${r.key}`);
+    return el("span", { class: "d d-changed", dataset: { key: r.key } }, `${r.key}: ${value(r.before)} → ${value(r.after)}`);
+  }
+
+  // The history's Change cell: "lr: 0.001 → 0.0005  + warmup: 100  − old_key  +3 more", expanded
+  // to every key's old and new value.
+  function changeCell(item, previous) {
     const change = item.change || {};
-    if (item.op === "cancel") return `cancel v${change.version}`;
-    if (item.op === "put") return `replace (${Object.keys(change).length} keys)`;
+    if (item.op === "cancel") return el("span", {}, `cancel v${change.version}`);
+    const rows = versionChanges(item, previous);
+    if (rows === null) {
+      const text = item.op === "put" ? `replace (${Object.keys(change).length} keys)` : patchText(change);
+      return el("details", {}, el("summary", {}, text), el("pre", { class: "config-json" }, stringify(item.config, "  ")));
+    }
+    if (rows.length === 0) return el("span", { class: "muted" }, "no key changed");
+    const more = rows.length - SUMMARY_KEYS;
+    return el(
+      "details",
+      {},
+      el("summary", {}, el("span", { class: "history-diff" }, rows.slice(0, SUMMARY_KEYS).map(summaryRow), more > 0 ? el("span", { class: "more" }, `+${more} more`) : null)),
+      diffTable(rows),
+    );
+  }
+
+  function patchText(change) {
     return Object.keys(change).map((k) => (change[k] === null ? `delete ${k}` : `${k} = ${stringify(change[k])}`)).join(", ");
   }
 
@@ -307,7 +344,9 @@
     if (older.from !== last) older = { from: null, versions: [], next: null };
     const versions = [...newest, ...older.versions];
     const next = older.from === null ? res.data.next_before : older.next;
-    const key = stringify([versions.map((v) => [v.version, v.cancelled]), next ?? null]);
+    // Where each run began: a row right above the version it began after (newest first).
+    const runs = (res.data.runs || []).filter((r) => r.number > 0);
+    const key = stringify([versions.map((v) => [v.version, v.cancelled]), next ?? null, runs.map((r) => [r.number, r.live])]);
     if (key === shownHistory) return;
     shownHistory = key;
     const head = versions.length ? versions[0].version : 0;
@@ -315,18 +354,19 @@
       el("tr", { class: "history-more" }, el("td", { colspan: 8 },
         el("button", { type: "button", class: "small", "data-testid": "history-older", onclick: () => loadOlder(next) }, "Show older versions"))),
     ];
+    const runRow = (r) => el("tr", { class: "history-run", dataset: { run: r.number }, "data-testid": "history-run" },
+      el("td", { colspan: 8 }, el("span", { class: "pill" }, `run ${r.number}`),
+        ` began at step ${r.start_step} after v${r.base_version}` + (r.run_id ? ` (run id ${r.run_id})` : "") +
+        (r.live ? " · live" : ` · ended at step ${r.end_step} (${r.end_reason})`)));
     $("history").replaceChildren(
-      ...versions.map((v) =>
+      ...versions.flatMap((v, i) => [
+        ...runs.filter((r) => r.base_version === v.version).reverse().map(runRow),
         el(
           "tr",
           { dataset: { version: v.version } },
           el("td", { class: "num" }, `v${v.version}`, v.version === head ? el("span", { class: "pill ok" }, "latest") : null),
           el("td", { class: "mono" }, fmtTime(v.created_at)),
-          el(
-            "td",
-            { class: "value" },
-            el("details", {}, el("summary", {}, describe(v)), el("pre", { class: "config-json" }, stringify(v.config, "  "))),
-          ),
+          el("td", { class: "value" }, changeCell(v, versions[i + 1])),
           el(
             "td",
             {},
@@ -344,7 +384,7 @@
               : confirmButton("Rollback", "Confirm rollback", { class: "small", "data-testid": `rollback-${v.version}` }, () => rollback(v.version)),
           ),
         ),
-      ),
+      ]),
       ...more,
     );
   }

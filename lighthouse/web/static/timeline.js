@@ -13,17 +13,30 @@ const LHTimeline = (() => {
   const AXIS_H = 40;
   const MAX_LATE_ROWS = 8;
 
+  // The job's runs (GET /api/config/timeline's `runs`), but the implicit run 0 of a job stored
+  // before runs existed.
+  function runsOf(data) {
+    return (data.runs || []).filter((r) => r.number > 0);
+  }
+
   function describe(data) {
     const segs = data.segments;
-    const live = segs.filter((s) => !s.pending).at(-1);
+    // The server's live version names what is served at the job's step (the card says the same).
+    const lastHeld = segs.filter((s) => !s.pending).at(-1);
+    const liveVersion = data.live_version ?? (lastHeld || {}).version;
+    const live = segs.filter((s) => s.version === liveVersion).at(-1) || lastHeld;
     const pending = segs.filter((s) => s.pending);
     const parts = [];
     parts.push(data.current_step >= 0 ? `The job is at step ${data.current_step}.` : "No manager has reported a step yet.");
-    if (live) parts.push(`Version ${live.version} holds from step ${live.from_step}.`);
+    if (live) parts.push(`Version ${live.version} is live, from step ${live.from_step}.`);
     for (const s of pending) parts.push(`Version ${s.version} is scheduled for step ${s.from_step}.`);
     if (data.late_groups.length) {
       parts.push(`${data.late_groups.length} group switch${data.late_groups.length === 1 ? "" : "es"} came late: ` +
         data.late_groups.map((g) => `${g.replica_id} to version ${g.version} at step ${g.switched_at_step} (${g.late_by_steps} late)`).join(", ") + ".");
+    }
+    for (const r of runsOf(data)) {
+      parts.push(`Run ${r.number} began at step ${r.start_step} after version ${r.base_version}` +
+        (r.live ? " and is live." : `, ended at step ${r.end_step} (${r.end_reason}).`));
     }
     if (data.earlier) parts.push(`${data.earlier} earlier versions are not shown.`);
     return parts.join(" ");
@@ -156,6 +169,22 @@ const LHTimeline = (() => {
       );
     }
     root.append(ahead);
+
+    // Runs: where each began and at which step (a job resumed from a checkpoint starts lower).
+    const runMarks = svg("g", { class: "tl-runs" });
+    for (const r of runsOf(data)) {
+      const rx = x(r.start_step);
+      const tip = `run ${r.number} began at step ${r.start_step} after v${r.base_version}` +
+        (r.run_id ? ` (run id ${r.run_id})` : "") +
+        (r.live ? ", live" : `; ended at step ${r.end_step} (${r.end_reason})`);
+      runMarks.append(
+        svg("g", { class: "tl-run", "data-run": r.number, "data-step": r.start_step, "data-testid": "timeline-run" },
+          svg("line", { x1: rx, x2: rx, y1: TOP - 4, y2: axisY }, title(tip)),
+          svg("text", { x: rx + 3, y: axisY - 4 }, `run ${r.number} @ ${r.start_step}`),
+        ),
+      );
+    }
+    root.append(runMarks);
 
     if (data.earlier) {
       root.append(svg("text", { class: "tl-earlier", x: 10, y: 12 }, `${data.earlier} earlier version${data.earlier === 1 ? "" : "s"} not shown`));
