@@ -65,8 +65,18 @@ class CA:
         self.cert = directory / f"{name}.crt"
         self.cert.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, name: str, *, client: bool = False, expired: bool = False) -> Pair:
-        """A server (or client) pair for localhost/127.0.0.1/::1; ``expired`` ended yesterday."""
+    def issue(
+        self,
+        name: str,
+        *,
+        client: bool = False,
+        expired: bool = False,
+        common_name: str | None = None,
+        uris: tuple[str, ...] = (),
+    ) -> Pair:
+        """A server (or client) pair for localhost/127.0.0.1/::1, files named ``name``; its subject
+        CN is ``common_name`` (default ``name``), ``uris`` are added as URI names (SPIFFE ids);
+        ``expired`` ended yesterday."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = _now()
         if expired:
@@ -75,10 +85,11 @@ class CA:
             start, end = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=7)
         sans: list[x509.GeneralName] = [x509.DNSName(n) for n in NAMES]
         sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in IPS]
+        sans += [x509.UniformResourceIdentifier(uri) for uri in uris]
         usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
         cert = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name or name)]))
             .issuer_name(self._cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())

@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,9 +111,12 @@ class Member:
 class EtcdCluster:
     """``size`` etcd members on 127.0.0.1 with data under ``tmp``."""
 
-    def __init__(self, tmp: Path, size: int = 3, tls: CertFiles | None = None) -> None:
+    def __init__(
+        self, tmp: Path, size: int = 3, tls: CertFiles | None = None, extra_args: Sequence[str] = ()
+    ) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         self.tls = tls
+        self.extra_args = list(extra_args)
         self.client_tls = tls.client if tls else None
         self.members = [
             Member(f"m{i}", free_port(), free_port(), tmp / f"m{i}", tmp / f"m{i}.log") for i in range(size)
@@ -152,6 +156,7 @@ class EtcdCluster:
             "--election-timeout=500",
             "--logger=zap",
             "--log-outputs=stderr",
+            *self.extra_args,
         ]
         if self.tls:
             args += [

@@ -370,3 +370,15 @@ def metric(base_url: str, name: str, job: str = "default") -> float:
         if line.startswith(f'{name}{{job="{job}"}} '):
             return float(line.split()[1])
     raise AssertionError(f"metric {name} not in /metrics:\n{body}")
+
+
+def manager_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``manager ARGS`` (the manager's CLI) run to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", "manager", *args],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=ROOT,
+        timeout=60,
+    )

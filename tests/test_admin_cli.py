@@ -159,6 +159,7 @@ def test_url_from_env_and_token(tmp_path: Path) -> None:
         assert json.loads(run_cli("config", "show", "-o", "json", env=env).stdout)["config"] == {"lr": 1}
 
 
+@pytest.mark.slow
 def test_several_urls_use_the_first_that_answers(procs: ProcessPool) -> None:
     """--url A,B (and LIGHTHOUSE_URL=A,B): a dead A is skipped, reads and changes go to B."""
     dead = procs.lighthouse({"lr": 0.1}, state_dir=procs.tmp_path / "dead")
@@ -174,6 +175,7 @@ def test_several_urls_use_the_first_that_answers(procs: ProcessPool) -> None:
     assert "cannot reach any lighthouse: " in failed(both_dead) and "Connection refused" in both_dead.stderr
 
 
+@pytest.mark.slow
 def test_a_hung_lighthouse_is_skipped_for_reads_but_a_change_is_never_sent_twice(procs: ProcessPool) -> None:
     hung = procs.lighthouse({"lr": 0.1}, state_dir=procs.tmp_path / "hung")
     live = procs.lighthouse({"lr": 0.1}, state_dir=procs.tmp_path / "live")

@@ -27,6 +27,7 @@ from protos.metrics import pack
 from tests.helpers_lighthouse import run_cli
 from tests.http_util import HttpResult, call
 from tests.procs import LighthouseProc, ProcessPool
+from tests.store_edits import commit
 
 START = {"lr": 0.1, "name": "start"}
 DIGITS = sys.get_int_max_str_digits() + 1  # 4,301 with Python's default limit
@@ -152,6 +153,7 @@ def test_nesting_up_to_the_limit_is_stored_and_the_pages_carry_the_limit(procs: 
         assert "{{" not in html, page
 
 
+@pytest.mark.slow
 def test_the_editor_shows_a_config_at_the_limit_and_refuses_one_level_more(
     procs: ProcessPool, page: Page
 ) -> None:
@@ -216,7 +218,7 @@ def test_a_version_stored_before_numbers_were_checked_is_answered_as_strict_json
     state_dir.mkdir()
     backend = SqliteBackend(state_dir / STORE_FILE)
     store = ConfigStore(backend)
-    store.commit("put", {"lr": 0.1, "big": float("inf"), "low": [float("-inf")]}, source="api")
+    commit(store, "put", {"lr": 0.1, "big": float("inf"), "low": [float("-inf")]}, source="api")
     store.close()
     backend.close()
     lh = procs.lighthouse(state_dir=state_dir)

@@ -45,6 +45,7 @@ def test_quick_benchmark_run_reports_every_section(tmp_path: Path) -> None:
     assert "Goals" in out.stdout
 
 
+@pytest.mark.slow
 def test_etcd_store_benchmark_runs(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.etcd_store", "--edits", "5", "--out", str(tmp_path)],
@@ -60,6 +61,7 @@ def test_etcd_store_benchmark_runs(tmp_path: Path) -> None:
     assert "etcd / SQLite" in out.stdout
 
 
+@pytest.mark.slow
 def test_many_jobs_benchmark_runs(tmp_path: Path) -> None:
     out, results = run_quick("many_jobs", tmp_path)
     assert {w["case"] for w in results["windows"]} == {"jobs", "one_job", "jobs_edited"}
@@ -69,6 +71,7 @@ def test_many_jobs_benchmark_runs(tmp_path: Path) -> None:
     assert "p99 goal" in out.stdout
 
 
+@pytest.mark.slow
 def test_etcd_fleet_benchmark_runs(tmp_path: Path) -> None:
     out, results = run_quick("etcd_fleet", tmp_path)
     assert results["fleet"]["client_calls"] > 0 and results["fleet"]["p99"] is not None
@@ -173,6 +176,7 @@ def run_quick(
     return out, json.loads((out_dir / f"{name}.json").read_text())
 
 
+@pytest.mark.slow
 def test_reporting_benchmark_runs(tmp_path: Path) -> None:
     out, results = run_quick("reporting", tmp_path)
     path = results["critical_path"]
@@ -192,6 +196,7 @@ def test_reporting_benchmark_runs(tmp_path: Path) -> None:
     assert "report() on the critical path" in out.stdout
 
 
+@pytest.mark.slow
 def test_prefetch_benchmark_runs(tmp_path: Path) -> None:
     out, results = run_quick("prefetch", tmp_path)
     assert results["floor"]["n"] > 0
@@ -203,3 +208,32 @@ def test_prefetch_benchmark_runs(tmp_path: Path) -> None:
         assert r["wrong_step"] == 0 and r["not_pinned"] == 0, (case, r)
     assert_run_meta(results)
     assert "paused_loop:" in out.stdout
+
+
+@pytest.mark.slow
+def test_torchft_forward_benchmark_runs(tmp_path: Path) -> None:
+    out, results = run_quick("torchft_forward", tmp_path)
+    cases = results["cases"]
+    assert set(cases) == {"heartbeat_ours", "heartbeat_direct", "quorum_ours", "quorum_direct"}
+    assert all(c["n"] == 2 * 20 for c in cases.values()), cases  # every call answered (none raised)
+    for method, ratio in results["ratios"].items():
+        for q in ("p50", "p99"):
+            assert ratio[q] == pytest.approx(cases[f"{method}_ours"][q] / cases[f"{method}_direct"][q])
+    assert_run_meta(results)
+    assert "quorum through our port" in out.stdout
+
+
+@pytest.mark.slow
+def test_history_benchmark_runs(tmp_path: Path) -> None:
+    out, results = run_quick("history", tmp_path)
+    lengths = results["lengths"]
+    assert set(lengths) == {"10", "100"}
+    for versions, figures in lengths.items():
+        assert figures["reply_bytes_at_step"] > 0 and figures["reply_bytes_stepless"] > 0, figures
+        assert figures["cpu_ms_per_edit"] is not None
+        ratios = results["ratios"][versions]
+        assert ratios["reply_bytes_at_step"] == pytest.approx(
+            figures["reply_bytes_at_step"] / lengths["10"]["reply_bytes_at_step"]
+        )
+    assert_run_meta(results)
+    assert "100 versions: reply" in out.stdout

@@ -12,6 +12,7 @@ import math
 from array import array
 from pathlib import Path
 
+import pytest
 from playwright.sync_api import Page, expect
 
 from lighthouse import LighthouseClient
@@ -48,6 +49,7 @@ def change(lh: LighthouseProc, path: str, body: dict[str, object]) -> int:
     return int(answer.json["version"])
 
 
+@pytest.mark.slow
 def test_the_chart_marks_every_version_at_its_step(page: Page, tmp_path: Path) -> None:
     with start_lighthouse(tmp_path, config={"lr": 0.01}) as lh, LighthouseClient(lh.grpc_addr) as client:
         expected = {1: 0}  # version -> step of its marker: the config file's, before any step
@@ -97,4 +99,26 @@ def test_the_chart_marks_every_version_at_its_step(page: Page, tmp_path: Path) -
             "g0",
             "g1",
         }
+        # A legend names each line's replica group.
+        legend = page.locator('.chart-legend[data-metric="loss"] li')
+        expect(legend).to_have_count(2)
+        assert [legend.nth(i).get_attribute("data-replica") for i in range(2)] == ["g0", "g1"]
+        expect(legend.nth(1)).to_have_text("g1")
         assert csp == []
+
+
+def test_the_group_legend_names_a_few_and_counts_the_rest(page: Page, tmp_path: Path) -> None:
+    replicas = [f"group-{i:02d}" for i in range(15)]
+    with start_lighthouse(tmp_path, config={"lr": 0.01}) as lh, LighthouseClient(lh.grpc_addr) as client:
+        for replica in replicas:
+            report(client, replica, 1, range(0, 20))
+        page.goto(lh.url)
+        page.check("#chart-groups")
+        chart = page.locator('svg.chart[data-metric="loss"]')
+        expect(chart.locator(".ch-group")).to_have_count(15)
+        named = page.locator(".chart-legend li[data-replica]")
+        expect(named).to_have_count(12)
+        assert [named.nth(i).inner_text() for i in range(12)] == replicas[:12]
+        more = page.locator(".chart-legend li.more")
+        expect(more).to_have_text("3 more")
+        assert more.get_attribute("title") == ", ".join(replicas[12:])

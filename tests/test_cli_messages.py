@@ -59,6 +59,7 @@ def test_a_refused_connection_drops_the_https_hint() -> None:
     assert "https" not in error.lower(), error
 
 
+@pytest.mark.slow
 def test_a_missing_token_names_the_flag(guarded: LighthouseProc) -> None:
     error = one_error_line(run_cli("config", "set", "lr=0.2", "--url", guarded.url))
     assert "pass --token TOKEN (or set LIGHTHOUSE_ADMIN_TOKEN)" in error, error
@@ -113,6 +114,7 @@ def test_the_author_is_the_user_unless_told(lh: LighthouseProc) -> None:
     assert [v["author"] for v in versions] == ["alice", getpass.getuser()]
 
 
+@pytest.mark.slow
 def test_an_unknown_metric_lists_the_known_ones(tmp_path_factory: pytest.TempPathFactory) -> None:
     pool = ProcessPool(tmp_path_factory.mktemp("metrics"))
     try:
@@ -132,6 +134,7 @@ def test_an_unknown_metric_lists_the_known_ones(tmp_path_factory: pytest.TempPat
         pool.stop_all()
 
 
+@pytest.mark.slow
 def test_a_token_where_none_is_needed_is_said(lh: LighthouseProc, guarded: LighthouseProc) -> None:
     """Against an open job, --token is said to be unneeded (one note line), not silently accepted."""
     result = run_cli("config", "set", "lr=0.3", "--url", lh.url, "--token", "s3cret")
@@ -152,6 +155,7 @@ def test_a_token_where_none_is_needed_is_said(lh: LighthouseProc, guarded: Light
     assert needed.returncode == 0 and "note:" not in needed.stderr, needed.stderr
 
 
+@pytest.mark.slow
 def test_jobs_help_does_not_offer_a_token_for_changes_on_its_listing() -> None:
     result = run_cli("jobs", "--help")
     assert result.returncode == 0, result.stderr

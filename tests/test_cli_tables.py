@@ -57,7 +57,12 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
                 done = run_cli("config", *args, "--url", lh.url)
                 assert done.returncode == 0, done.stderr
             manager = pool.manager(lh.grpc_addr, "group0", cache_ttl=0.2)
-            poll(lambda: get_json(lh.url, "api/managers")["managers"], 20, what="the manager in the table")
+            # Listed once it holds the head (its first report may come before its first fetch).
+            poll(
+                lambda: [m for m in get_json(lh.url, "api/managers")["managers"] if m["version"] == 4],
+                20,
+                what="the manager in the table, holding version 4",
+            )
             yield Job(lh, manager)
             assert "Traceback" not in lh.log()
     finally:
@@ -76,6 +81,7 @@ def columns(line: str) -> list[str]:
     return re.split(r" {2,}", line.strip())
 
 
+@pytest.mark.slow
 def test_config_show(job: Job) -> None:
     lines = table_out(job, "config", "show")
     assert [columns(line) for line in lines[:3]] == [["KEY", "VALUE"], ["lr", "0.05"], ["warmup", "100"]]
@@ -87,6 +93,7 @@ def test_config_show(job: Job) -> None:
     assert lines[7:] == ["schema: set through the API"]
 
 
+@pytest.mark.slow
 def test_config_history_is_one_line_per_version_with_its_diff(job: Job) -> None:
     lines = table_out(job, "config", "history")
     rows = [columns(line) for line in lines if not line.startswith(" ")]
@@ -117,6 +124,7 @@ def test_config_history_is_one_line_per_version_with_its_diff(job: Job) -> None:
     assert limited[-2:] == ['    - name: "start"', "    + warmup: 100"]
 
 
+@pytest.mark.slow
 def test_config_diff(job: Job) -> None:
     assert table_out(job, "config", "diff", "1") == [
         "version 1 -> version 4 (live)",
@@ -165,14 +173,21 @@ def test_config_scheduled(job: Job) -> None:
 
 
 def test_config_managers(job: Job) -> None:
+    def reported() -> bool:  # the manager's status after its first snapshot: what it serves
+        (m,) = get_json(job.lh.url, "api/managers")["managers"]
+        return bool(m["live_version"] == 3 and m["pending_version"] == 4)
+
+    poll(reported, 20, what="the manager's live and pending versions")
     lines = table_out(job, "config", "managers")
     header = ["REPLICA", "ADDRESS", "VERSION", "LAST SEEN", "STEP", "REQUESTS", "CACHE HITS", "MODE", "LEASE"]
-    assert columns(lines[0]) == [*header, "STATE"]
+    assert columns(lines[0]) == [*header, "PENDING", "STATE"]
     row = columns(lines[1])
-    # A manager with no worker yet: no step, no step lease; pushed to (it holds a stream).
-    assert row[:3] == ["group0", job.manager.address, "4"] and row[4:9] == ["-", "0", "-", "push", "-"], row
-    assert re.fullmatch(r"\d+\.\d s ago", row[3]) and row[9] in ("current", "late"), row
-    assert lines[2:] == ["", "live version 4"]
+    # A manager with no worker yet: no step, no step lease; pushed to (it holds a stream). It holds
+    # version 4, scheduled for step 100,000: what it serves is version 3, the 4th named apart.
+    assert row[:3] == ["group0", job.manager.address, "3"] and row[4:9] == ["-", "0", "-", "push", "-"], row
+    assert re.fullmatch(r"\d+\.\d s ago", row[3]) and row[9] == "v4 at step 100,000", row
+    assert row[10] in ("current", "late"), row
+    assert lines[2:] == ["", "live version 3, v4 pending from step 100,000"]
 
 
 def test_config_at_step(job: Job) -> None:
@@ -181,6 +196,7 @@ def test_config_at_step(job: Job) -> None:
     assert [columns(line) for line in lines[2:]] == [["KEY", "VALUE"], ["lr", "0.5"], ["warmup", "100"]]
 
 
+@pytest.mark.slow
 def test_schema_show_and_history(job: Job) -> None:
     lines = table_out(job, "config", "schema", "show")
     assert re.fullmatch(

@@ -21,6 +21,7 @@ def worker_view(procs: ProcessPool, lighthouse_addr: str) -> list[dict[str, obje
     return worker_records(procs.worker(m.address, group="g0", rank=0, steps=3))
 
 
+@pytest.mark.slow
 def test_no_config_file_serves_an_empty_config(procs: ProcessPool) -> None:
     lh = procs.lighthouse(None, http_bind="off")
     assert LighthouseClient(lh.address).get_config(timeout=timedelta(seconds=5)) == {}
@@ -30,6 +31,7 @@ def test_no_config_file_serves_an_empty_config(procs: ProcessPool) -> None:
     assert "Traceback" not in lh.stderr()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("text", "error"),
     [

@@ -14,6 +14,8 @@ import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
+import pytest
+
 from tests import http_util
 from tests.procs import ProcessPool
 
@@ -72,6 +74,7 @@ def _writer_process(url: str, writer: str, updates: int) -> list[tuple[int, dict
     return won
 
 
+@pytest.mark.slow
 def test_if_match_puts_one_winner_per_version(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"counter": 0, "writer": "file", "seq": 0, "based_on": 0})
     http_util.wait_healthy(lh.url)

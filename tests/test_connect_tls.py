@@ -86,6 +86,7 @@ def rank0(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         _stop_managers()
 
 
+@pytest.mark.slow
 def test_connect_passes_its_tls_argument_to_the_manager_it_starts(
     procs: ProcessPool, pki: Pki, rank0: Any
 ) -> None:

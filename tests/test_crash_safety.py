@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests import http_util
 from tests.procs import LighthouseProc, ProcessPool, poll
 
@@ -113,6 +115,7 @@ def _killer(shared: Shared, procs: ProcessPool, restart: Any, seed: int) -> None
         shared.stop.set()
 
 
+@pytest.mark.slow
 def test_acknowledged_changes_survive_sigkill(procs: ProcessPool, tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     config_path = tmp_path / "config.json"

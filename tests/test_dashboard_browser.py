@@ -186,6 +186,7 @@ def test_untouched_editor_follows_the_live_version(page: Page, lh: LighthousePro
     expect(page.locator("#stale")).to_be_hidden()
 
 
+@pytest.mark.slow
 def test_editor_shows_schema_violations_while_typing_and_keeps_save_disabled(
     page: Page, tmp_path: Path
 ) -> None:

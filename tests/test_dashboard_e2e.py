@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from playwright.sync_api import Page, expect
 
 from tests.procs import Proc, ProcessPool, poll
@@ -15,6 +16,7 @@ def latest_lr(worker: Proc) -> tuple[int, str] | None:
     return (records[-1]["version"], records[-1]["config"].get("lr")) if records else None
 
 
+@pytest.mark.slow
 def test_edit_in_browser_reaches_worker_and_managers_table(procs: ProcessPool, page: Page) -> None:
     lh = procs.lighthouse({"lr": 0.001, "batch_size": 32})
     manager = procs.manager(lh.address, "group-a", cache_ttl=0.3)

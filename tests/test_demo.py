@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from playwright.sync_api import Page, expect
 
 from tests.procs import ROOT
@@ -51,6 +52,7 @@ def still_running(process: Process) -> bool:
     return fields is not None and fields[19] == process[1] and fields[0] != "Z"
 
 
+@pytest.mark.slow
 def test_demo_runs_all_parts_and_stops_cleanly() -> None:
     proc = subprocess.Popen(
         [
@@ -116,6 +118,7 @@ def test_demo_runs_all_parts_and_stops_cleanly() -> None:
 STATUS = re.compile(r"^group0 step \d+ v\d+ lr \S+ \| group1 step \d+ v\d+ lr \S+$")
 
 
+@pytest.mark.slow
 def test_demo_teaches_fills_the_charts_and_ends_cleanly_on_ctrl_c(page: Page) -> None:
     """Started as the README says (no --duration): it says where things are, charts fill, Ctrl-C ends it."""
     proc = subprocess.Popen(

@@ -68,6 +68,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: st
         assert needle in lines[0], result.stderr
 
 
+@pytest.mark.slow
 def test_relay_two_managers_four_workers(procs: ProcessPool) -> None:
     lh = procs.lighthouse(CONFIG_TEXT)
     _, port = parse_address(lh.address)

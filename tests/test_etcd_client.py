@@ -205,6 +205,7 @@ def test_watch_from_an_old_revision_replays_and_compaction_asks_for_a_reload(
         watch.stop()
 
 
+@pytest.mark.slow
 def test_lease_keepalive_keeps_keys_and_expiry_removes_them(client: EtcdClient) -> None:
     # A 2 s TTL renewed every ~0.7 s: a keepalive thread starved for over a second on two busy cores
     # still keeps it (with a 1 s TTL, one such stall lost the lease).

@@ -128,6 +128,7 @@ def test_restarted_lighthouse_catches_up_before_serving(procs: ProcessPool, etcd
     assert reply.version == last and dict(reply.config_data) == {"lr": "4"}
 
 
+@pytest.mark.slow
 def test_scheduled_change_switches_managers_of_both_lighthouses_at_its_step(
     procs: ProcessPool, etcd1: EtcdCluster
 ) -> None:
@@ -165,6 +166,7 @@ def test_scheduled_change_switches_managers_of_both_lighthouses_at_its_step(
         assert live(lh.url)["config"] == {"lr": 0.5}
 
 
+@pytest.mark.slow
 def test_manager_moves_to_the_other_lighthouse_when_its_own_is_killed(
     procs: ProcessPool, etcd1: EtcdCluster
 ) -> None:
@@ -192,6 +194,7 @@ def test_manager_moves_to_the_other_lighthouse_when_its_own_is_killed(
     assert {r["config"]["lr"] for r in records} == {"0.25", "0.5"}
 
 
+@pytest.mark.slow
 def test_a_lighthouse_without_etcd_exits_with_a_clear_error(procs: ProcessPool, tmp_path: Path) -> None:
     args = [sys.executable, "-m", "lighthouse", "serve", "--bind", "127.0.0.1:0", "--http-bind", "off"]
     proc = procs.spawn([*args, "--store", f"etcd://127.0.0.1:{free_port()}"], "lighthouse")
@@ -301,6 +304,7 @@ def test_quorum_loss_refuses_edits_keeps_serving_and_recovers(
     assert {r["config"]["lr"] for r in records} == {"0.1", "0.5"}  # 0.9 was never committed
 
 
+@pytest.mark.slow
 def test_lighthouses_on_etcd_over_mutual_tls(tmp_path: Path, procs: ProcessPool) -> None:
     require_etcd()
     certs = make_certs(tmp_path / "certs")
@@ -323,6 +327,7 @@ def test_lighthouses_on_etcd_over_mutual_tls(tmp_path: Path, procs: ProcessPool)
         assert "requires a client certificate" in no_client_cert.stderr()  # not "etcd is down"
 
 
+@pytest.mark.slow
 def test_a_schema_set_through_one_lighthouse_guards_edits_on_the_other(
     procs: ProcessPool, etcd1: EtcdCluster
 ) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
+
 from lighthouse.etcd.client import EtcdClient
 from lighthouse.etcd.types import Event, KeyValue
 from lighthouse.jobs.registry import JobRegistry
@@ -22,6 +24,7 @@ from tests.procs import LighthouseProc, ProcessPool, poll, wait_ready
 from tests.worker_proc import known_loss
 
 
+@pytest.mark.slow
 def test_every_lighthouse_shows_the_whole_job_and_one_rolls_back(
     procs: ProcessPool, etcd1: EtcdCluster
 ) -> None:

@@ -5,15 +5,19 @@ job step, the watch, and the ``--store`` URL."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
 
 from lighthouse.config.values import MAX_CONFIG_BYTES
+from lighthouse.jobs.leases import LeaseGate
 from lighthouse.jobs.registry import JobRegistry
 from lighthouse.jobs.versions import ConfigStore, VersionConflict
 from lighthouse.store.backend import Change, HeadMoved, SharedBackend, StoreUnavailable
@@ -21,7 +25,8 @@ from lighthouse.store.etcd import DEFAULT_PREFIX, EtcdBackend, open_etcd_store, 
 from lighthouse.store.sqlite import SqliteBackend
 from protos.etcd import rpc_pb2, rpc_pb2_grpc
 from tests.etcd_cluster import EtcdCluster, free_port
-from tests.procs import poll
+from tests.procs import ROOT, child_env, poll
+from tests.store_edits import commit
 from tests.threads import CheckedThread
 
 
@@ -103,7 +108,7 @@ def test_is_empty(etcd1: EtcdCluster, prefix: str) -> None:
     backend = EtcdBackend(etcd1.endpoints, prefix=prefix)
     try:
         assert backend.is_empty()
-        ConfigStore(job="j", backend=backend).commit("put", {"a": 1}, source="t")
+        commit(ConfigStore(job="j", backend=backend), "put", {"a": 1}, source="t")
         assert not backend.is_empty()
         assert EtcdBackend(etcd1.endpoints, prefix=prefix + "-other").is_empty()
     finally:
@@ -117,7 +122,7 @@ def test_stores_on_two_lighthouses_never_reuse_a_version(backends: list[EtcdBack
 
     def edit(store: ConfigStore, n: int) -> None:
         for i in range(n):
-            v = store.commit("patch", {f"k{id(store)}": i}, source="t").version
+            v = commit(store, "patch", {f"k{id(store)}": i}, source="t").version
             with lock:
                 versions.append(v)
 
@@ -135,13 +140,52 @@ def test_stores_on_two_lighthouses_never_reuse_a_version(backends: list[EtcdBack
 
 def test_if_match_conflicts_across_lighthouses(backends: list[EtcdBackend]) -> None:
     a, b = (ConfigStore(job="j", backend=x) for x in backends)
-    a.commit("put", {"v": 1}, source="t")
+    commit(a, "put", {"v": 1}, source="t")
     b.reload()
-    a.commit("put", {"v": 2}, source="t", if_match=1)
+    commit(a, "put", {"v": 2}, source="t", if_match=1)
     with pytest.raises(VersionConflict) as err:  # b still believes 1 is the head
-        b.commit("put", {"v": 3}, source="t", if_match=1)
+        commit(b, "put", {"v": 3}, source="t", if_match=1)
     assert err.value.head == 2
     assert b.live() == {"v": 2}  # and it learnt the new head
+
+
+def test_a_change_made_at_once_applies_on_top_of_every_one_acknowledged_before_it(
+    backends: list[EtcdBackend],
+) -> None:
+    """Lighthouses whose groups reached different steps: a took a change at step 500 and b has not
+    learnt that step (the prefix stores steps a moment later), yet b's change, acknowledged after
+    a's, applies on top of it (issue 29)."""
+    a, b = backends
+    store = ConfigStore(job="j", backend=b)
+    store.advance_step(100)
+    a.append("j", [Change(1, "patch", {"n": 1}, {"n": 1}, None, 500, time.time(), "api", "-", "")], {}, 0)
+    second = commit(store, "patch", {"n": 2}, source="t")  # plans again once it finds version 1
+    assert (second.version, second.config, second.order_step) == (2, {"n": 2}, 500)
+    assert ConfigStore(job="j", backend=a).live() == {"n": 2}
+
+
+def test_beside_an_earlier_release_a_change_sorts_at_the_step_stored_on_the_prefix(
+    backends: list[EtcdBackend],
+) -> None:
+    """The release before step leases orders a change by the step it has seen (what the prefix
+    stored, when its own groups lag), and does not look at the changes before it: this release's
+    change must not sort at its own groups' higher step, or that release's next change, made
+    after it, would apply below it (issue 29's rolling upgrade)."""
+    old_backend, new_backend = backends
+    gate = LeaseGate()
+    gate.suspended_by = ("old-release:1",)
+    new = ConfigStore(job="j", backend=new_backend, lease_gate=gate)
+    new.adopt_step(100)  # the stored job step, as the watch hands it over
+    new.advance_step(500)  # this lighthouse's groups lead, the prefix has not stored it yet
+    first = commit(new, "patch", {"n": 1}, source="t")
+    assert first.order_step == 100
+    # The old release's next change, as it writes one: ordered at its own step, 100.
+    old_row = Change(2, "patch", {"n": 2}, {"n": 2}, None, 100, time.time(), "api", "-", "")
+    old_backend.append("j", [old_row], {}, expected_head=1)
+    new.reload()  # what the watch does
+    assert new.head == 2
+    assert new.live() == {"n": 2}
+    assert ConfigStore(job="j", backend=old_backend).live() == {"n": 2}
 
 
 def test_a_config_of_the_full_size_limit_fits(etcd1: EtcdCluster, prefix: str) -> None:
@@ -152,9 +196,9 @@ def test_a_config_of_the_full_size_limit_fits(etcd1: EtcdCluster, prefix: str) -
         big = {"blob": "x" * (MAX_CONFIG_BYTES - 20)}
         assert len(json.dumps(big)) <= MAX_CONFIG_BYTES
         store = ConfigStore(job="j", backend=backend)
-        store.commit("put", {"small": 1}, source="t")
-        store.commit("put", big, source="t")
-        store.commit("patch", {"blob": "y"}, source="t")
+        commit(store, "put", {"small": 1}, source="t")
+        commit(store, "put", big, source="t")
+        commit(store, "patch", {"blob": "y"}, source="t")
         records = backend.load("j")
         assert records.unresolved == {2}
         reopened = ConfigStore(job="j", backend=backend)
@@ -202,10 +246,121 @@ def test_a_watch_that_missed_compacted_revisions_reloads_every_job(
     late, writer = backends  # ``late`` read the store before the writes below
     store = ConfigStore(job="j", backend=writer)
     for i in range(3):
-        store.commit("put", {"i": i}, source="t")
+        commit(store, "put", {"i": i}, source="t")
     revision = writer.client.get("/").revision
     with grpc.insecure_channel(etcd1.endpoints.split(",")[0]) as channel:
         rpc_pb2_grpc.KVStub(channel).Compact(rpc_pb2.CompactionRequest(revision=revision, physical=True))
     changed: list[tuple[str, int]] = []
     late.subscribe(lambda job, head: changed.append((job, head)), lambda job, step: None, lambda *_: None)
     poll(lambda: ("j", -1) in changed, 10, what="a reload of every job after the compaction")
+
+
+# ------------------------------------------------------------------ lease ceilings across lives
+
+# A lighthouse life in a child process: it promises steps of job j, prints the horizon, then waits
+# to be killed (SIGKILL: no close, its ceiling key is left to expire with its etcd lease).
+CRASHING_LIFE = """
+import sys, threading
+from lighthouse.jobs.versions import ConfigStore
+from lighthouse.store.etcd import EtcdBackend
+endpoints, prefix, step = sys.argv[1], sys.argv[2], int(sys.argv[3])
+holder = []
+def write(book):
+    wanted = book.wanted
+    holder[0].save_lease_ceiling(wanted, book.served_version)
+    book.ceiling_stored(wanted)
+backend = EtcdBackend(endpoints, prefix=prefix, ceiling_lease_ttl=1.0)
+store = ConfigStore(backend, job="j", request_ceiling=write)
+holder.append(store)
+store.leases.publish("snapshot", store.head)
+store.advance_step(step)
+store.leases.grant(step, 1.0)
+print(store.leases.grant(step, 1.0)[1], flush=True)
+threading.Event().wait()
+"""
+
+
+def etcd_store_with_ceilings(etcd1: EtcdCluster, prefix: str) -> ConfigStore:
+    """A lighthouse life on ``prefix``: its ceiling writes are stored at once (the lighthouse does
+    it in a thread)."""
+    holder: list[ConfigStore] = []
+
+    def write(book: Any) -> None:
+        wanted = book.wanted
+        holder[0].save_lease_ceiling(wanted, book.served_version)
+        book.ceiling_stored(wanted)
+
+    backend = EtcdBackend(etcd1.endpoints, prefix=prefix, ceiling_lease_ttl=1.0)
+    store = ConfigStore(backend, job="j", request_ceiling=write)
+    holder.append(store)
+    store.leases.publish("snapshot", store.head)
+    return store
+
+
+@pytest.mark.slow
+def test_lighthouse_lives_leave_a_bounded_number_of_ceiling_keys_and_every_promise_holds(
+    etcd1: EtcdCluster, prefix: str
+) -> None:
+    """Each life's ceiling key lives on its etcd lease (revoked at close, expiring after a crash);
+    the job's one floor key keeps what every life promised: a restarted lighthouse and a peer that
+    starts later both commit a change made now above every promise ever made. Keys an older release
+    left without a lease are folded into the floor."""
+    ceilings = f"{prefix}/jobs/j/meta/lease_ceiling"
+    client = EtcdBackend(etcd1.endpoints, prefix=prefix).client
+    try:
+        keys = lambda: [kv.key.decode()[len(ceilings) :] for kv in client.get(ceilings, prefix=True).kvs]  # noqa: E731
+        client.put(f"{ceilings}/an-old-release-life", "50")  # never deleted by that release
+        promised, step, lives = 50, 1000, 8
+        killed: set[str] = set()
+        for life in range(lives):
+            if life == lives // 2:  # one life is killed: no close, nothing revoked
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", CRASHING_LIFE, etcd1.endpoints, prefix, str(step)],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    cwd=ROOT,
+                    env=child_env(),
+                )
+                try:
+                    assert proc.stdout is not None
+                    horizon = int(proc.stdout.readline())
+                    assert horizon > step  # it promised past its step
+                    killed = set(keys()) - {"_floor"}
+                    assert len(killed) == 1  # beside the floor, its own key only
+                finally:
+                    proc.kill()
+                    proc.wait()
+                promised, step = horizon, step + 1000
+                continue
+            store = etcd_store_with_ceilings(etcd1, prefix)
+            try:
+                assert store.leases.floor >= promised  # it knows every earlier life's promise
+                if store.head == 0:
+                    commit(store, "put", {"lr": 0.0}, source="t")
+                row = commit(store, "patch", {"lr": float(life)}, source="t")
+                assert row.effective_step is not None and row.effective_step > promised
+                store.leases.publish("snapshot", store.head)  # what the lighthouse serves now
+                store.advance_step(step)
+                store.leases.grant(step, 1.0)  # the first asks for a ceiling
+                horizon = store.leases.grant(step, 1.0)[1]
+                assert horizon > step and horizon > promised
+                assert "an-old-release-life" not in "".join(keys())  # folded at the first load
+                # The floor and this life's key, however many lived before (and, until its lease
+                # expires, the killed life's key).
+                assert set(keys()) - killed == {"_floor", "/" + store.owner}
+                promised, step = horizon, step + 1000
+            finally:
+                store.close()
+                store.backend.close()
+        # The killed life's key expires with its lease; a closed life's went at once.
+        poll(lambda: keys() == ["_floor"], 15, what="only the floor key left")
+        assert int(client.get(ceilings + "_floor").kvs[0].value) >= promised
+        late = etcd_store_with_ceilings(etcd1, prefix)  # a peer that starts after every life
+        try:
+            row = commit(late, "patch", {"lr": 99.0}, source="t")
+            assert row.effective_step is not None and row.effective_step > promised
+        finally:
+            late.close()
+            late.backend.close()
+    finally:
+        client.close()

@@ -23,7 +23,7 @@ STEP_LINE = re.compile(
 )
 
 
-def run_example(*args: str, timeout: float = 90, script: Path = EXAMPLE) -> str:
+def run_example(*args: str, timeout: float = 160, script: Path = EXAMPLE) -> str:
     proc = subprocess.run(
         [sys.executable, str(script), *args],
         cwd=ROOT,
@@ -70,6 +70,7 @@ def check_drop(out: str, steps: int, drop_at: int, old: float, new: float, verdi
         assert f"verify: all 4 ranks switched lr {old:g} -> {new:g} at step {drop_at}: OK" in out
 
 
+@pytest.mark.slow
 def test_example_drops_lr_at_the_scheduled_step_in_every_rank() -> None:
     out = run_example("--steps", "60", "--schedule-lr-drop-at", "30")
     backend = re.search(r"^backend: (torch|numpy) ", out, re.MULTILINE)
@@ -79,6 +80,7 @@ def test_example_drops_lr_at_the_scheduled_step_in_every_rank() -> None:
     check_drop(out, 60, 30, 0.05, 0.005)
 
 
+@pytest.mark.slow
 def test_example_numpy_path_with_a_drop_scheduled_from_the_cli(procs: ProcessPool) -> None:
     """The README's flow: a running lighthouse, the drop scheduled by ``lighthouse config set --at-step``."""
     lh = procs.lighthouse({"lr": 0.05, "sync_every": 10})
@@ -102,6 +104,7 @@ def test_example_numpy_path_with_a_drop_scheduled_from_the_cli(procs: ProcessPoo
     assert pending == []
 
 
+@pytest.mark.slow
 def test_adaptive_sync_tunes_sync_every_of_a_running_job(procs: ProcessPool) -> None:
     """``examples/adaptive_sync.py``, its own process, changes ``sync_every`` of a running
     ``train_diloco.py`` from the loss its ranks report; every change is guarded and says why."""

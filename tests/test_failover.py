@@ -37,6 +37,7 @@ def two_lighthouses(procs: ProcessPool, tmp_path: Path) -> tuple[LighthouseProc,
     )
 
 
+@pytest.mark.slow
 def test_manager_fails_over_when_its_lighthouse_is_killed(procs: ProcessPool, tmp_path: Path) -> None:
     a, b = two_lighthouses(procs, tmp_path)
     lighthouses = {a.address: a, b.address: b}

@@ -63,6 +63,7 @@ def run_phase(
     return lighthouse_calls, worker_calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["push", "poll"])
 def test_lighthouse_calls_do_not_grow_with_workers(procs: ProcessPool, mode: str) -> None:
     lh = procs.lighthouse({"lr": 0.01})

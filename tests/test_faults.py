@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from protos.rpc import parse_address
 from tests.procs import Proc, ProcessPool, poll, records_so_far
 
@@ -59,6 +61,7 @@ def assert_fast(records: list[Record], limit: float) -> None:
     assert len(slow) <= max(1, len(elapsed) // 20), slow
 
 
+@pytest.mark.slow
 def test_lighthouse_killed_then_restarted_on_the_same_port(procs: ProcessPool, tmp_path: Path) -> None:
     state_dir = tmp_path / "lh-state"
     lh = procs.lighthouse(CONFIG, state_dir=state_dir, http_bind="off")
@@ -99,6 +102,7 @@ def test_lighthouse_killed_then_restarted_on_the_same_port(procs: ProcessPool, t
     assert "Traceback" not in m.stderr()
 
 
+@pytest.mark.slow
 def test_hung_lighthouse_costs_at_most_one_deadline(procs: ProcessPool) -> None:
     lh = procs.lighthouse(CONFIG, http_bind="off")
     lh_timeout, backoff, worker_timeout = 1.0, 5.0, 5.0
@@ -122,6 +126,7 @@ def test_hung_lighthouse_costs_at_most_one_deadline(procs: ProcessPool) -> None:
     assert_fast(later, lh_timeout / 2)
 
 
+@pytest.mark.slow
 def test_serve_stale_keeps_the_last_good_config(procs: ProcessPool) -> None:
     lh = procs.lighthouse(CONFIG, http_bind="off")
     m = procs.manager(
@@ -142,6 +147,7 @@ def test_serve_stale_keeps_the_last_good_config(procs: ProcessPool) -> None:
     assert_fast(later, 0.25)
 
 
+@pytest.mark.slow
 def test_manager_killed_worker_falls_back_within_its_deadline(procs: ProcessPool) -> None:
     lh = procs.lighthouse(CONFIG, http_bind="off")
     m = procs.manager(lh.address, "g0", cache_ttl=TTL)

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from lighthouse.client import LighthouseClient
 from tests import http_util
 from tests.procs import ProcessPool, poll
@@ -28,6 +30,7 @@ def _live_version(url: str, version: int) -> dict[str, Any] | None:
     return view if view["version"] == version else None
 
 
+@pytest.mark.slow
 def test_file_edits_are_reloaded_and_bad_ones_ignored(procs: ProcessPool, tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     lh = procs.lighthouse({"lr": 0.1, "name": "a"}, config_path=path)
@@ -77,6 +80,7 @@ def test_file_edits_are_reloaded_and_bad_ones_ignored(procs: ProcessPool, tmp_pa
     assert view["config"] == {"lr": 0.5} and view["file"]["error"] is None
 
 
+@pytest.mark.slow
 def test_restart_keeps_dashboard_edit_unless_file_changed(procs: ProcessPool, tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     state = tmp_path / "state"
@@ -116,6 +120,7 @@ def test_restart_keeps_dashboard_edit_unless_file_changed(procs: ProcessPool, tm
     assert view["file"]["error"], view["file"]
 
 
+@pytest.mark.slow
 def test_history_limit_prunes_but_never_the_live_version(procs: ProcessPool, tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     state = tmp_path / "state"

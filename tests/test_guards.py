@@ -167,6 +167,7 @@ def _lr_at(records: list[dict[str, Any]], group: int, rank: int, since: int) -> 
     return {} if first is None else {r["step"]: r["lr"] for r in mine if r["step"] >= first}
 
 
+@pytest.mark.slow
 def test_a_guarded_change_whose_loss_triples_is_rolled_back(job: Job) -> None:
     version, guard = job.hot_change_rolled_back()
     rollback = guard["rollback_version"]
@@ -183,6 +184,7 @@ def test_a_guarded_change_whose_loss_triples_is_rolled_back(job: Job) -> None:
     assert guard["baseline"] == pytest.approx(sum(calm) / len(calm), rel=0.01)
 
 
+@pytest.mark.slow
 def test_every_group_switches_back_at_the_same_step(job: Job) -> None:
     """The rollback is a change made now; with issue 16's step leases it takes effect at one step
     (``rollback_step``) in every group. Without them each group switches within its cache TTL, at
@@ -208,16 +210,19 @@ def test_a_guarded_change_whose_loss_stays_flat_passes(job: Job) -> None:
     assert live(job.lighthouse.url)["config"]["batch_size"] == 64
 
 
+@pytest.mark.slow
 def test_a_cancelled_guard_does_nothing(job: Job) -> None:
     job.calm()
     at = job.ahead(100)
     version = job.set(f"lr={HOT_LR}", "--at-step", str(at), "--guard", "loss:1.5", "--guard-steps", "40")
+    # A witness: a guard that cannot regress (loss x1000), from the next step through 20 steps past
+    # the cancelled guard's. Once it passed, the lighthouse has judged those steps of tripled loss.
+    # Made right after the change (before the cancel and the listing), so that a loaded machine's
+    # slow CLI calls cannot let the job's leases run past step at + 1 first.
+    witness = job.set("probe=1", "--at-step", str(at + 1), "--guard", "loss:1000", "--guard-steps", "60")
     assert job.cli("guards", "--cancel", str(version)) == f"the guard of v{version} is cancelled\n"
     listed = job.cli("guards")
     assert any(line.split()[:2] == [f"v{version}", "cancelled"] for line in listed.splitlines()), listed
-    # A witness: a guard that cannot regress (loss x1000), from the next step through 20 steps past
-    # the cancelled guard's. Once it passed, the lighthouse has judged those steps of tripled loss.
-    witness = job.set("probe=1", "--at-step", str(at + 1), "--guard", "loss:1000", "--guard-steps", "60")
     assert job.decided(witness)["status"] == "passed"
     assert job.guard(version)["status"] == "cancelled"
     assert [v["version"] for v in history(job.lighthouse.url)][:2] == [witness, version]  # no rollback
@@ -226,6 +231,7 @@ def test_a_cancelled_guard_does_nothing(job: Job) -> None:
     assert refused.returncode == 1 and "cancelled already" in refused.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["stop", "kill"])
 def test_a_guard_survives_a_lighthouse_restart(job: Job, how: str) -> None:
     job.calm()
@@ -284,6 +290,7 @@ def test_a_guard_is_checked_before_its_change_and_cancelled_with_a_token(tmp_pat
 NAN_STEP = 600
 
 
+@pytest.mark.slow
 def test_a_nan_in_the_guarded_steps_rolls_the_change_back(procs: ProcessPool) -> None:
     """A loss that stays below any factor (x10) but is NaN at one step of one group: rolled back."""
     lh = procs.lighthouse({"lr": CALM_LR})

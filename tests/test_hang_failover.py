@@ -6,7 +6,6 @@ answers."""
 from __future__ import annotations
 
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,10 +15,10 @@ import grpc
 import pytest
 
 from lighthouse.client import HEDGE_FRACTION, LighthouseClient
-from protos.rpc import format_address, start_server
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import change, live, wait_healthy
 from tests.procs import LighthouseProc, ProcessPool, metric, poll, records_so_far
+from tests.stuck_lighthouse import StuckLighthouse, replica_starting_on
 from worker_client import ManagerClient
 
 CONFIG = {"lr": 0.25}
@@ -27,54 +26,6 @@ LIGHTHOUSE_TIMEOUT = 1.0  # the manager's --lighthouse-timeout in these tests (i
 # A hung lighthouse is asked once, and once more beside the next one when it has not answered
 # within the hedge delay (one that is only slow may still answer first).
 ASKED_TWICE = ["GetConfig", "GetConfig"]
-
-
-class _RecordingHandler(grpc.GenericRpcHandler):
-    """Records each call as it arrives (before its request is read): a call the client cancels
-    soon after, as a hedge does once the next lighthouse answered, is still counted as asked."""
-
-    def __init__(self, inner: grpc.GenericRpcHandler, calls: list[str]) -> None:
-        self._inner = inner
-        self._calls = calls
-
-    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        handler = self._inner.service(details)
-        if handler is not None:
-            self._calls.append(details.method.rsplit("/", 1)[-1])
-        return handler
-
-
-class StuckLighthouse:
-    """A real gRPC server on the lighthouse's service whose handlers never answer (until closed).
-
-    Its connections complete the HTTP/2 handshake and answer pings (gRPC's core does both), so a
-    client sees a healthy connection and calls that never end: a lighthouse that hangs.
-    """
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self._release = threading.Event()
-
-        def stuck(name: str) -> grpc.RpcMethodHandler:
-            def handler(request: bytes, context: grpc.ServicerContext) -> bytes:
-                self._release.wait()
-                context.abort(grpc.StatusCode.UNAVAILABLE, "stuck lighthouse closed")
-                raise AssertionError("abort raises")
-
-            return grpc.unary_unary_rpc_method_handler(handler)
-
-        service = grpc.method_handlers_generic_handler(
-            "lighthouse_config.LighthouseService",
-            {"GetConfig": stuck("GetConfig"), "Heartbeat": stuck("Heartbeat")},
-        )
-        self._server, port = start_server(
-            "127.0.0.1:0", [_RecordingHandler(service, self.calls)], max_workers=16
-        )
-        self.address = format_address("127.0.0.1", port)
-
-    def close(self) -> None:
-        self._release.set()
-        self._server.stop(0).wait()
 
 
 @pytest.fixture
@@ -91,15 +42,6 @@ def stuck() -> Iterator[Callable[[], StuckLighthouse]]:
     finally:
         for server in made:
             server.close()
-
-
-def replica_starting_on(addresses: str, first: str) -> str:
-    """A replica id whose manager starts on ``first`` (the id picks where a manager starts)."""
-    for i in range(1000):
-        with LighthouseClient(addresses, spread_key=f"group{i}") as client:
-            if client.current == first:
-                return f"group{i}"
-    raise AssertionError(f"no replica id starts on {first}")
 
 
 def test_a_hung_lighthouse_costs_one_hedge_then_nothing(
@@ -152,6 +94,7 @@ def test_when_every_lighthouse_hangs_the_call_ends_at_its_deadline(
     assert (first.calls, second.calls) == (ASKED_TWICE, ["GetConfig"])
 
 
+@pytest.mark.slow
 def test_a_manager_starting_on_a_hung_lighthouse_serves_the_live_config(
     procs: ProcessPool, stuck: Callable[[], StuckLighthouse]
 ) -> None:
@@ -203,6 +146,7 @@ def settled_calls(lh: LighthouseProc) -> float:
     return seen[-1]
 
 
+@pytest.mark.slow
 def test_sigstop_of_the_lighthouse_in_use_serves_no_fallback_and_the_manager_stays_moved(
     procs: ProcessPool, etcd1: EtcdCluster, tmp_path: Path
 ) -> None:

@@ -53,6 +53,7 @@ def test_one_stray_step_far_ahead_does_not_unpin_the_group() -> None:
     assert pins.max_step == 5001
 
 
+@pytest.mark.slow
 def test_manager_get_looks_without_pinning_or_moving_the_step(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     manager = procs.manager(lh.address, "g", cache_ttl=0.05)
@@ -132,6 +133,7 @@ def test_patch_over_the_limit_is_413_and_changes_nothing(tmp_path: Path) -> None
         assert call(lh.url, "GET", "/api/config").json["version"] == 2
 
 
+@pytest.mark.slow
 def test_an_oversized_config_file_is_a_file_error_not_a_crash(procs: ProcessPool) -> None:
     big = {"blob": "x" * (MAX_CONFIG_BYTES + 10)}
     lh = procs.lighthouse(big)
@@ -139,6 +141,7 @@ def test_an_oversized_config_file_is_a_file_error_not_a_crash(procs: ProcessPool
     assert view["config"] == {} and "max" in view["file"]["error"]
 
 
+@pytest.mark.slow
 def test_changes_under_a_foreign_host_name_need_a_token(tmp_path: Path) -> None:
     with start_lighthouse(tmp_path, config={"lr": 0.1}, args=("--allowed-host", "lighthouse.internal")) as lh:
         rebound = call(lh.url, "PATCH", "/api/config", {"lr": 9}, headers={"Host": "evil.example:29511"})
@@ -165,7 +168,7 @@ def test_metrics_print_counters_exactly(tmp_path: Path) -> None:
     big = 1_234_567  # past a million, where "%g" would print 1.23457e+06
     with start_lighthouse(tmp_path, config={"lr": 0.1}) as lh:
         with LighthouseClient(lh.grpc_addr) as client:
-            for step in (999_999, big):  # a step leap counts once the same manager confirms it
+            for step in (big,):  # a job that never stepped takes its first reported step
                 client.heartbeat(pb.ManagerStatus(replica_id="g", version=big, step=step), timeout=5)
         text = call(lh.url, "GET", "/metrics").body.decode()
     lines = text.splitlines()
@@ -175,6 +178,7 @@ def test_metrics_print_counters_exactly(tmp_path: Path) -> None:
     assert values and all("e+" not in v for v in values)
 
 
+@pytest.mark.slow
 def test_a_second_lighthouse_on_the_same_state_dir_is_refused(procs: ProcessPool, tmp_path: Path) -> None:
     procs.lighthouse({"lr": 0.1}, state_dir=tmp_path / "shared")
     out = subprocess.run(

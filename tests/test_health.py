@@ -139,6 +139,7 @@ def test_a_fetch_begun_before_the_push_brought_a_config_fails_serving(tmp_path: 
         lh.shutdown()
 
 
+@pytest.mark.slow
 def test_manager_shutdown_is_told_to_watchers(procs: ProcessPool) -> None:
     lh = procs.lighthouse(CONFIG)
     m = procs.manager(lh.address, "g0")
@@ -187,6 +188,7 @@ def call_get_config(channel: grpc.Channel, service: str) -> dict[str, str]:
     return dict(answer.config_data)
 
 
+@pytest.mark.slow
 def test_reflection_lists_describes_and_calls_both_services(procs: ProcessPool) -> None:
     lh = procs.lighthouse(CONFIG)
     m = procs.manager(lh.address, "g0")

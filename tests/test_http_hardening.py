@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.certs import CA
 from tests.http_util import call, host_port
 from tests.procs import LighthouseProc, ProcessPool, lighthouse_command, poll
@@ -92,6 +94,7 @@ def _drip(
     return closed, answers, most
 
 
+@pytest.mark.slow
 def test_slow_requests_are_cut_off_at_the_deadline_and_threads_stay_bounded(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1}, extra=("--http-request-timeout", "3"))
     assert call(lh.url, "GET", "/api/config").status == 200
@@ -123,6 +126,7 @@ def test_connections_past_the_cap_get_503_and_hold_no_thread(procs: ProcessPool)
     poll(lambda: call(lh.url, "GET", "/api/config").status == 200, timeout=10, what="served again")
 
 
+@pytest.mark.slow
 def test_reads_answer_only_under_allowed_host_names(procs: ProcessPool, tmp_path: Path) -> None:
     lh = procs.lighthouse({"lr": 0.1}, extra=("--allowed-host", "lighthouse.internal"))
     _, port = host_port(lh.url)
@@ -151,6 +155,7 @@ def _history(url: str, job: str) -> list[tuple[str, str]]:
     return [(v["author"], json.dumps(v["config"], sort_keys=True)) for v in answer["versions"]]
 
 
+@pytest.mark.slow
 def test_the_author_is_stored_with_its_credential_and_system_names_cannot_be_claimed(
     procs: ProcessPool, tmp_path: Path
 ) -> None:
@@ -218,6 +223,7 @@ def test_secret_files_others_can_read_are_warned_about(procs: ProcessPool, tmp_p
     )
 
 
+@pytest.mark.slow
 def test_admin_token_from_env_or_file_and_a_warning_for_the_flag(procs: ProcessPool, tmp_path: Path) -> None:
     def serve(name: str, *flags: str, env: dict[str, str] | None = None) -> LighthouseProc:
         args = [*lighthouse_command(), "--state-dir", str(tmp_path / name), *flags]

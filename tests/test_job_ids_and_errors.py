@@ -92,6 +92,7 @@ def test_a_cancel_of_what_is_not_pending_is_409(lh: LighthouseProc) -> None:
     assert twice.json == {"error": f"the guard of version {guarded} is cancelled already"}
 
 
+@pytest.mark.slow
 def test_an_empty_name_is_no_job(tmp_path: Path) -> None:
     """A ``--config-dir`` file ``.json`` is not the job ``default``'s, a tokens file's "" no job."""
     folder = tmp_path / "jobs"

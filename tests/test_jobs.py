@@ -35,6 +35,7 @@ def test_job_id_rule() -> None:
             check_job_id(bad)
 
 
+@pytest.mark.slow
 def test_jobs_are_isolated_over_http_and_grpc(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     # A PUT to a job that does not exist creates it; each job's history starts at 1.
@@ -119,15 +120,19 @@ def test_unknown_and_invalid_jobs(procs: ProcessPool) -> None:
             stub(pb.LighthouseConfigRequest(job="bad job!"), timeout=5)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "1-64 characters" in (err.value.details() or "")
-        # A valid job nobody configured yet: an empty config at version 0.
-        reply = stub(pb.LighthouseConfigRequest(job="later"), timeout=5)
-        assert reply.version == 0 and dict(reply.config_data) == {}
+        # A valid job nobody made (an operator, the config directory, a manager with its token):
+        # NOT_FOUND naming it, and nothing is created.
+        with pytest.raises(grpc.RpcError) as missing:
+            stub(pb.LighthouseConfigRequest(job="later"), timeout=5)
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "no job 'later'" in (missing.value.details() or "")
     finally:
         channel.close()
     with pytest.raises(InvalidJobId):
         LighthouseClient(lh.address, job="bad job!")
 
 
+@pytest.mark.slow
 def test_per_job_tokens(procs: ProcessPool, tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.json"
     tokens.write_text(json.dumps({"alpha": ["alpha-tok"], "beta": ["beta-tok", "beta-tok-2"]}))
@@ -158,6 +163,7 @@ def test_per_job_tokens(procs: ProcessPool, tmp_path: Path) -> None:
     assert call(lh.url, "GET", "api/jobs").status == 200
 
 
+@pytest.mark.slow
 def test_delete_job(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1}, extra=["--admin-token", "root"])
     admin = {"Authorization": "Bearer root"}
@@ -177,6 +183,7 @@ def test_delete_job(procs: ProcessPool) -> None:
     assert call(lh.url, "PUT", "api/jobs/gone/config", {"lr": 2}, headers=admin).json["version"] == 1
 
 
+@pytest.mark.slow
 def test_config_dir(procs: ProcessPool, tmp_path: Path) -> None:
     folder = tmp_path / "jobs"
     folder.mkdir()
@@ -211,6 +218,7 @@ def test_config_dir(procs: ProcessPool, tmp_path: Path) -> None:
     poll(lambda: get_json(lh.url, "api/jobs/broken/config")["version"] == 1, 10, what="broken fixed")
 
 
+@pytest.mark.slow
 def test_metrics_are_labelled_per_job(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     call(lh.url, "PUT", "api/jobs/alpha/config", {"lr": 1})
@@ -220,6 +228,7 @@ def test_metrics_are_labelled_per_job(procs: ProcessPool) -> None:
     assert 'lighthouse_config_version{job="alpha"} 2' in body
 
 
+@pytest.mark.slow
 def test_admin_cli_takes_a_job(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     url = lh.url
@@ -295,6 +304,7 @@ def test_config_dir_schemas_are_per_job(procs: ProcessPool, tmp_path: Path) -> N
     assert len(history) == 1 and history[0]["source"] == "file"
 
 
+@pytest.mark.slow
 def test_an_edit_of_one_job_reaches_its_workers_only(procs: ProcessPool) -> None:
     """Two jobs, two managers each with the same replica ids, a worker process per manager."""
     lh = procs.lighthouse({"lr": 0.1})
@@ -325,6 +335,7 @@ def test_an_edit_of_one_job_reaches_its_workers_only(procs: ProcessPool) -> None
     assert [v["version"] for v in get_json(lh.url, "api/jobs/beta/config/history")["versions"]] == [1]
 
 
+@pytest.mark.slow
 def test_if_match_rollback_and_at_step_under_a_job_s_routes(procs: ProcessPool) -> None:
     """Each works on the job named in the path, never on the job default beside it."""
     lh = procs.lighthouse({"lr": 0.1})  # the job default is at version 1

@@ -11,6 +11,7 @@ import re
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from playwright.sync_api import Page, expect
 
 from lighthouse import LighthouseClient
@@ -33,6 +34,7 @@ def served(address: str) -> dict[str, str]:
         return dict(client.get_config(strict=True))
 
 
+@pytest.mark.slow
 def test_jobs_list_dashboard_and_editor_per_job(page: Page, procs: ProcessPool, tmp_path: Path) -> None:
     with start_lighthouse(tmp_path, config={"lr": 0.001}) as lh:
         put(lh, "alpha", {"lr": 0.1, "name": "alpha-run"})
@@ -85,6 +87,7 @@ def test_jobs_list_dashboard_and_editor_per_job(page: Page, procs: ProcessPool, 
         assert csp == []
 
 
+@pytest.mark.slow
 def test_timeline_draws_versions_now_scheduled_and_late_groups(page: Page, tmp_path: Path) -> None:
     with start_lighthouse(tmp_path, config={"lr": 1}) as lh:
         put(lh, "alpha", {"lr": 0.1})
@@ -95,6 +98,11 @@ def test_timeline_draws_versions_now_scheduled_and_late_groups(page: Page, tmp_p
             lh.http("PATCH", "/api/jobs/alpha/config", {"lr": 0.2})  # v2 from step 100
             due = lh.http("PATCH", "/api/jobs/alpha/config?effective_step=300", {"lr": 0.3}).json["version"]
             ahead = lh.http("PATCH", "/api/jobs/alpha/config?effective_step=900", {"lr": 0.4}).json["version"]
+            # A group's report moves the job's step by at most 64 steps plus its elapsed rate
+            # (a made-up jump is ignored): g0 climbs to 300 in hops a real group could make.
+            for step in range(160, 300, 60):
+                status = pb.ManagerStatus(replica_id="g0", address="a:1", version=2, step=step, job="alpha")
+                client.heartbeat(status, timeout=5)
             for replica, step in (("g0", 300), ("g1", 340)):
                 switch = pb.StepSwitch(version=due, step=step, previous_step=step - 1)
                 status = pb.ManagerStatus(
@@ -168,6 +176,7 @@ def test_hostile_values_on_the_jobs_list_and_timeline_are_text(page: Page, tmp_p
             assert page.locator(selector).count() == 0, selector
 
 
+@pytest.mark.slow
 def test_job_tokens_are_asked_once_per_job(page: Page, tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.json"
     tokens.write_text(json.dumps({"alpha": ["alpha-tok"], "beta": ["beta-tok"]}))
@@ -195,6 +204,7 @@ def test_job_tokens_are_asked_once_per_job(page: Page, tmp_path: Path) -> None:
         assert lh.http("GET", "/api/jobs/beta/config").json["config"] == {"lr": 5}
 
 
+@pytest.mark.slow
 def test_jobs_list_follows_changes_and_marks_file_errors(page: Page, tmp_path: Path) -> None:
     folder = tmp_path / "jobs"
     folder.mkdir()

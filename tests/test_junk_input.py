@@ -274,6 +274,7 @@ REPLY_TYPES = {
 }
 
 
+@pytest.mark.slow
 def test_malformed_protobuf_to_every_rpc(system: System) -> None:
     rng = random.Random(99)
     methods = {
@@ -317,6 +318,7 @@ def _big_unknown_field(size: int) -> bytes:
     return b"\xfa\x01" + _varint(size) + b"x" * size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", [LIGHTHOUSE_GET_CONFIG, LIGHTHOUSE_HEARTBEAT, MANAGER_GET_CONFIG])
 def test_oversized_grpc_requests_are_refused(system: System, path: str) -> None:
     addr = system.m.address if path == MANAGER_GET_CONFIG else system.lh.address
@@ -402,6 +404,7 @@ def _check_answer(method: str, answer: bytes, what: str) -> int:
     return status
 
 
+@pytest.mark.slow
 def test_every_http_endpoint_with_every_method(system: System) -> None:
     host, port = http_util.host_port(system.lh.url)
     seen: set[int] = set()
@@ -416,6 +419,7 @@ def test_every_http_endpoint_with_every_method(system: System) -> None:
     system.check_unchanged()
 
 
+@pytest.mark.slow
 def test_random_http_requests(system: System) -> None:
     host, port = http_util.host_port(system.lh.url)
 

@@ -120,6 +120,7 @@ def silent_member() -> Iterator[SilentWatchMember]:
         member.close()
 
 
+@pytest.mark.slow
 def test_a_silent_watch_moves_to_another_member(etcd1: EtcdCluster, silent_member: SilentWatchMember) -> None:
     silent = silent_member
     prefix = f"/keepalive/{time.monotonic_ns()}/"

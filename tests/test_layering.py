@@ -6,6 +6,7 @@ import hidden in a function is caught too."""
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -30,6 +31,7 @@ def loaded_after(*modules: str, of: tuple[str, ...] = ("lighthouse", "manager"))
     return result
 
 
+@pytest.mark.slow
 def test_the_manager_loads_no_server_side_of_the_lighthouse() -> None:
     loaded = loaded_after("manager.cli", "manager.server")
     lighthouse = [m for m in loaded if m.startswith("lighthouse")]
@@ -84,6 +86,7 @@ def test_config_show_loads_only_the_admin_side() -> None:
     assert len(loaded) <= 12, loaded
 
 
+@pytest.mark.slow
 def test_serve_help_loads_the_server_side() -> None:
     """``serve`` (named lazily by the cli) still comes with its flags, from the server side."""
     loaded, printed = loaded_by_cli("serve", "--help")
@@ -130,7 +133,8 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def source_modules() -> dict[str, Path]:
+@functools.cache
+def modules() -> dict[str, Path]:
     found: dict[str, Path] = {}
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
@@ -138,9 +142,6 @@ def source_modules() -> dict[str, Path]:
                 continue
             found[module_name(path)] = path
     return found
-
-
-MODULES = source_modules()
 
 
 def imports_of(name: str, path: Path) -> Iterator[str]:
@@ -158,7 +159,7 @@ def imports_of(name: str, path: Path) -> Iterator[str]:
                 base = ".".join([*anchor, base] if base else anchor)
             for alias in node.names:
                 submodule = f"{base}.{alias.name}"
-                yield from _ours(submodule if submodule in MODULES else base)
+                yield from _ours(submodule if submodule in modules() else base)
 
 
 def _ours(module: str) -> Iterator[str]:
@@ -166,13 +167,17 @@ def _ours(module: str) -> Iterator[str]:
     parts = module.split(".")
     while parts:
         candidate = ".".join(parts)
-        if candidate in MODULES:
+        if candidate in modules():
             yield candidate
             return
         parts.pop()
 
 
-GRAPH: dict[str, set[str]] = {m: set(imports_of(m, p)) - {m} for m, p in MODULES.items()}
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    """Each module's imports of ours; read once, when a test first asks (not in every xdist process's
+    collection: parsing the checkout takes a second)."""
+    return {m: set(imports_of(m, p)) - {m} for m, p in modules().items()}
 
 
 def floor_of(module: str) -> str:
@@ -184,11 +189,11 @@ def floor_of(module: str) -> str:
 
 
 def _is_package(module: str) -> bool:
-    return module in MODULES and MODULES[module].name == "__init__.py"
+    return module in modules() and modules()[module].name == "__init__.py"
 
 
 def lighthouse_edges() -> Iterator[tuple[str, str, str, str]]:
-    for source, targets in GRAPH.items():
+    for source, targets in graph().items():
         if not source.startswith("lighthouse."):
             continue
         for target in targets:
@@ -198,9 +203,10 @@ def lighthouse_edges() -> Iterator[tuple[str, str, str, str]]:
 
 def test_the_graph_was_read() -> None:
     """The checks below mean something only if the parser found the real imports."""
-    assert "lighthouse.jobs.state" in MODULES and "lighthouse.web.routes" in MODULES
-    assert "lighthouse.jobs.versions" in GRAPH["lighthouse.jobs.state"]
-    assert "lighthouse.client" in GRAPH["manager.upstream"] or "lighthouse.client" in GRAPH["manager.server"]
+    assert "lighthouse.jobs.state" in modules() and "lighthouse.web.routes" in modules()
+    assert "lighthouse.jobs.versions" in graph()["lighthouse.jobs.state"]
+    relay = graph()["manager.upstream"] | graph()["manager.server"]
+    assert "lighthouse.client" in relay
 
 
 def test_no_circle_anywhere_in_the_checkout() -> None:
@@ -214,7 +220,7 @@ def test_no_circle_anywhere_in_the_checkout() -> None:
 
     def visit(node: str) -> None:
         nonlocal counter
-        work = [(node, iter(sorted(GRAPH[node])))]
+        work = [(node, iter(sorted(graph()[node])))]
         index[node] = low[node] = counter
         counter += 1
         stack.append(node)
@@ -227,7 +233,7 @@ def test_no_circle_anywhere_in_the_checkout() -> None:
                     counter += 1
                     stack.append(child)
                     on_stack.add(child)
-                    work.append((child, iter(sorted(GRAPH[child]))))
+                    work.append((child, iter(sorted(graph()[child]))))
                     break
                 if child in on_stack:
                     low[current] = min(low[current], index[child])
@@ -246,7 +252,7 @@ def test_no_circle_anywhere_in_the_checkout() -> None:
                     if len(component) > 1:
                         circles.append(sorted(component))
 
-    for module in sorted(GRAPH):
+    for module in sorted(graph()):
         if module not in index:
             visit(module)
     # A package's __init__ re-exporting its own submodule is no circle of code: drop that edge only.
@@ -255,7 +261,7 @@ def test_no_circle_anywhere_in_the_checkout() -> None:
 
 
 def _only_package_reexports(component: list[str], module: str) -> bool:
-    return _is_package(module) and all(t.startswith(module + ".") for t in GRAPH[module] if t in component)
+    return _is_package(module) and all(t.startswith(module + ".") for t in graph()[module] if t in component)
 
 
 def test_lighthouse_subpackages_import_only_downwards() -> None:
@@ -276,7 +282,7 @@ def test_lighthouse_subpackages_import_only_downwards() -> None:
 
 def test_admin_imports_no_server_code() -> None:
     """The operator's side runs on a login node: nothing of the store, jobs, web or gRPC service."""
-    admin = {m: GRAPH[m] for m in GRAPH if m.startswith("lighthouse.admin")}
+    admin = {m: graph()[m] for m in graph() if m.startswith("lighthouse.admin")}
     assert len(admin) >= 5, sorted(admin)
     wrong = {
         f"{m} -> {t}"
@@ -291,7 +297,7 @@ def test_jobs_import_no_store_backend() -> None:
     """One job's logic talks to persistence through the protocol only (store.backend)."""
     wrong = {
         f"{m} -> {t}"
-        for m, targets in GRAPH.items()
+        for m, targets in graph().items()
         if m.startswith("lighthouse.jobs")
         for t in targets
         if t.startswith("lighthouse.store.") and t != "lighthouse.store.backend"
@@ -302,22 +308,31 @@ def test_jobs_import_no_store_backend() -> None:
 @pytest.mark.parametrize("package", ["lighthouse", "manager", "worker_client"])
 def test_protos_imports_nothing_of_ours(package: str) -> None:
     wrong = {
-        f"{m} -> {t}" for m in GRAPH if m.startswith("protos") for t in GRAPH[m] if t.startswith(package)
+        f"{m} -> {t}" for m in graph() if m.startswith("protos") for t in graph()[m] if t.startswith(package)
     }
     assert wrong == set(), sorted(wrong)
 
 
 def test_the_manager_reaches_only_the_lighthouse_client() -> None:
-    reached = {t for m in GRAPH if m.startswith("manager") for t in GRAPH[m] if t.startswith("lighthouse")}
+    manager = [targets for m, targets in graph().items() if m.startswith("manager")]
+    reached = {t for targets in manager for t in targets if t.startswith("lighthouse")}
     assert reached <= {"lighthouse", "lighthouse.client"}, sorted(reached)
 
 
 def test_worker_client_reaches_neither_lighthouse_nor_manager() -> None:
     reached = {
         t
-        for m in GRAPH
+        for m in graph()
         if m.startswith("worker_client")
-        for t in GRAPH[m]
+        for t in graph()[m]
         if t.startswith(("lighthouse", "manager"))
     }
     assert reached == set(), sorted(reached)
+
+
+def test_no_module_imports_a_test_module() -> None:
+    """What tests share lives in helper modules (tests/procs.py, tests/stuck_lighthouse.py...): a
+    test module imported by another ties the two together and collects its tests' names twice."""
+    assert any(m.startswith("tests.test_") for m in graph()), "no test module read"
+    wrong = {f"{m} -> {t}" for m, targets in graph().items() for t in targets if t.startswith("tests.test_")}
+    assert wrong == set(), sorted(wrong)

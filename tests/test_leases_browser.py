@@ -6,12 +6,14 @@ from __future__ import annotations
 import re
 import signal
 
+import pytest
 from playwright.sync_api import Page, expect
 
 from tests.http_util import call, live, wait_healthy
 from tests.procs import ProcessPool, poll, records_so_far
 
 
+@pytest.mark.slow
 def test_save_says_where_every_group_switches_and_the_change_shows_while_pending(
     page: Page, procs: ProcessPool
 ) -> None:
@@ -61,6 +63,7 @@ def test_save_says_where_every_group_switches_and_the_change_shows_while_pending
     assert {lr for step, lr in used if step < at} == {"0.1"}
 
 
+@pytest.mark.slow
 def test_the_managers_table_marks_a_group_that_ran_past_its_lease(page: Page, procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     wait_healthy(lh.url)
@@ -81,6 +84,7 @@ def test_the_managers_table_marks_a_group_that_ran_past_its_lease(page: Page, pr
     assert managers[0]["steps_past_lease"] > 0 and managers[0]["past_lease"]
 
 
+@pytest.mark.slow
 def test_the_managers_table_says_who_is_pushed_to_and_who_polls(page: Page, procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     wait_healthy(lh.url)

@@ -1,17 +1,31 @@
-"""The pages in real Chromium: during a pending change the dashboard's card, timeline and live
-config name the version served (the pending one apart); the editor's type-change refusal and its
-override; a job whose ranks died marked stalled on the jobs list and its dashboard."""
+"""The pages in real Chromium: during a pending change the dashboard's card, timeline, live config
+and managers table, `manager get` and `config managers` name the version served (the pending one
+apart); the editor's type-change refusal and its override; a job whose ranks died marked stalled
+on the jobs list and its dashboard."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+
+import pytest
 from playwright.sync_api import Page, expect
 
+from tests.helpers_lighthouse import run_cli
 from tests.http_util import call, get_json, live, wait_healthy
-from tests.procs import ProcessPool, poll
+from tests.procs import ProcessPool, manager_cli, poll
+
+
+def ok(done: subprocess.CompletedProcess[str]) -> str:
+    """A CLI's stdout, once it ended well."""
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    return done.stdout
+
 
 FAR = 1_000_000  # a step the job will not reach during the test: the change stays pending
 
 
+@pytest.mark.slow
 def test_card_timeline_and_live_config_agree_during_a_pending_change(page: Page, procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1, "name": "run-1"})
     wait_healthy(lh.url)
@@ -25,9 +39,31 @@ def test_card_timeline_and_live_config_agree_during_a_pending_change(page: Page,
     assert view["pending"] == {"version": 2, "effective_step": FAR}
     assert get_json(lh.url, "api/config/timeline")["live_version"] == 1
 
+    # The manager says the same: `manager get` (stepless: at the job's step), its status, and
+    # the managers table (API and `config managers`) name v1 as served and v2 apart.
+    got = json.loads(ok(manager_cli("get", "--addr", m.address, "-o", "json")))
+    assert (got["version"], got["config"]["lr"], got["config"]["name"]) == (1, "0.1", "run-1"), got
+    assert (got["pending_version"], got["pending_step"]) == (2, FAR), got
+    text = ok(manager_cli("get", "--addr", m.address)).splitlines()
+    assert text[-2].startswith("version 1 of job default, source "), text
+    assert text[-1] == f"pending: version 2 from step {FAR:,}", text
+
+    def reported() -> bool:
+        return bool(get_json(lh.url, "api/managers")["managers"][0]["pending_version"] == 2)
+
+    poll(reported, 20, what="the manager's report of the pending change")
+    (row,) = get_json(lh.url, "api/managers")["managers"]
+    assert (row["version"], row["live_version"], row["pending_step"]) == (2, 1, FAR), row
+    table = ok(run_cli("config", "managers", "--url", lh.url)).splitlines()
+    assert table[-1] == f"live version 1, v2 pending from step {FAR:,}", table
+    assert f"v2 at step {FAR:,}" in table[1] and "current" in table[1], table
+
     page.goto(lh.url)
     expect(page.locator("#version")).to_have_text("v1")
     expect(page.locator("#pending-version")).to_have_text(f"v2 pending, from step {FAR}")
+    served = page.locator('#managers tr[data-replica="g0"] .served-version')
+    expect(served).to_contain_text("v1")
+    expect(served).to_contain_text(f"v2 pending from step {FAR}")
     expect(page.locator('#timeline .tl-seg.tl-live[data-version="1"]')).to_have_count(1)
     expect(page.locator("#timeline .tl-seg.tl-live")).to_have_count(1)
     expect(page.locator('#timeline .tl-seg.tl-pending[data-version="2"]')).to_have_count(1)
@@ -45,6 +81,7 @@ def test_card_timeline_and_live_config_agree_during_a_pending_change(page: Page,
     expect(page.locator("#pending-version")).to_have_text(f"v2 pending, from step {FAR}")
 
 
+@pytest.mark.slow
 def test_the_editor_shows_a_type_change_refusal_and_offers_the_override(
     page: Page, procs: ProcessPool
 ) -> None:
@@ -65,6 +102,7 @@ def test_the_editor_shows_a_type_change_refusal_and_offers_the_override(
     expect(page.locator("#type-change")).to_be_hidden()
 
 
+@pytest.mark.slow
 def test_a_job_whose_ranks_died_is_marked_stalled_on_both_pages(page: Page, procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     wait_healthy(lh.url)

@@ -5,21 +5,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from typing import Any
 
-from tests.procs import ROOT, ProcessPool, child_env, poll, worker_records
+import pytest
 
-
-def manager_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "manager", *args],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        cwd=ROOT,
-        timeout=60,
-    )
+from tests.procs import ProcessPool, manager_cli, poll, worker_records
 
 
 def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
@@ -36,6 +26,7 @@ def status_json(addr: str) -> dict[str, Any]:
     return info
 
 
+@pytest.mark.slow
 def test_status_and_get_of_a_real_manager(procs: ProcessPool) -> None:
     gone = procs.lighthouse({"lr": 0.1}, state_dir=procs.tmp_path / "gone")
     gone.stop()
@@ -80,6 +71,7 @@ def test_status_and_get_of_a_real_manager(procs: ProcessPool) -> None:
     assert "last error" in manager_cli("status", "--addr", manager.address).stdout
 
 
+@pytest.mark.slow
 def test_pointed_at_a_lighthouse_or_at_nothing_they_say_so(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     for command in ("get", "status"):

@@ -16,6 +16,7 @@ from lighthouse.store.migrate import CopiedJob, CopyMismatch, TargetNotEmpty, ch
 from lighthouse.store.sqlite import SqliteBackend
 from tests.etcd_cluster import EtcdCluster, require_etcd
 from tests.procs import ProcessPool, child_env
+from tests.store_edits import commit
 
 
 def make_state(state_dir: Path) -> Path:
@@ -25,22 +26,22 @@ def make_state(state_dir: Path) -> Path:
     db = state_dir / "lighthouse.db"
     backend = SqliteBackend(db)
     s = ConfigStore(job="default", backend=backend, history_limit=3)
-    s.commit("put", {"lr": 0.1, "bs": 32}, source="api", author="alice", comment="first")
-    s.commit("patch", {"lr": 0.2}, source="api")
-    at50 = s.commit("patch", {"bs": 64}, source="api", effective_step=50)
-    at80 = s.commit("patch", {"wd": 0.1}, source="api", effective_step=80)
+    commit(s, "put", {"lr": 0.1, "bs": 32}, source="api", author="alice", comment="first")
+    commit(s, "patch", {"lr": 0.2}, source="api")
+    at50 = commit(s, "patch", {"bs": 64}, source="api", effective_step=50)
+    at80 = commit(s, "patch", {"wd": 0.1}, source="api", effective_step=80)
     s.advance_step(60)
     s.record_switches("g0", [(1, 0, -1), (at50.version, 50, 49)])
-    s.commit("cancel", {"version": at80.version}, source="api")
-    s.commit("patch", {"lr": 0.3, "name": "ünï"}, source="file", comment="cfg.json")
-    s.commit("put", {"lr": 0.4, "bs": 64, "nested": {"a": [1, None]}}, source="rollback")
-    s.commit("patch", {"x": 1}, source="api", effective_step=100)
+    commit(s, "cancel", {"version": at80.version}, source="api")
+    commit(s, "patch", {"lr": 0.3, "name": "ünï"}, source="file", comment="cfg.json")
+    commit(s, "put", {"lr": 0.4, "bs": 64, "nested": {"a": [1, None]}}, source="rollback")
+    commit(s, "patch", {"x": 1}, source="api", effective_step=100)
     s.record_switches("g1", [(7, 61, 60)])
     s.set_file_hash("/etc/cfg.json", "abc")
     s.close()
     llm = ConfigStore(job="llm", backend=backend)
-    llm.commit("put", {"lr": 3e-4}, source="api", author="bob")
-    llm.commit("patch", {"warmup": 100}, source="api", effective_step=10)
+    commit(llm, "put", {"lr": 3e-4}, source="api", author="bob")
+    commit(llm, "patch", {"warmup": 100}, source="api", effective_step=10)
     llm.advance_step(12)
     llm.record_switches("w0", [(1, 0, -1), (2, 10, 9)])
     llm.set_schema({"type": "object"}, source="api", author="carol")
@@ -77,7 +78,7 @@ def test_migrate_copies_every_job_exactly(tmp_path: Path) -> None:
             assert after.resolve(after.head, step) == before.resolve(before.head, step)
     # The next version continues the source's numbering.
     store = ConfigStore(job="default", backend=target)
-    assert store.commit("patch", {"y": 2}, source="api").version == 9
+    assert commit(store, "patch", {"y": 2}, source="api").version == 9
 
 
 def test_check_finds_a_record_that_differs(tmp_path: Path) -> None:
@@ -116,7 +117,7 @@ def test_check_accepts_a_row_whose_config_the_target_left_out(tmp_path: Path) ->
 def test_migrate_refuses_a_store_that_holds_data(tmp_path: Path) -> None:
     source = SqliteBackend(make_state(tmp_path))
     target = SqliteBackend(None)
-    ConfigStore(job="other", backend=target).commit("put", {"a": 1}, source="api")
+    commit(ConfigStore(job="other", backend=target), "put", {"a": 1}, source="api")
     held = target.load("other")
     with pytest.raises(TargetNotEmpty):
         migrate(source, target)
@@ -150,6 +151,7 @@ def test_cli_refuses_a_directory_without_state(tmp_path: Path) -> None:
     assert "no lighthouse.db" in done.stderr
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_state_dir_a_running_lighthouse_holds(tmp_path: Path, procs: ProcessPool) -> None:
     make_state(tmp_path / "state")
     procs.lighthouse(state_dir=tmp_path / "state")
@@ -165,6 +167,7 @@ def test_cli_refuses_a_malformed_store_url(tmp_path: Path) -> None:
     assert "expected etcd://HOST:PORT" in done.stderr
 
 
+@pytest.mark.slow
 def test_cli_migrates_into_an_empty_etcd_prefix_only(tmp_path: Path) -> None:
     require_etcd()
     db = make_state(tmp_path / "state")

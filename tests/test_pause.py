@@ -12,6 +12,8 @@ import signal
 import time
 from typing import Any
 
+import pytest
+
 from tests import http_util
 from tests.procs import ProcessPool, poll, worker_records
 
@@ -28,6 +30,7 @@ def _records(proc: Any) -> int:
     return sum(1 for line in proc.lines() if line.startswith("{"))
 
 
+@pytest.mark.slow
 def test_paused_lighthouse_costs_workers_at_most_a_deadline(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1, "name": "before"})
     http_util.wait_healthy(lh.url)
@@ -102,6 +105,7 @@ def test_paused_lighthouse_costs_workers_at_most_a_deadline(procs: ProcessPool) 
     poll(reported, 15, interval=0.1, what="managers reporting the live version")
 
 
+@pytest.mark.slow
 def test_paused_manager_worker_gets_fallback_within_deadline(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     m = procs.manager(lh.address, "g0", cache_ttl=0.2, lighthouse_timeout=LIGHTHOUSE_TIMEOUT)

@@ -262,6 +262,7 @@ class SqliteWithEtcd(SqliteBackend):
         """No other lighthouse writes this store's versions: nothing to watch."""
 
 
+@pytest.mark.slow
 def test_lighthouse_servers_share_their_managers_over_http(
     client: EtcdClient, prefix: str, procs: ProcessPool, page: Page
 ) -> None:
@@ -304,6 +305,7 @@ def serve_on_etcd(procs: ProcessPool, store: str) -> tuple[str, str]:
     return lh.readline(), lh.readline()
 
 
+@pytest.mark.slow
 def test_lighthouses_on_one_etcd_prefix_list_every_manager(
     cluster: EtcdCluster, prefix: str, procs: ProcessPool
 ) -> None:
@@ -311,6 +313,8 @@ def test_lighthouses_on_one_etcd_prefix_list_every_manager(
     (addr_a, url_a), (addr_b, url_b) = serve_on_etcd(procs, store), serve_on_etcd(procs, store)
     procs.manager(addr_a, "g0")
     procs.manager(addr_b, "g1")
+    # Jobs are made by an operator (an anonymous manager naming an unknown job creates nothing).
+    assert call(url_b, "PUT", "/api/jobs/llm/config", {"lr": 0.1}).status == 200
     procs.manager(addr_b, "w0", extra=["--job", "llm"])
 
     def listed(url: str, job: str = "default") -> dict[str, str]:

@@ -25,7 +25,7 @@ from protos.rpc import LIGHTHOUSE_SERVICE, LIGHTHOUSE_WATCH
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import change, get_json, live, wait_healthy
 from tests.procs import Proc, ProcessPool, metric, poll, records_so_far, wait_ready
-from tests.test_hang_failover import StuckLighthouse, replica_starting_on
+from tests.stuck_lighthouse import StuckLighthouse, replica_starting_on
 from tests.threads import CheckedThread
 
 Record = dict[str, Any]
@@ -98,6 +98,7 @@ def changes_in_background(url_of: Any, stop: threading.Event) -> tuple[CheckedTh
     return thread, made
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["sigkill_restart", "sigstop_resume"])
 def test_after_a_lighthouse_crash_or_hang_every_manager_ends_on_the_newest_version(
     procs: ProcessPool, tmp_path: Any, fault: str
@@ -200,6 +201,7 @@ def test_a_new_manager_polls_a_lighthouse_without_push(procs: ProcessPool) -> No
         old.server.stop(0)
 
 
+@pytest.mark.slow
 def test_a_polling_manager_works_against_a_lighthouse_with_push(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     wait_healthy(lh.url)
@@ -213,6 +215,7 @@ def test_a_polling_manager_works_against_a_lighthouse_with_push(procs: ProcessPo
     assert metric(lh.url, "lighthouse_get_config_calls_total") >= 2  # the change came by polling
 
 
+@pytest.mark.slow
 def test_a_change_through_one_lighthouse_reaches_the_managers_of_another_by_push(
     procs: ProcessPool, etcd1: EtcdCluster
 ) -> None:
@@ -242,7 +245,10 @@ def _watch(address: str, replica: str, stop: threading.Event, options: list[tupl
     """A raw ``WatchConfig`` stream of ``replica``: its first request, then nothing until ``stop``."""
 
     def requests() -> Any:
-        yield pb.LighthouseConfigRequest(replica_id=replica, status=pb.ManagerStatus(replica_id=replica))
+        # No step (-1, as a manager whose workers asked for none): a step 0 reported here would
+        # lease the job, and a change made now would wait for a step no group ever takes.
+        status = pb.ManagerStatus(replica_id=replica, step=-1)
+        yield pb.LighthouseConfigRequest(replica_id=replica, status=status)
         stop.wait()
 
     channel = grpc.insecure_channel(address, options=options)
@@ -254,6 +260,7 @@ def _watch(address: str, replica: str, stop: threading.Event, options: list[tupl
     return channel, watch(requests())
 
 
+@pytest.mark.slow
 def test_a_stream_silent_for_two_keepalives_ends_and_the_manager_polls(procs: ProcessPool) -> None:
     """``--keepalive-interval 1``: the keep-alives come each second; a hung lighthouse sends none, and
     the manager (nothing to report, no lease to renew: only the silence can end it) ends the stream
@@ -286,6 +293,7 @@ def test_a_stream_silent_for_two_keepalives_ends_and_the_manager_polls(procs: Pr
         )
         assert float(dropped.group(1)) > 2 * 1.0  # two keep-alives missed (plus the deadline's slack)
         assert "no answer to a request" not in m.stderr()  # the silence ended it, nothing else
+        assert m.stderr().count("dropped:") == 1, m.stderr()[-3000:]  # ended, and logged, once
         poll(
             lambda: manager_info(m.address, 5).upstream_failures > before,
             20,
@@ -299,6 +307,7 @@ def test_a_stream_silent_for_two_keepalives_ends_and_the_manager_polls(procs: Pr
         raise AssertionError(f"{exc}; the manager's log:\n{m.stderr()[-3000:]}") from None
 
 
+@pytest.mark.slow
 def test_a_manager_that_reads_nothing_holds_up_no_other(procs: ProcessPool) -> None:
     """A raw stream that never reads (flow control stops the lighthouse's writes to it: the config
     is ~800 KB a message) while two real managers get every change within 2 s."""
@@ -336,6 +345,7 @@ def test_a_manager_that_reads_nothing_holds_up_no_other(procs: ProcessPool) -> N
         channel.close()
 
 
+@pytest.mark.slow
 def test_a_lighthouse_killed_and_restarted_gives_stepless_workers_no_fallback_at_a_30_s_ttl(
     procs: ProcessPool, tmp_path: Any
 ) -> None:

@@ -11,6 +11,7 @@ from lighthouse.jobs.versions import ConfigStore
 from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
 from protos.rpc import MAX_REPLY_BYTES
+from tests.store_edits import commit
 
 
 def _ask(state: LighthouseState, step: int) -> tuple[int, pb.LighthouseConfigResponse]:
@@ -20,14 +21,15 @@ def _ask(state: LighthouseState, step: int) -> tuple[int, pb.LighthouseConfigRes
     return len(answered[0]), pb.LighthouseConfigResponse.FromString(answered[0])
 
 
+@pytest.mark.slow
 def test_a_stepping_groups_reply_stays_the_same_size_however_long_the_history() -> None:
     state = LighthouseState(ConfigStore(SqliteBackend()))
     store = state.store
-    store.commit("put", {"lr": 0.1, "wd": 0.01}, source="t")
+    commit(store, "put", {"lr": 0.1, "wd": 0.01}, source="t")
     sizes = {}
     for i in range(1, 151):  # one change per step, each scheduled two steps ahead of the job
         store.advance_step(i)
-        store.commit("patch", {"lr": i / 10_000}, source="t", effective_step=i + 2)
+        commit(store, "patch", {"lr": i / 10_000}, source="t", effective_step=i + 2)
         state.refresh()
         if i in (20, 150):
             sizes[i], reply = _ask(state, i)
@@ -43,9 +45,9 @@ def test_a_stepping_groups_reply_stays_the_same_size_however_long_the_history() 
 def test_a_stepless_reply_and_one_for_an_early_step_still_carry_the_history_they_need() -> None:
     state = LighthouseState(ConfigStore(SqliteBackend()))
     store = state.store
-    store.commit("put", {"lr": 0.1}, source="t")
+    commit(store, "put", {"lr": 0.1}, source="t")
     for i in range(1, 50):
-        store.commit("patch", {"lr": i / 100}, source="t", effective_step=10 * i)
+        commit(store, "patch", {"lr": i / 100}, source="t", effective_step=10 * i)
     state.refresh()
     _, early = _ask(state, 15)
     assert [s.from_step for s in early.segments] == [10 * i for i in range(1, 50)]

@@ -45,6 +45,7 @@ def expected(step: int, groups: range = range(GROUPS)) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_the_series_holds_what_every_rank_sent(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.01})
     managers = [procs.manager(lh.address, f"g{g}", cache_ttl=0.2) for g in range(GROUPS)]
@@ -123,6 +124,7 @@ def _status(replica: str, batch: int, first: int, count: int) -> pb.ManagerStatu
     return pb.ManagerStatus(replica_id=replica, step=first + count - 1, metrics=metrics, metrics_batch=batch)
 
 
+@pytest.mark.slow
 def test_a_million_reported_steps_leave_a_jobs_memory_bounded(procs: ProcessPool) -> None:
     """The bound (lighthouse/jobs/series.py): per metric at most COARSE_BUCKETS buckets for the older
     steps and 2 * RECENT_STEPS exact ones per group; so the series answers the same number of

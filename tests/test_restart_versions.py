@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests import http_util
 from tests.procs import ROOT, LighthouseProc, ProcessPool, child_env, poll, records_so_far
 
@@ -44,6 +46,7 @@ def _serving(addr: str, version: int, config: dict[str, str]) -> bool:
     return got["version"] == version and got["config"] == config and got["source"] != "fallback"
 
 
+@pytest.mark.slow
 def test_manager_never_goes_back_unless_state_reset(procs: ProcessPool, tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     state = tmp_path / "state"

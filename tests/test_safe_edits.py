@@ -85,6 +85,7 @@ def _state(url: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return {k: view[k] for k in ("version", "config", "scheduled")}, http_util.history(url)
 
 
+@pytest.mark.slow
 def test_every_change_path_is_checked_and_a_worker_never_sees_a_refused_value(
     procs: ProcessPool, tmp_path: Path
 ) -> None:
@@ -154,6 +155,7 @@ def test_every_change_path_is_checked_and_a_worker_never_sees_a_refused_value(
     assert all(r["config"].get("lr") not in ("2", "7", "-1") for r in records_so_far(worker))
 
 
+@pytest.mark.slow
 def test_dry_runs_answer_what_the_change_would_do_and_store_nothing(
     procs: ProcessPool, tmp_path: Path
 ) -> None:

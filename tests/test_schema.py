@@ -11,6 +11,7 @@ from lighthouse.config.schema import SchemaInvalid, SchemaViolation, load_schema
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import ConfigStore, Edit
 from lighthouse.store.sqlite import SqliteBackend
+from tests.store_edits import commit
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -68,7 +69,7 @@ def test_declared_2020_12_and_boolean_schemas_load() -> None:
 def test_a_dry_run_plan_is_what_the_commit_stores(tmp_path: Path) -> None:
     backend = SqliteBackend(tmp_path / "db")
     store = ConfigStore(backend)
-    store.commit("put", {"lr": 0.1, "mode": "a"}, source="t")
+    commit(store, "put", {"lr": 0.1, "mode": "a"}, source="t")
     edit = Edit("patch", {"lr": 0.2, "mode": None, "new": [1]}, "api", "bob", "tune")
     planned = store.apply([edit], dry_run=True)
     assert store.head == 1 and store.live() == {"lr": 0.1, "mode": "a"}
@@ -91,8 +92,8 @@ def test_a_dry_run_plan_is_what_the_commit_stores(tmp_path: Path) -> None:
 
 def test_a_refused_check_writes_nothing_of_a_multi_edit_commit() -> None:
     store = ConfigStore(SqliteBackend())
-    store.commit("put", {"lr": 0.1}, source="t")
-    pending = store.commit("patch", {"lr": 0.2}, source="t", effective_step=50).version
+    commit(store, "put", {"lr": 0.1}, source="t")
+    pending = commit(store, "patch", {"lr": 0.2}, source="t", effective_step=50).version
 
     def refuse(plan: Any) -> None:
         raise SchemaViolation([{"path": "/lr", "message": "no"}])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
+
 from lighthouse.jobs.stall import GONE_MIN_SECONDS, GONE_TTLS
 from tests.helpers_lighthouse import run_cli
 from tests.http_util import get_json, live, wait_healthy
@@ -21,6 +23,7 @@ def _job(url: str) -> dict:
     return answer
 
 
+@pytest.mark.slow
 def test_a_job_whose_ranks_all_died_shows_as_stalled(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     wait_healthy(lh.url)

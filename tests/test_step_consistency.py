@@ -18,6 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+import pytest
+
 from lighthouse.config.values import encode_config
 from manager.pinning import StepPins
 from manager.snapshot import Snapshot
@@ -130,6 +132,7 @@ class Churn:
 
 
 # ----------------------------------------------------------------- (1) churn
+@pytest.mark.slow
 def test_every_rank_of_a_group_gets_the_same_config_per_step_under_churn(procs: ProcessPool) -> None:
     groups, ranks, steps = ["g0", "g1"], 4, 200
     lh = procs.lighthouse({"lr": 0.1, "tick": 0})
@@ -156,6 +159,7 @@ def test_every_rank_of_a_group_gets_the_same_config_per_step_under_churn(procs: 
 
 
 # ------------------------------------------------------- (2) scheduled changes
+@pytest.mark.slow
 def test_a_step_promised_to_a_group_cannot_be_scheduled_and_every_group_switches_at_its_step(
     procs: ProcessPool,
 ) -> None:
@@ -167,10 +171,8 @@ def test_a_step_promised_to_a_group_cannot_be_scheduled_and_every_group_switches
     # gB's workers run far ahead of gA's (steps 10000+). Before step leases a change scheduled
     # ahead of gA was already behind gB, which switched late; now gB holds a lease past that
     # step, so such a change is refused, naming the earliest step every group can still switch at.
-    a_workers = [
-        procs.worker(m_a.address, group="gA", rank=r, steps=steps, step_interval=0.01, timeout=30, wait=False)
-        for r in range(ranks)
-    ]
+    # gB starts first: a group's report may move the job's step only so far past the steps already
+    # accepted (plausible_step), so a group 10,000 steps ahead joins a job that has not stepped yet.
     b_workers = [
         procs.worker(
             m_b.address,
@@ -182,6 +184,12 @@ def test_a_step_promised_to_a_group_cannot_be_scheduled_and_every_group_switches
             first_step=10_000,
             wait=False,
         )
+        for r in range(ranks)
+    ]
+    wait_ready(b_workers)
+    poll(lambda: steps_seen(b_workers) >= 10_001, 20, what="gB stepping")
+    a_workers = [
+        procs.worker(m_a.address, group="gA", rank=r, steps=steps, step_interval=0.01, timeout=30, wait=False)
         for r in range(ranks)
     ]
     everyone = a_workers + b_workers
@@ -255,6 +263,7 @@ def test_a_step_promised_to_a_group_cannot_be_scheduled_and_every_group_switches
     assert check_replay(lh.url, records, ["gA", "gB"]) == 2 * steps
 
 
+@pytest.mark.slow
 def test_cancelled_change_pending_for_every_group_is_never_served(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     wait_healthy(lh.url)
@@ -287,6 +296,7 @@ def _snapshot(version: int) -> Snapshot:
     return Snapshot.from_reply(reply)
 
 
+@pytest.mark.slow
 def test_step_pins_memory_stays_bounded_over_100k_steps() -> None:
     window = 64
     pins = StepPins(window)
@@ -332,6 +342,7 @@ def test_unacked_switches_stay_bounded_when_the_lighthouse_is_away() -> None:
     assert len(pins) <= 32
 
 
+@pytest.mark.slow
 def test_step_older_than_the_window_is_answered_unpinned(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     wait_healthy(lh.url)
@@ -348,11 +359,12 @@ def test_step_older_than_the_window_is_answered_unpinned(procs: ProcessPool) -> 
     ]
     # Step 10 is far older: its pin was dropped, and it is answered from the current snapshot, unpinned
     # (the change, made now while the group held a step lease, takes effect after step 199: at step
-    # 10 the current snapshot still gives the old lr).
+    # 10 the current snapshot still gives the old lr, named by its own version; the new one apart).
     outside = worker_records(procs.worker(m.address, group="g0", rank=1, first_step=10, steps=1))
-    assert [(r["pinned"], r["version"], r["config"]) for r in outside] == [(False, v_new, {"lr": "0.1"})]
     switch_at = scheduled(lh.url)[v_new]["effective_step"]
     assert switch_at > 199
+    got = [(r["pinned"], r["version"], r["config"], r["pending_version"], r["pending_step"]) for r in outside]
+    assert got == [(False, first[180]["version"], {"lr": "0.1"}, v_new, switch_at)]
     at_switch = worker_records(procs.worker(m.address, group="g0", rank=1, first_step=switch_at, steps=1))
     assert [(r["version"], r["config"]) for r in at_switch] == [(v_new, {"lr": "0.2"})]
 
@@ -371,6 +383,7 @@ def run_workers(
     return [rec for w in workers for rec in worker_records(w)]
 
 
+@pytest.mark.slow
 def test_at_step_replay_matches_what_workers_saw(procs: ProcessPool) -> None:
     groups, ranks, steps = ["g0", "g1"], 2, 150
     lh = procs.lighthouse({"lr": 0.1, "tick": 0})
@@ -407,6 +420,7 @@ def test_change_scheduled_at_step_0_before_the_job_started_is_served_from_step_0
     assert [(r["version"], r["config"]) for r in records] == [(v, {"lr": "0.5"})] * 20
 
 
+@pytest.mark.slow
 def test_calls_without_a_step_follow_the_live_config_once_the_job_passes_a_scheduled_step(
     procs: ProcessPool,
 ) -> None:
@@ -426,6 +440,7 @@ def test_calls_without_a_step_follow_the_live_config_once_the_job_passes_a_sched
     assert plain[-1]["config"] == {"lr": "0.5"}, plain[-1]
 
 
+@pytest.mark.slow
 def test_a_group_that_skips_past_the_step_without_serving_it_is_not_reported_late(
     procs: ProcessPool,
 ) -> None:

@@ -34,6 +34,7 @@ from tests.procs import (
     records_so_far,
     worker_records,
 )
+from tests.store_edits import commit
 
 Record = dict[str, Any]
 
@@ -63,20 +64,20 @@ def grant(store: ConfigStore, step: int, seconds: float = 1.0) -> int:
 
 def test_without_a_promise_a_change_made_now_applies_at_once() -> None:
     store = store_with_ceilings()
-    store.commit("put", {"lr": 0.1}, source="t")
-    row = store.commit("patch", {"lr": 0.2}, source="t")
+    commit(store, "put", {"lr": 0.1}, source="t")
+    row = commit(store, "patch", {"lr": 0.2}, source="t")
     assert row.effective_step is None and not row.made_now
     assert store.resolve(row.version, 0) == {"lr": 0.2}
 
 
 def test_a_change_made_now_takes_effect_right_above_the_highest_promise() -> None:
     store = store_with_ceilings(lease_policy=LeasePolicy(min_steps=4, extra_steps=2))
-    store.commit("put", {"lr": 0.1}, source="t")
+    commit(store, "put", {"lr": 0.1}, source="t")
     store.advance_step(10)
     horizon = grant(store, 10)
     assert horizon == 10 + 4 + 2  # the rate is not known yet: the shortest lease
     assert grant(store, 3) == 3 + 6 and store.leases.horizon == horizon  # a group behind
-    row = store.commit("patch", {"lr": 0.2}, source="t")
+    row = commit(store, "patch", {"lr": 0.2}, source="t")
     assert (row.effective_step, row.made_now, row.scheduled) == (horizon + 1, True, False)
     assert store.resolve(row.version, horizon) == {"lr": 0.1}
     assert store.resolve(row.version, horizon + 1) == {"lr": 0.2}
@@ -109,23 +110,23 @@ def test_the_step_rate_is_measured_over_a_span_of_reports_not_between_two_close_
 
 def test_a_schedule_or_cancel_at_a_promised_step_is_refused_with_the_earliest_step() -> None:
     store = store_with_ceilings()
-    store.commit("put", {"lr": 0.1}, source="t")
-    ahead = store.commit("patch", {"lr": 0.5}, source="t", effective_step=100)  # not promised yet
+    commit(store, "put", {"lr": 0.1}, source="t")
+    ahead = commit(store, "patch", {"lr": 0.5}, source="t", effective_step=100)  # not promised yet
     horizon = grant(store, 50)
     with pytest.raises(StepPromised) as refused:
-        store.commit("patch", {"lr": 0.2}, source="t", effective_step=horizon)
+        commit(store, "patch", {"lr": 0.2}, source="t", effective_step=horizon)
     assert refused.value.earliest == horizon + 1 and f"{horizon + 1}" in str(refused.value)
-    assert store.commit("patch", {"lr": 0.2}, source="t", effective_step=horizon + 1).scheduled
+    assert commit(store, "patch", {"lr": 0.2}, source="t", effective_step=horizon + 1).scheduled
     grant(store, 99)  # now step 100 is promised too: its change can no longer be withdrawn
     with pytest.raises(StepPromised, match="make a new change instead"):
-        store.commit("cancel", {"version": ahead.version}, source="t")
+        commit(store, "cancel", {"version": ahead.version}, source="t")
 
 
 def test_a_rollback_keeps_pending_changes_already_promised_and_overrides_them() -> None:
     store = store_with_ceilings()
-    base = store.commit("put", {"lr": 0.1}, source="t")
-    promised = store.commit("patch", {"lr": 0.5}, source="t", effective_step=40)
-    unpromised = store.commit("patch", {"lr": 0.9}, source="t", effective_step=500)
+    base = commit(store, "put", {"lr": 0.1}, source="t")
+    promised = commit(store, "patch", {"lr": 0.5}, source="t", effective_step=40)
+    unpromised = commit(store, "patch", {"lr": 0.9}, source="t", effective_step=500)
     horizon = grant(store, 36)
     assert 40 <= horizon < 500
     plan = store.apply(
@@ -145,7 +146,7 @@ def test_a_rollback_keeps_pending_changes_already_promised_and_overrides_them() 
 
 def test_no_grant_passes_the_horizon_while_a_commit_is_under_way() -> None:
     store = store_with_ceilings()
-    store.commit("put", {"lr": 0.1}, source="t")
+    commit(store, "put", {"lr": 0.1}, source="t")
     horizon = grant(store, 20)
     seen: list[tuple[int, int]] = []
 
@@ -172,14 +173,14 @@ def test_promises_stay_below_the_stored_ceiling() -> None:
 def test_a_restarted_lighthouse_commits_above_what_its_earlier_life_promised(tmp_path: Path) -> None:
     path = tmp_path / "lighthouse.db"
     first = store_with_ceilings(path)
-    first.commit("put", {"lr": 0.1}, source="t")
+    commit(first, "put", {"lr": 0.1}, source="t")
     first.advance_step(1000)
     promised = grant(first, 1000)
     first.close()
     first.backend.close()
     again = store_with_ceilings(path)  # the promises of the first life are gone from memory
     assert again.leases.floor >= promised
-    row = again.commit("patch", {"lr": 0.2}, source="t")
+    row = commit(again, "patch", {"lr": 0.2}, source="t")
     assert row.effective_step is not None and row.effective_step > promised
     again.close()
     again.backend.close()
@@ -200,7 +201,7 @@ def test_a_state_directory_from_before_leases_opens_and_keeps_its_versions(tmp_p
         store = ConfigStore(backend)
         rows = backend.load("default").rows
         assert rows and not any(r.made_now for r in rows)
-        assert store.commit("patch", {"x": 1}, source="t").version == rows[-1].version + 1
+        assert commit(store, "patch", {"x": 1}, source="t").version == rows[-1].version + 1
     finally:
         backend.close()
 
@@ -216,6 +217,7 @@ def confirmed(record: Record) -> bool:
     return record["source"] in ("lighthouse", "cache")
 
 
+@pytest.mark.slow
 def test_a_scheduled_change_or_cancel_at_a_promised_step_gets_409_naming_the_earliest_step(
     procs: ProcessPool,
 ) -> None:
@@ -255,6 +257,7 @@ def test_a_scheduled_change_or_cancel_at_a_promised_step_gets_409_naming_the_ear
     assert scheduled(lh.url)[v_ahead]["status"] in ("pending", "in_effect")
 
 
+@pytest.mark.slow
 def test_the_effective_step_in_the_reply_is_where_every_group_switches(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1})
     wait_healthy(lh.url)
@@ -285,6 +288,7 @@ def test_the_effective_step_in_the_reply_is_where_every_group_switches(procs: Pr
             assert used and used[0] == at, (group, lr, at, used[:3])
 
 
+@pytest.mark.slow
 def test_an_outage_shorter_than_the_lease_changes_nothing_workers_see(procs: ProcessPool) -> None:
     """A hung lighthouse through a renewal: the renewal fails (the manager counts it) and the group
     runs on its lease; once the lighthouse is back the lease is renewed. No step got the fallback."""
@@ -323,6 +327,7 @@ def test_an_outage_shorter_than_the_lease_changes_nothing_workers_see(procs: Pro
     assert all(r["config"] == {"lr": "0.1"} and r["stable_through_step"] >= r["step"] for r in records)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strict", [False, True], ids=["fallback", "strict"])
 def test_an_outage_longer_than_the_lease_falls_back_from_the_step_after_it(
     procs: ProcessPool, strict: bool
@@ -347,6 +352,7 @@ def test_an_outage_longer_than_the_lease_falls_back_from_the_step_after_it(
     assert all(r["config"] == {} for r in after)
 
 
+@pytest.mark.slow
 def test_no_change_is_committed_below_a_promise_made_before_a_crash(
     procs: ProcessPool, tmp_path: Path
 ) -> None:

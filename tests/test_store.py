@@ -27,6 +27,7 @@ from lighthouse.server import LighthouseServer
 from lighthouse.store.backend import Change, StoreBackend
 from lighthouse.store.etcd import EtcdBackend
 from lighthouse.store.sqlite import SqliteBackend
+from tests.store_edits import commit
 
 StoreOpener = Callable[..., ConfigStore]
 
@@ -67,11 +68,11 @@ def store(open_store: StoreOpener) -> ConfigStore:
 
 
 def put(store: ConfigStore, config: dict[str, Any], **kw: Any) -> int:
-    return store.commit("put", config, source="test", **kw).version
+    return commit(store, "put", config, source="test", **kw).version
 
 
 def patch(store: ConfigStore, change: dict[str, Any], **kw: Any) -> int:
-    return store.commit("patch", change, source="test", **kw).version
+    return commit(store, "patch", change, source="test", **kw).version
 
 
 # ------------------------------------------------------------------ versions and durability
@@ -89,7 +90,7 @@ def test_empty_store(store: ConfigStore) -> None:
 
 def test_versions_increase_by_one_and_rows_are_complete(store: ConfigStore) -> None:
     v1 = put(store, {"a": 1})
-    row = store.commit("patch", {"b": "x"}, source="api", author="alice", comment="why")
+    row = commit(store, "patch", {"b": "x"}, source="api", author="alice", comment="why")
     assert (v1, row.version) == (1, 2)
     assert store.head == 2
     assert row.op == "patch" and row.change == {"b": "x"} and row.config == {"a": 1, "b": "x"}
@@ -195,9 +196,9 @@ def test_bad_arguments(store: ConfigStore) -> None:
     with pytest.raises(ValueError, match="history_limit"):
         ConfigStore(store.backend, history_limit=0)
     with pytest.raises(ValueError, match="unknown op"):
-        store.commit("replace", {}, source="t")
+        commit(store, "replace", {}, source="t")
     with pytest.raises(ConfigError, match="effective_step"):
-        store.commit("put", {}, source="t", effective_step=-1)
+        commit(store, "put", {}, source="t", effective_step=-1)
     assert store.head == 0  # nothing committed by refused calls
     with pytest.raises(NotFound):
         store.get(1)
@@ -239,7 +240,7 @@ def test_if_match(store: ConfigStore) -> None:
 
 def test_history_newest_first_with_limit(store: ConfigStore) -> None:
     for i in range(5):
-        store.commit("put", {"i": i}, source="api", author=f"u{i}", comment=f"c{i}")
+        commit(store, "put", {"i": i}, source="api", author=f"u{i}", comment=f"c{i}")
     history = store.history(limit=3)
     assert [h["version"] for h in history] == [5, 4, 3]
     first = history[0]
@@ -329,7 +330,7 @@ def test_scheduled_statuses(store: ConfigStore) -> None:
     v_a = patch(store, {"lr": 2}, effective_step=10)
     v_b = patch(store, {"lr": 3}, effective_step=20)
     v_c = patch(store, {"lr": 4}, effective_step=30)
-    store.commit("cancel", {"version": v_c}, source="t")
+    commit(store, "cancel", {"version": v_c}, source="t")
     store.advance_step(15)
     status = {s["version"]: s["status"] for s in store.scheduled()}
     assert status == {v_a: "in_effect", v_b: "pending", v_c: "cancelled"}
@@ -341,7 +342,7 @@ def test_scheduled_statuses(store: ConfigStore) -> None:
 def test_cancel_withdraws_a_pending_change(store: ConfigStore) -> None:
     put(store, {"lr": 1})
     v2 = patch(store, {"lr": 2}, effective_step=100)
-    cancel = store.commit("cancel", {"version": v2}, source="t")
+    cancel = commit(store, "cancel", {"version": v2}, source="t")
     assert cancel.version == 3 and cancel.config == {"lr": 1}
     assert store.resolve(3, 200) == {"lr": 1}
     assert store.resolve(2, 200) == {"lr": 2}  # history still replays the version before the cancel
@@ -354,15 +355,15 @@ def test_cancel_refusals(store: ConfigStore) -> None:
     v2 = patch(store, {"lr": 2}, effective_step=100)
     v3 = patch(store, {"lr": 3}, effective_step=50)
     with pytest.raises(ConfigError, match="not a scheduled change"):
-        store.commit("cancel", {"version": 1}, source="t")
+        commit(store, "cancel", {"version": 1}, source="t")
     with pytest.raises(NotFound):
-        store.commit("cancel", {"version": 99}, source="t")
-    store.commit("cancel", {"version": v2}, source="t")
+        commit(store, "cancel", {"version": 99}, source="t")
+    commit(store, "cancel", {"version": v2}, source="t")
     with pytest.raises(ConfigError, match="already cancelled"):
-        store.commit("cancel", {"version": v2}, source="t")
+        commit(store, "cancel", {"version": v2}, source="t")
     store.advance_step(60)
     with pytest.raises(ConfigError, match="took effect at step 50"):
-        store.commit("cancel", {"version": v3}, source="t")
+        commit(store, "cancel", {"version": v3}, source="t")
     assert store.head == 4  # only the one accepted cancel
 
 
@@ -370,12 +371,12 @@ def test_cancel_survives_reopen(open_store: StoreOpener) -> None:
     s = open_store("db")
     put(s, {"lr": 1})
     v2 = patch(s, {"lr": 2}, effective_step=100)
-    s.commit("cancel", {"version": v2}, source="t")
+    commit(s, "cancel", {"version": v2}, source="t")
     s.close()
     s = open_store("db")
     assert s.resolve(s.head, 200) == {"lr": 1}
     with pytest.raises(ConfigError, match="already cancelled"):
-        s.commit("cancel", {"version": v2}, source="t")
+        commit(s, "cancel", {"version": v2}, source="t")
     s.close()
 
 
@@ -431,7 +432,7 @@ def test_pruning_continues_after_a_cancelled_schedule(open_store: StoreOpener) -
     put(s, {"a": 0})
     s.advance_step(10)
     v2 = patch(s, {"b": 1}, effective_step=50)
-    s.commit("cancel", {"version": v2}, source="t")
+    commit(s, "cancel", {"version": v2}, source="t")
     for i in range(20):
         patch(s, {"a": i})
     assert s.live() == {"a": 19}
@@ -598,7 +599,7 @@ def test_pruning_never_changes_what_any_step_resolves_to(seed: int, open_store: 
     full, pruned = open_store(), open_store("pruned", history_limit=rnd.randint(1, 5))
     stores = (full, pruned)
     for st in stores:
-        st.commit("put", {"x": 0}, source="t")
+        commit(st, "put", {"x": 0}, source="t")
     for i in range(40):
         roll = rnd.random()
         if roll < 0.2:
@@ -608,18 +609,18 @@ def test_pruning_never_changes_what_any_step_resolves_to(seed: int, open_store: 
         elif roll < 0.4:
             body, at = {rnd.choice("xyz"): i}, rnd.randint(0, 120)
             for st in stores:
-                st.commit("patch", body, source="t", effective_step=at)
+                commit(st, "patch", body, source="t", effective_step=at)
         elif roll < 0.5:
             pending = [x["version"] for x in full.scheduled() if x["status"] == "pending"]
             if pending:
                 target = rnd.choice(pending)
                 for st in stores:
-                    st.commit("cancel", {"version": target}, source="t")
+                    commit(st, "cancel", {"version": target}, source="t")
         else:
             op = rnd.choice(["patch", "patch", "put"])
             change = {rnd.choice("xyz"): None if op == "patch" and rnd.random() < 0.2 else i}
             for st in stores:
-                st.commit(op, change, source="t")
+                commit(st, op, change, source="t")
         for step in (-1, 0, 10, 50, 99, 100, 120, 10**9):
             assert full.resolve(full.head, step) == pruned.resolve(pruned.head, step), (i, step)
     assert len(pruned.history(limit=1000)) <= len(full.history(limit=1000))
@@ -630,8 +631,8 @@ def test_pruning_never_changes_what_any_step_resolves_to(seed: int, open_store: 
 
 
 def test_late_groups_are_those_that_served_steps_past_s_with_an_older_version(store: ConfigStore) -> None:
-    store.commit("put", {"lr": 1}, source="t")
-    scheduled = store.commit("patch", {"lr": 2}, source="t", effective_step=100).version
+    commit(store, "put", {"lr": 1}, source="t")
+    scheduled = commit(store, "patch", {"lr": 2}, source="t", effective_step=100).version
     store.record_switches("on-time", [(1, 0, -1), (scheduled, 50, 49)])  # knew before S
     store.record_switches("late", [(1, 0, -1), (scheduled, 130, 129)])  # served 100..129 without it
     store.record_switches("jumped", [(1, 0, -1), (scheduled, 150, 19)])  # restored past S: never served old
@@ -643,9 +644,9 @@ def test_late_groups_are_those_that_served_steps_past_s_with_an_older_version(st
 
 def test_pruning_also_bounds_the_step_switches(open_store: StoreOpener) -> None:
     s = open_store(history_limit=3)
-    s.commit("put", {"a": 0}, source="t")
+    commit(s, "put", {"a": 0}, source="t")
     for i in range(1, 60):
-        s.commit("patch", {"a": i}, source="t")
+        commit(s, "patch", {"a": i}, source="t")
         s.record_switches("g", [(s.head, i * 10, i * 10 - 1)])
     count = len(s.backend.switches(s.job))
     assert count <= 4  # the retained versions' switches and one before them

@@ -11,6 +11,7 @@ from lighthouse.jobs.versions import ConfigStore
 from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
 from tests.helpers_lighthouse import start_lighthouse
+from tests.store_edits import commit
 
 
 def spans(line: dict[str, Any]) -> list[tuple[int, int, int | None, bool]]:
@@ -19,15 +20,15 @@ def spans(line: dict[str, Any]) -> list[tuple[int, int, int | None, bool]]:
 
 def test_segments_follow_apply_order() -> None:
     store = ConfigStore(SqliteBackend())
-    store.commit("put", {"lr": 1}, source="file")  # v1, before any step: holds from 0
-    store.commit("patch", {"lr": 2}, source="api", author="alice")  # v2, same step: v1 held no step
+    commit(store, "put", {"lr": 1}, source="file")  # v1, before any step: holds from 0
+    commit(store, "patch", {"lr": 2}, source="api", author="alice")  # v2, same step: v1 held no step
     store.advance_step(100)
-    store.commit("patch", {"lr": 3}, source="api")  # v3 from 100
-    store.commit("patch", {"lr": 4}, source="api", effective_step=500)  # v4 ahead
-    store.commit("patch", {"lr": 5}, source="api", effective_step=900)  # v5 ahead, then cancelled
-    store.commit("cancel", {"version": 5}, source="api")  # v6: not a segment
+    commit(store, "patch", {"lr": 3}, source="api")  # v3 from 100
+    commit(store, "patch", {"lr": 4}, source="api", effective_step=500)  # v4 ahead
+    commit(store, "patch", {"lr": 5}, source="api", effective_step=900)  # v5 ahead, then cancelled
+    commit(store, "cancel", {"version": 5}, source="api")  # v6: not a segment
     store.advance_step(200)
-    store.commit("patch", {"bs": 8}, source="api")  # v7 from 200, before v4 in apply order
+    commit(store, "patch", {"bs": 8}, source="api")  # v7 from 200, before v4 in apply order
     line = timeline(store)
     assert spans(line) == [
         (1, 0, 0, False),

@@ -375,6 +375,10 @@ def test_half_written_rotation_keeps_the_previous_pair(
         (["lighthouse", "serve", "--tls-cert", "x.crt"], "--tls-cert and --tls-key go together"),
         (["lighthouse", "serve", "--tls-client-ca", "ca.crt"], "needs --tls-cert"),
         (
+            ["lighthouse", "serve", "--manager-identities-file", "pyproject.toml"],
+            "--manager-identities-file binds client certificates to jobs: it needs mutual TLS",
+        ),
+        (
             ["manager", "serve", "--lighthouse", "h:1", "--replica-id", "g", "--lighthouse-cert", "c"],
             "--lighthouse-cert and --lighthouse-key go together",
         ),

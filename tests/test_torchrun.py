@@ -7,14 +7,11 @@ per step, with the lr they used and its MIN and MAX over the group.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
 import re
-import shutil
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -287,44 +284,6 @@ def test_rank0_killed_other_ranks_get_the_fallback_within_the_deadline(
     assert later[-1]["lr"] is None  # the fallback is the empty config
     # Never hangs past its deadline (the margin: four torch processes share two busy cores).
     assert max(r["elapsed"] for r in later) < deadline + 3.0
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)  # as the other torchft jobs: 800 steps and three torchruns on a busy machine
-def test_torchft_trains_across_a_kill_and_restart_of_one_group(
-    procs: ProcessPool, lighthouse: LighthouseProc
-) -> None:
-    assert importlib.util.find_spec("torchft"), "torchft is not installed: pip install -e '.[torchft]'"
-    # Group 0 must still run when group 1 is back: ~90 steps later on a quiet machine, but over 390
-    # (group 0 done, nobody to heal from) with the suite's other tests beside it on the two cores.
-    steps, switch_at = 800, 650
-    http_steps.change(lighthouse.url, "PUT", NEW, effective_step=switch_at)
-    binary = shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse")
-    ft_args = ["--min_replicas", "1", "--bind", "127.0.0.1:0"]
-    ft_args += ["--join_timeout_ms", "500", "--heartbeat_timeout_ms", "1000"]
-    ft = procs.spawn([binary, *ft_args], "torchft-lighthouse")
-    found = poll(
-        lambda: re.search(r"listening on: http://[^:\s]+:(\d+)", ft.stderr()), 20, what="torchft lighthouse"
-    )
-    env = {"TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{found.group(1)}"}
-    args = ["--torchft", "--lighthouse", lighthouse.address, "--steps", str(steps)]
-    args += ["--step-time", "0.05", "--gloo-timeout", "5"]
-    group0 = torchrun(procs, 0, EXAMPLE, args, env)
-    first = torchrun(procs, 1, EXAMPLE, args, env)
-    poll(lambda: max_step(first) >= 10, 90, what="group 1 training")
-    before = kill_group(first)
-
-    again = torchrun(procs, 1, EXAMPLE, args, env)
-    after = finish(again)
-    recs0 = finish(group0)
-    healed = min(r["step"] for r in after)
-    assert healed > 10, (
-        f"the restarted group did not recover the live step from group 0 (which reached {max_step(group0)})"
-    )
-    assert any(r["participants"] == 2 and r["committed"] for r in after), "it never rejoined the quorum"
-    for recs in (before, after, recs0):
-        check_steps(recs, switch_at)  # each step's lr is that step's config, in every life
-    assert max(r["step"] for r in after) == steps - 1
 
 
 @pytest.mark.slow

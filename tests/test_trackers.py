@@ -41,10 +41,12 @@ def train(
             assert step < 500, "the change never reached the worker"
             cfg = client.get_config(step=step)
             if step == CHANGE_AT:
-                AdminClient(lh.url).patch({"lr": 0.02}, comment="plateau")
-            if switched is None and cfg.get_float("lr") == 0.02:  # the values, not the version: a
-                # reply names the new version as soon as it is committed, before its step
+                AdminClient(lh.url, author="alice").patch({"lr": 0.02}, comment="plateau")
+            if switched is None and cfg.get_float("lr") == 0.02:
                 switched = step
+            # A version names the config it comes with: the new one only from the step it took
+            # effect (before, while pending, it is named apart).
+            assert (cfg.version > first) == (switched is not None), (step, cfg, cfg.pending_version)
     finally:
         client.close()
     assert switched is not None and switched > CHANGE_AT
@@ -61,7 +63,9 @@ def test_callback_once_per_change_at_its_first_step(procs: ProcessPool, prefetch
     assert first.numbers() == {"lr": 0.01}  # a boolean and a string are no numbers
     assert second.changes == {"lr": ("0.01", "0.02")} and second.previous_version == first.version
     assert second.config["name"] == "run-1"
-    assert second.describe() == f"v{second.version} at step {switched}: lr 0.01 -> 0.02"
+    # Who made the change and why, carried with the config from the lighthouse's history.
+    assert (second.author, second.comment) == ("alice", "plateau"), second
+    assert second.describe() == f"v{second.version} at step {switched} by alice: lr 0.01 -> 0.02 (plateau)"
 
 
 def test_a_raising_callback_is_logged_once_and_training_goes_on(
@@ -106,7 +110,8 @@ def test_tensorboard_scalar_and_text_at_the_step(procs: ProcessPool, tmp_path: P
     assert scalars == [(0, 0.01), (switched, 0.02)]
     texts = events.Tensors("config/changes/text_summary")
     assert [t.step for t in texts] == [0, switched]
-    assert texts[-1].tensor_proto.string_val[0].decode().endswith(f"at step {switched}: lr 0.01 -> 0.02")
+    text = texts[-1].tensor_proto.string_val[0].decode()
+    assert text.endswith(f"at step {switched} by alice: lr 0.01 -> 0.02 (plateau)"), text
 
 
 def _wandb_records(path: Path) -> Iterator[Any]:
@@ -191,7 +196,7 @@ def test_mlflow_metric_history_with_the_step(
     history = client.get_metric_history(run.info.run_id, "config/lr")
     assert sorted((m.step, m.value) for m in history) == [(0, 0.01), (switched, 0.02)]
     tags = client.get_run(run.info.run_id).data.tags
-    assert tags["config.change"].endswith(f"at step {switched}: lr 0.01 -> 0.02")
+    assert tags["config.change"].endswith(f"at step {switched} by alice: lr 0.01 -> 0.02 (plateau)")
     names = sorted(os.path.basename(a.path) for a in client.list_artifacts(run.info.run_id, "config_changes"))
     assert names == sorted(f"v{v}.txt" for v in (1, int(tags["config.version"])))
 
@@ -210,8 +215,16 @@ def test_the_watcher_skips_fallbacks_stepless_calls_and_versions_named_before_th
     watch.seen(Config({"lr": "0.1"}, version=2, source="lighthouse", step=4))  # v2 named, not in effect
     watch.seen(Config({"lr": "0.2", "wd": "0"}, version=2, source="lighthouse", step=6))
     watch.seen(Config({"lr": "0.2", "wd": "0"}, version=2, source="lighthouse", step=7))
+    # One version, a new config from a later step: a change scheduled earlier (by bob) took effect
+    # after v2 (that state names both); its author and comment come with it.
+    later = Config({"lr": "0.3", "wd": "0"}, version=2, source="cache", step=9, effective_step=9)
+    later.author, later.comment = "bob", "decay"
+    watch.seen(later)
+    watch.seen(Config({"lr": "0.3", "wd": "0"}, version=2, source="cache", step=10, effective_step=9))
     assert [(c.step, c.version, c.previous_version, c.changes) for c in seen] == [
         (1, 1, 0, {"lr": (None, "0.1")}),
         (6, 2, 1, {"lr": ("0.1", "0.2"), "wd": (None, "0")}),
+        (9, 2, 2, {"lr": ("0.2", "0.3")}),
     ]
     assert seen[1].describe() == "v2 at step 6: lr 0.1 -> 0.2, wd (none) -> 0"
+    assert seen[2].describe() == "v2 at step 9 by bob: lr 0.2 -> 0.3 (decay)"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -103,3 +105,17 @@ def kill_group(proc: Proc) -> list[dict[str, Any]]:
     # Once every writer is gone the pipe ends: then every line it printed has been read.
     poll(proc.output_ended, 10, what="the end of its output")
     return records(proc)
+
+
+def torchft_lighthouse(procs: ProcessPool, min_replicas: int = 1) -> str:
+    """torchft's own (Rust) lighthouse, which forms the quorum across groups: its URL."""
+    binary = shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse")
+    args = ["--min_replicas", str(min_replicas), "--bind", "127.0.0.1:0", "--join_timeout_ms", "500"]
+    ft = procs.spawn([binary, *args, "--heartbeat_timeout_ms", "1000"], "torchft-lighthouse")
+    found = poll(
+        # Its start imports torch: a minute on a loaded machine.
+        lambda: re.search(r"listening on: http://[^:\s]+:(\d+)", ft.stderr()),
+        90,
+        what="torchft lighthouse",
+    )
+    return f"http://127.0.0.1:{found.group(1)}"

@@ -1,7 +1,8 @@
 """A test worker: calls ``ManagerClient.get_config`` once per step and prints one JSON record per step.
 
 Prints ``ready`` once the client exists, then ``{"group", "rank", "step",
-"version", "source", "pinned", "stable_through_step", "config", "elapsed", "t"}`` per
+"version", "source", "pinned", "stable_through_step", "pending_version", "pending_step",
+"config", "elapsed", "t"}`` per
 step, then ``done``.
 
 With ``--report`` it also reports a loss known in advance after each step
@@ -13,6 +14,7 @@ config's ``lr`` is above ``--hot-lr``, as a bad learning rate makes it) and adds
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -43,6 +45,9 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="report known_loss() every step")
     parser.add_argument("--nan-at", type=int, action="append", default=[], help="report NaN at this step")
     parser.add_argument("--hot-lr", type=float, default=None, help="loss x3 while lr is above this")
+    parser.add_argument(
+        "--digest", action="store_true", help="record the config's size, lr and sha256, not the config"
+    )
     args = parser.parse_args()
     tls = TLSConfig(ca=args.tls_ca) if args.tls_ca else None
     client = ManagerClient(
@@ -70,10 +75,18 @@ def main() -> None:
             "source": cfg.source,
             "pinned": cfg.pinned,
             "stable_through_step": cfg.stable_through_step,
+            "pending_version": cfg.pending_version,
+            "pending_step": cfg.pending_step,
             "config": dict(cfg),
             "elapsed": elapsed,
             "t": time.time(),
         }
+        if args.digest:  # a big config: one line per step must stay small
+            text = json.dumps(dict(cfg), sort_keys=True)
+            del record["config"]
+            record.update(
+                {"lr": cfg.get("lr"), "keys": len(cfg), "sha": hashlib.sha256(text.encode()).hexdigest()}
+            )
         if args.report:
             lr = cfg.get_float("lr", 0.0)
             loss = math.nan if step in args.nan_at else known_loss(args.group, args.rank, step)

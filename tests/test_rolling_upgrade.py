@@ -1,0 +1,185 @@
+"""A rolling upgrade of an HA pair from the release before step leases (9e6485e), both ways:
+while the old release is live on the prefix no step lease is granted and every change applies
+on top of the ones before it; once it is gone leases resume and every change lands at one step
+in every group (issue 29)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.etcd_cluster import EtcdCluster
+from tests.http_util import call, get_json, history, live, wait_healthy
+from tests.ordering import (
+    Record,
+    check_acknowledged_order,
+    make_change,
+    pause,
+    records_past,
+    spread,
+    stepping_groups,
+)
+from tests.procs import ROOT, LighthouseProc, Proc, ProcessPool, poll, records_so_far
+
+OLD_RELEASE = "9e6485e"  # the last release before step leases: flat lighthouse/*.py files
+
+
+def old_release(tmp_path: Path) -> Path:
+    """That release's tree, from this checkout's history."""
+    found = subprocess.run(
+        ["git", "-C", str(ROOT), "cat-file", "-e", f"{OLD_RELEASE}^{{commit}}"], capture_output=True
+    )
+    if found.returncode != 0:
+        pytest.fail(
+            f"commit {OLD_RELEASE} (the release before step leases) is not in this clone: "
+            "fetch the full history (git fetch --unshallow) to run the rolling-upgrade tests"
+        )
+    tree = tmp_path / f"release-{OLD_RELEASE}"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", OLD_RELEASE], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree
+
+
+def old_lighthouse(procs: ProcessPool, tree: Path, store: str, bind: str = "127.0.0.1:0") -> LighthouseProc:
+    """``lighthouse serve`` of the old release (-P: this checkout's lighthouse is not importable)."""
+    args = [sys.executable, "-P", "-m", "lighthouse", "serve", "--bind", bind, "--http-bind", "127.0.0.1:0"]
+    proc: LighthouseProc = procs.spawn(
+        [*args, "--store", store], "old-lighthouse", LighthouseProc, env={"PYTHONPATH": str(tree)}
+    )
+    proc.address = proc.readline()
+    proc.url = proc.readline()
+    wait_healthy(proc.url)
+    return proc
+
+
+def leases_suspended_gauge(url: str) -> float:
+    body = call(url, "GET", "/metrics").body.decode()
+    samples = [
+        line.split()[1] for line in body.splitlines() if line.startswith("lighthouse_step_leases_suspended ")
+    ]
+    assert len(samples) == 1, body
+    return float(samples[0])
+
+
+def suspended(url: str) -> bool:
+    return bool(get_json(url, "healthz")["step_leases"] == "suspended")
+
+
+def wait_suspended(new: LighthouseProc, old: LighthouseProc, times: int = 1) -> None:
+    """The new release sees the old one, says so (its log for the ``times``-th time), and every
+    promise it made has passed."""
+    poll(lambda: suspended(new.url), 20, what="step leases suspended")
+    assert get_json(new.url, "healthz")["step_leases_suspended_by"] == [old.address]
+    assert leases_suspended_gauge(new.url) == 1
+    assert live(new.url)["step_leases_suspended_by"] == [old.address]
+    poll(lambda: new.stderr().count("step leases suspended") >= times, 10, what="the suspension logged")
+    poll(lambda: live(new.url)["current_step"] > live(new.url)["lease_horizon"], 20, what="promises passed")
+
+
+def wait_leases(lighthouses: list[LighthouseProc], workers: dict[str, Proc]) -> None:
+    """Leases granted again, and every group holds one."""
+    for lh in lighthouses:
+        poll(lambda lh=lh: not suspended(lh.url), 20, what=f"step leases granted again by {lh.address}")
+        assert leases_suspended_gauge(lh.url) == 0
+
+    def leased() -> bool:
+        last = [records_so_far(w)[-1] for w in workers.values()]
+        return all((r["stable_through_step"] or -1) >= r["step"] for r in last)
+
+    poll(leased, 30, what="every group holding a step lease")
+
+
+def mixed_changes(
+    lighthouses: list[LighthouseProc], first: int, count: int, workers: dict[str, Proc]
+) -> list[dict[str, Any]]:
+    """Changes alternating between an old and a new lighthouse: each applies on top of every one
+    acknowledged before it, and the newest reaches every group."""
+    replies = []
+    for i in range(count):
+        replies.append(make_change(lighthouses[i % 2], first + i))
+        time.sleep(0.3)
+    versions = [r["version"] for r in replies]
+    assert versions == sorted(versions) and len(set(versions)) == count, versions
+    rows = {h["version"]: h for h in history(lighthouses[1].url)}
+    for i, reply in enumerate(replies):
+        row = rows[reply["version"]]
+        assert row["config"]["n"] == first + i, f"version {row['version']} undone by an older change: {row}"
+    for lh in lighthouses:
+        assert live(lh.url)["config"]["n"] == first + count - 1
+    newest = str(first + count - 1)
+    poll(
+        lambda: all(records_so_far(w)[-1]["config"]["n"] == newest for w in workers.values()),
+        20,
+        what="the newest change in every group",
+    )
+    return replies
+
+
+def upgrade_old(procs: ProcessPool, old: LighthouseProc, store: str) -> LighthouseProc:
+    """Stop the old release and start this one on its ports."""
+    assert old.stop() == 0, old.stderr()
+    return procs.restart_lighthouse(old, store=store)
+
+
+def ordered_phase(a: LighthouseProc, b: LighthouseProc, workers: dict[str, Proc], first: int) -> None:
+    """Both lighthouses of this release: changes alternating between them land at one step in
+    every group, in acknowledged order."""
+    replies = []
+    for i in range(12):
+        replies.append(make_change((a, b)[i % 2], first + i))
+        pause(i)
+    records: dict[str, list[Record]] = records_past(workers, max(r["effective_step"] for r in replies) + 20)
+    check_acknowledged_order(b.url, replies, records)
+
+
+def roll(
+    procs: ProcessPool,
+    old: LighthouseProc,
+    new: LighthouseProc,
+    workers: dict[str, Proc],
+    store: str,
+    *,
+    first: int = 0,
+    times: int = 1,
+) -> LighthouseProc:
+    """The window of a rolling upgrade, whichever release came first: suspended while ``old``
+    is live, changes through both applying in order, then ``old`` replaced by this release on its
+    ports (returned), leases resumed, and every change landing at one step in every group."""
+    wait_suspended(new, old, times)
+    mixed_changes([old, new], first, 8, workers)
+    old = upgrade_old(procs, old, store)
+    wait_leases([old, new], workers)
+    ordered_phase(old, new, workers, first + 100)
+    return old
+
+
+@pytest.mark.slow
+def test_rolling_upgrade_from_the_release_before_step_leases_both_ways(
+    procs: ProcessPool, etcd1: EtcdCluster, tmp_path: Path
+) -> None:
+    """Old A first, then this release's B; A upgraded. Then the reverse order, on the same prefix:
+    this release leasing on both, a lighthouse C of the old release joins and managers talk to it
+    (a host brought back with the old release), changes through C and B; C upgraded."""
+    tree = old_release(tmp_path)
+    store = f"etcd://{etcd1.endpoints}/test-upgrade/{uuid.uuid4().hex}"
+    a = old_lighthouse(procs, tree, store)
+    b = procs.lighthouse(store=store)
+    wait_healthy(b.url)
+    assert make_change(a, -1)["version"] == 1
+    workers = stepping_groups(procs, spread(a, b))
+    a = roll(procs, a, b, workers, store)
+    c = old_lighthouse(procs, tree, store)
+    # Groups joining the running job at its step, their managers on C (g4 and g5 start on the
+    # first lighthouse of their list).
+    joining = {g: f"{c.address},{b.address}" for g in ("g4", "g5")}
+    workers |= stepping_groups(procs, joining, first_step=live(b.url)["current_step"])
+    roll(procs, c, b, workers, store, first=200, times=2)

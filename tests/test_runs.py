@@ -1,0 +1,224 @@
+"""Runs (issue 25): a job's training as a sequence of runs, and a resume at any step.
+
+The store- and state-level tests here drive ``ConfigStore`` and ``LighthouseState``
+directly (cheap); ``test_runs_procs.py`` runs the real lighthouse, managers and workers.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lighthouse.jobs.leases import LeaseBook, LeasePolicy
+from lighthouse.jobs.runs import Runs, pack, unpack
+from lighthouse.jobs.state import RUN_END_MARGIN, RUN_END_TTLS, LighthouseState
+from lighthouse.jobs.versions import ConfigStore, StepPromised
+from lighthouse.store.etcd import EtcdBackend
+from lighthouse.store.sqlite import SqliteBackend
+from protos import lighthouse_config_pb2 as pb
+from tests.etcd_cluster import EtcdCluster
+from tests.procs import poll
+from tests.store_edits import commit
+
+
+def store_with_ceilings(path: Path | None = None) -> ConfigStore:
+    """A store whose ceiling writes are stored at once (the lighthouse does it in a thread)."""
+    holder: list[ConfigStore] = []
+
+    def write(book: LeaseBook[Any]) -> None:
+        wanted = book.wanted
+        holder[0].save_lease_ceiling(wanted, book.served_version)
+        book.ceiling_stored(wanted)
+
+    store = ConfigStore(SqliteBackend(path), request_ceiling=write)
+    holder.append(store)
+    store.leases.publish("snapshot", store.head)
+    return store
+
+
+def train_to(store: ConfigStore, step: int) -> int:
+    """The job steps to ``step`` with a lease granted there; the horizon promised."""
+    store.advance_step(step)
+    _, horizon = store.leases.grant(step, 1.0)
+    return horizon
+
+
+def test_pack_keeps_max_semantics_across_runs() -> None:
+    assert pack(0, 299) == pack(1, 299) == 299 and unpack(299) == (0, 299)  # the first run: plain
+    assert unpack(pack(3, 100)) == (3, 100)
+    assert pack(2, 100) > pack(1, 10**9) > pack(1, 299)  # a later run's low step stores above
+    assert Runs.decode(None, job_step=500).begin(10, 1).number == 2  # after the implicit run 0
+    assert pack(5, -1) == -1 and unpack(-1) == (0, -1)
+
+
+def test_the_rewind_a_resume_from_a_checkpoint_gets_the_config_as_the_operator_left_it(
+    tmp_path: Path,
+) -> None:
+    """Crash at 299, lr lowered, resume from the checkpoint at 100: the new lr from 100; a change
+    scheduled at 150 while the job is down is accepted and taken at 150; one the dead run was
+    promised at a later step holds from 100."""
+    db = tmp_path / "state.db"
+    store = store_with_ceilings(db)
+    commit(store, "put", {"lr": 0.1, "wd": 0.0}, source="t")
+    assert store.begin_run(0) is not None
+    horizon = train_to(store, 299)
+    promised = commit(store, "patch", {"wd": 0.01}, source="t")  # made now, pending above the lease
+    assert promised.made_now and promised.effective_step == horizon + 1
+    assert store.resolve(store.head, 299)["wd"] == 0.0
+
+    ended = store.end_run("managers gone")
+    assert ended is not None and ended.end_step == 299 and not ended.live
+    assert store.leases.horizon == -1  # the promises ended with the run
+    # With no run live a change made now is live at once, also for stepless readers.
+    lowered = commit(store, "patch", {"lr": 0.01}, source="t")
+    assert lowered.effective_step is None and store.live()["lr"] == 0.01
+    assert store.live()["wd"] == 0.01  # what the dead run was promised holds now
+    # And a change may be scheduled at any step: 409 only against promises of a live run.
+    at_150 = commit(store, "patch", {"warmup": 5}, source="t", effective_step=150)
+    assert at_150.effective_step == 150
+
+    run = store.begin_run(100)
+    assert run is not None and run.number == 2 and run.start_step == 100
+    assert store.current_step == 100  # the job's step starts over with the run
+    assert store.resolve(store.head, 100) == {"lr": 0.01, "wd": 0.01}
+    assert store.resolve(store.head, 149) == {"lr": 0.01, "wd": 0.01}
+    assert store.resolve(store.head, 150) == {"lr": 0.01, "wd": 0.01, "warmup": 5}
+    assert [s.from_step for s in store.segments()] == [0, 150]
+    # A change the new run makes now lands on top of everything an earlier run left.
+    horizon = train_to(store, 120)
+    later = commit(store, "patch", {"lr": 0.02}, source="t")
+    assert later.made_now and later.effective_step == horizon + 1
+    assert store.resolve(store.head, horizon)["lr"] == 0.01
+    assert store.resolve(store.head, horizon + 1)["lr"] == 0.02
+    with pytest.raises(StepPromised):
+        commit(store, "patch", {"lr": 0.5}, source="t", effective_step=110)  # promised to this run
+    store.close()
+    store.backend.close()
+
+    # Durable: the runs, the run's step and its config come back from the file.
+    again = ConfigStore(SqliteBackend(db))
+    assert [r.number for r in again.runs.runs] == [1, 2] and again.runs.live is not None
+    assert again.current_step == 120
+    assert again.resolve(again.head, horizon + 1) == store.resolve(store.head, horizon + 1)
+    assert again.leases.floor >= horizon  # the live run's ceiling still bounds its promises
+    again.close()
+    again.backend.close()
+
+
+def test_a_run_begins_at_any_step_and_a_new_run_id_begins_a_new_run() -> None:
+    state = LighthouseState(ConfigStore(SqliteBackend()))
+    state.change("put", {"lr": 0.1}, source="t")
+
+    def report(step: int, run_id: str = "", wanted: int = -1, replica: str = "g0") -> int:
+        status = pb.ManagerStatus(replica_id=replica, step=step, run_id=run_id)
+        return state.observe(status, "peer", wanted=wanted)
+
+    assert report(-1, run_id="0", wanted=5000) == -1  # a fresh manager asks a lease for step 5,000
+    runs = state.store.runs
+    assert runs.live is not None and (runs.live.number, runs.live.start_step, runs.live.run_id) == (
+        1,
+        5000,
+        "0",
+    )
+    assert report(5001, run_id="0") == 5001
+    assert report(5002, run_id="0", replica="g1") == 5002
+    # The training script restarted (torchelastic's restart count): a new run, from its checkpoint
+    # at a much lower step, which the plausible-step check must not ignore.
+    assert report(-1, run_id="1", wanted=100) == -1
+    runs = state.store.runs
+    assert [(r.number, r.start_step, r.run_id, r.live) for r in runs.runs] == [
+        (1, 5000, "0", False),
+        (2, 100, "1", True),
+    ]
+    assert runs.runs[0].end_reason == "run id '1'" and runs.runs[0].end_step == 5002
+    assert report(101, run_id="1") == 101 and state.store.current_step == 101
+    # A report of the old run's id (a group that did not restart yet) begins no run.
+    assert report(5003, run_id="0", replica="g1") >= -1
+    assert state.store.runs.number == 2
+    view = state.view()
+    assert view["run"]["number"] == 2 and view["run"]["start_step"] == 100
+
+
+def test_a_run_ends_once_no_manager_steps_for_longer_than_its_lease() -> None:
+    state = LighthouseState(ConfigStore(SqliteBackend(), lease_policy=LeasePolicy(run_end_after=0.0)))
+    state.change("put", {"lr": 0.1}, source="t")
+    ttl = 0.2
+    request = pb.LighthouseConfigRequest(
+        status=pb.ManagerStatus(replica_id="g0", step=10), lease_seconds=ttl, lease_from_step=11
+    )
+    step = state.receive(request, "peer")
+    assert step == 11 and state.store.runs.live is not None
+    began = time.monotonic()
+    assert state.check_run() is None  # it just stepped
+    # The same step reported again (a paused job's manager, alive) is no progress: the run ends.
+    request.status.step, request.ClearField("lease_from_step")
+    ended = poll(lambda: state.receive(request, "peer") and state.check_run(), timeout=10, what="run end")
+    assert time.monotonic() - began >= RUN_END_TTLS * ttl + RUN_END_MARGIN
+    assert ended.end_reason == "managers gone" and state.store.runs.live is None
+    assert state.snapshot.state_id != state.store.state_id  # managers drop the run's leases
+    # No run is live: a manager's stale step gets no promise.
+    body, _ = state.answer(0, "", 10, request, "peer") or (b"", 0)
+    assert pb.LighthouseConfigResponse.FromString(body).stable_through_step == -1
+    # The paused manager's reports of its old step begin no run: a change made now is live at once.
+    state.receive(request, "peer")
+    assert state.store.runs.live is None
+    plan = state.change("patch", {"lr": 0.05}, source="t")
+    assert plan.row.effective_step is None and state.view()["config"]["lr"] == 0.05
+    # When it steps again, the next run begins at the step it resumes at.
+    request.status.step = 11
+    state.receive(request, "peer")
+    live = state.store.runs.live
+    assert live is not None and live.number == 2 and live.start_step == 11  # it served 11 in run 2
+    assert state.snapshot.config["lr"] == "0.05"
+
+
+def test_an_operator_ends_the_run_and_stepless_readers_see_a_change_at_once() -> None:
+    state = LighthouseState(store_with_ceilings())
+    state.change("put", {"lr": 0.1}, source="t")
+    state.observe(pb.ManagerStatus(replica_id="g0", step=40), "peer")
+    _, horizon = state.store.leases.grant(40, 1.0)
+    pending = state.change("patch", {"lr": 0.2}, source="t")
+    assert pending.row.effective_step == horizon + 1 and state.view()["config"]["lr"] == 0.1
+    assert state.end_run("operator") is not None
+    assert state.end_run("operator") is None  # none is live any more
+    view = state.view()
+    assert view["config"]["lr"] == 0.2 and view["run"] is None
+    # A version says that the run's promised change now holds at once (the run's versions replay
+    # as they were served: the pending one at its step).
+    marker = state.store.latest()
+    assert marker is not None and marker.source == "run" and view["live_version"] == marker.version
+    assert state.store.resolve(pending.version, horizon)["lr"] == 0.1
+    assert state.store.resolve(marker.version, horizon)["lr"] == 0.2
+    assert Runs.decode(state.store.runs.encode()).to_json() == state.store.runs.to_json()
+
+
+def test_lighthouses_on_one_etcd_prefix_agree_on_runs(etcd1: EtcdCluster) -> None:
+    """Two stores of one job on one etcd prefix (what two lighthouses hold): B follows the runs A
+    begins and ends, its job step starts over with a new run, and a step of the run before is
+    not taken for the new run's."""
+    prefix = f"/test-runs/{uuid.uuid4().hex}"
+    backends = [EtcdBackend(etcd1.endpoints, prefix=prefix) for _ in range(2)]
+    try:
+        a = ConfigStore(backends[0])
+        commit(a, "put", {"lr": 0.1}, source="t")
+        b = ConfigStore(backends[1])
+        backends[1].subscribe(
+            lambda job, head: b.reload(), lambda job, step: b.adopt_step(step), lambda *_: None
+        )
+        assert a.begin_run(0) is not None
+        a.advance_step(50)
+        poll(lambda: b.runs.live is not None and b.current_step == 50, 10, what="b in run 1 at step 50")
+        a.end_run("operator")
+        assert a.begin_run(10) is not None  # a resume from a checkpoint at step 10
+        poll(lambda: b.runs.number == 2 and b.runs.live is not None, 10, what="b in run 2")
+        assert b.current_step == 10 and b.served_state_id == a.served_state_id
+        assert not b.adopt_step(pack(1, 60))  # run 1's step: not this run's
+        assert not b.adopt_step(60)
+        assert b.adopt_step(pack(2, 12)) and b.current_step == 12
+    finally:
+        for backend in backends:
+            backend.close()

@@ -1,0 +1,99 @@
+"""Runs with the real lighthouse, managers and workers (issue 25).
+
+One scenario on one lighthouse, each phase building on the last:
+
+* a paused job: the workers of both groups stop stepping while their managers live; the run ends
+  after its lease (2 x TTL + 0.5 s), a change made then is live at once for stepless readers, and
+  when stepping resumes every group gets the new config from the resume step, in a new run;
+* managers started with run ids (``manager serve --run-id``, what ``connect(run_id=)`` starts): a
+  new id ends the live run and begins one at the resumed, lower step;
+* an operator ends that run with ``lighthouse runs end``; a second end is 409, also per job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.helpers_lighthouse import run_cli
+from tests.http_steps import call
+from tests.http_util import call as http_call
+from tests.http_util import wait_healthy
+from tests.procs import ProcessPool, poll, worker_records
+
+pytestmark = pytest.mark.slow
+
+TTL = 0.3  # the managers' cache TTL: a run ends 2 x 0.3 + 0.5 s after the last step (--run-end-after 0)
+
+
+def runs(url: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = call(url, "GET", "/api/config/runs")["runs"]
+    return found
+
+
+def step_all(procs: ProcessPool, managers: dict[str, Any], first: int, steps: int) -> dict[str, list[Any]]:
+    """One worker per group steps ``first`` .. ``first + steps - 1``; their records by group."""
+    workers = {
+        g: procs.worker(
+            m.address, group=g, rank=0, steps=steps, first_step=first, step_interval=0.01, wait=False
+        )
+        for g, m in managers.items()
+    }
+    return {g: worker_records(w) for g, w in workers.items()}
+
+
+def test_pause_operator_end_and_run_ids_begin_and_end_runs(procs: ProcessPool) -> None:
+    lh = procs.lighthouse({"lr": 0.1}, extra=["--run-end-after", "0"])
+    wait_healthy(lh.url)
+    managers = {g: procs.manager(lh.address, g, cache_ttl=TTL) for g in ("g0", "g1")}
+
+    # Run 1: both groups step 0..29, then pause (their managers stay up).
+    first = step_all(procs, managers, 0, 30)
+    assert all(r["config"]["lr"] == "0.1" for recs in first.values() for r in recs)
+    assert runs(lh.url)[0]["start_step"] == 0
+    ended = poll(lambda: (r := runs(lh.url)) and not r[-1]["live"] and r, 20, what="the paused run ended")
+    assert ended[-1]["end_reason"] == "managers gone" and ended[-1]["end_step"] == 29
+    # No run is live: a change made now is live at once, for stepless readers too.
+    made = call(lh.url, "PATCH", "/api/config", {"lr": 0.2})
+    assert made["effective_step"] is None
+    assert call(lh.url, "GET", "/api/config")["config"]["lr"] == 0.2
+    stepless = procs.worker(managers["g0"].address, group="g0", rank=1, steps=1, no_step=True)
+    record = worker_records(stepless)[0]
+    assert record["config"].get("lr") == "0.2", record
+    # Stepping resumes: the new config from the resume step, in every group, in run 2.
+    resumed = step_all(procs, managers, 30, 10)
+    for g, recs in resumed.items():
+        assert [r["step"] for r in recs] == list(range(30, 40))
+        assert all(r["config"]["lr"] == "0.2" for r in recs), (g, recs[:2])
+    live = runs(lh.url)[-1]
+    assert live["live"] and live["number"] == 2 and live["start_step"] == 30
+
+    # The training script names its runs (connect(run_id=...) starts its manager with --run-id).
+    # (A longer TTL: their runs stay live long enough for the CLI below to end one.)
+    a = procs.manager(lh.address, "g2", cache_ttl=3.0, extra=["--run-id", "a"])
+    step_all(procs, {"g2": a}, 50, 5)
+    assert (runs(lh.url)[-1]["run_id"], runs(lh.url)[-1]["start_step"]) == ("a", 50)
+    changed = call(lh.url, "PATCH", "/api/config", {"lr": 0.3})  # promised to run "a": pending
+    assert changed["effective_step"] is not None and changed["effective_step"] > 54
+    # It restarts from a checkpoint at step 10 with a new run id: a new run begins there at once
+    # (no wait for the old one's lease), and the change promised to run "a" applies from step 10.
+    b = procs.manager(lh.address, "g3", cache_ttl=3.0, extra=["--run-id", "b"])
+    restarted = step_all(procs, {"g3": b}, 10, 5)["g3"]
+    assert [r["step"] for r in restarted] == list(range(10, 15))
+    assert all(r["config"]["lr"] == "0.3" for r in restarted), restarted[:2]
+    last_two = runs(lh.url)[-2:]
+    assert last_two[0]["end_reason"] == "run id 'b'" and not last_two[0]["live"]
+    assert (last_two[1]["run_id"], last_two[1]["start_step"], last_two[1]["live"]) == ("b", 10, True)
+    # The job's step is the new run's (it went down to 10 and moves on from there).
+    poll(lambda: call(lh.url, "GET", "/api/config")["current_step"] == 14, 10, what="the job at step 14")
+
+    # The operator ends that run (the CLI), then nothing is live: 409, also on the per-job route.
+    out = run_cli("runs", "end", "--comment", "eval", "--url", lh.url)
+    assert out.returncode == 0, out.stderr
+    assert f"run {last_two[1]['number']} ended at step 14" in out.stdout
+    assert runs(lh.url)[-1]["end_reason"].startswith("ended by") and "eval" in runs(lh.url)[-1]["end_reason"]
+    assert http_call(lh.url, "POST", "/api/config/runs/end").status == 409
+    assert http_call(lh.url, "POST", "/api/jobs/default/runs/end").status == 409
+    listed = run_cli("runs", "--url", lh.url)
+    assert listed.returncode == 0 and "RUN" in listed.stdout and "managers gone" in listed.stdout
