@@ -19,12 +19,17 @@ config set steps=0``, stops the job at the step the CLI names).
 
 ``--checkpoint-dir DIR`` saves the group's state after every step and resumes
 from it, so a group killed and started again goes on at the step it reached
-and reads that step's config.
+and reads that step's config. Under ``--torchft`` it saves only at ``--save-at
+STEP`` (torchft heals a group that restarts alone from a live one) and a
+restart of the whole job resumes there: a new run of the job, which gets the
+config as the operator left it from that step on (``--run-id`` names the run).
 
 ``--torchft`` (torchft installed) wraps training in torchft's ``Manager``, as
-torchft's own example does: torchft's lighthouse (``--torchft-lighthouse``,
-default env ``TORCHFT_LIGHTHOUSE``) forms the quorum across groups and heals a
-restarted group from a live one; ours (``--lighthouse``) serves the config.
+torchft's own example does: torchft's lighthouse forms the quorum across groups
+and heals a restarted group from a live one; ours serves the config. One
+``lighthouse serve --torchft --min-replicas 1`` is both: ``TORCHFT_LIGHTHOUSE=
+http://HOST:PORT`` names it for the two (or ``--torchft-lighthouse`` torchft's
+and ``--lighthouse`` ours, run apart).
 Groups average their gradients every step, so a group that applied another lr
 than the others would drift away for good: the script also all-reduces the
 values it used across the groups (through torchft's Manager, like the
@@ -70,6 +75,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=5.0, help="deadline of connect() and of each call")
     p.add_argument("--cache-ttl", type=float, default=None, help="the manager's cache TTL in seconds")
     p.add_argument("--checkpoint-dir", type=Path, default=None, help="save every step, resume at start")
+    p.add_argument("--save-at", type=int, default=None, help="--torchft: checkpoint at this step only")
+    p.add_argument("--run-id", default=None, help="connect(run_id=...): a new id begins a new run")
     p.add_argument("--gloo-timeout", type=float, default=30.0, help="seconds before a collective fails")
     p.add_argument("--torchft", action="store_true", help="fault tolerance across groups with torchft")
     p.add_argument("--torchft-lighthouse", default=None, help="torchft's lighthouse (quorum)")
@@ -166,16 +173,18 @@ def params_hash(model: nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
-def check_across_groups(manager: Any, step: int, used: dict[str, Any]) -> None:
+def check_across_groups(manager: Any, step: int, used: dict[str, Any]) -> bool:
     """All-reduce the lr and momentum this group used (SUM of 1, x and x*x over the participating
-    groups, torchft zeroes a healing group's tensor) and stop on any spread between groups."""
+    groups, torchft zeroes a healing group's tensor) and stop on any spread between groups.
+
+    False: the all-reduce failed (a group was lost), so this step commits nowhere."""
     from torch.distributed import ReduceOp
 
     lr, momentum = used["lr"], used["momentum"]
     sums = torch.tensor([1.0, lr, lr * lr, momentum, momentum * momentum], dtype=torch.float64)
     manager.allreduce(sums, reduce_op=ReduceOp.SUM).wait()
     if manager.errored():
-        return  # the step will not commit anywhere; nothing trained on these values
+        return False  # the step will not commit anywhere; nothing trained on these values
     n, lr_sum, lr_sq, m_sum, m_sq = sums.tolist()
     for name, total, squares in (("lr", lr_sum, lr_sq), ("momentum", m_sum, m_sq)):
         mean = total / n
@@ -184,6 +193,7 @@ def check_across_groups(manager: Any, step: int, used: dict[str, Any]) -> None:
                 f"step {step}: the replica groups used different {name} values (mean {mean} over "
                 f"{n:.0f} groups, this group {used[name]}); stopping before they diverge"
             )
+    return True
 
 
 def train_torchft(args: argparse.Namespace, group: str, rank: int, knobs: Knobs) -> None:
@@ -200,6 +210,10 @@ def train_torchft(args: argparse.Namespace, group: str, rank: int, knobs: Knobs)
     def state_dict() -> dict[str, Any]:
         return {"model": model.state_dict(), "optim": inner.state_dict()}
 
+    path = args.checkpoint_dir / f"group-{group}.pt" if args.checkpoint_dir else None
+    saved = torch.load(path) if path is not None and path.exists() else None
+    if saved is not None:  # the whole job restarted: resume at the checkpoint's step
+        load_state_dict(saved)
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timedelta(seconds=args.gloo_timeout)),
         min_replica_size=1,
@@ -210,6 +224,8 @@ def train_torchft(args: argparse.Namespace, group: str, rank: int, knobs: Knobs)
         use_async_quorum=False,  # the step is known (healed) before we ask for its config
         timeout=timedelta(seconds=args.gloo_timeout),
     )
+    if saved is not None:
+        manager.load_state_dict(saved["manager"])
     ddp = DistributedDataParallel(manager, model)
     optimizer = Optimizer(manager, inner)
     emit(event="start", group=group, rank=rank, pid=os.getpid(), first_step=manager.current_step())
@@ -224,17 +240,26 @@ def train_torchft(args: argparse.Namespace, group: str, rank: int, knobs: Knobs)
                 raise SystemExit(f"step {step}: {exc}") from None
             if step >= knobs.until:  # every group read this step's config: all stop here
                 break
-            check_across_groups(manager, step, used)
-            x, y = batch(group, rank, step)
-            loss = nn.functional.mse_loss(ddp(x), y)
-            loss.backward()  # averaged across groups by torchft
+            if path is not None and step == args.save_at and rank == 0:  # the state before step
+                tmp = path.with_suffix(".tmp")
+                torch.save({**state_dict(), "manager": manager.state_dict()}, tmp)
+                os.replace(tmp, path)
+            loss = None
+            if check_across_groups(manager, step, used):
+                x, y = batch(group, rank, step)
+                loss = nn.functional.mse_loss(ddp(x), y)
+                loss.backward()  # averaged across groups by torchft
+            else:  # a group was lost: torchft 0.2.0's DDP hook would assert on its errored manager
+                for p in model.parameters():  # zeros, so the ranks' collectives below still match
+                    p.grad = torch.zeros_like(p)
             for p in model.parameters():  # and across this group's ranks (gloo has no AVG)
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
                     p.grad /= dist.get_world_size()
             optimizer.step()  # applied only if every group in the quorum committed
             committed = manager.current_step() > step
-            emit(event="step", group=group, rank=rank, step=step, loss=round(loss.item(), 6),
+            emit(event="step", group=group, rank=rank, step=step,
+                 loss=None if loss is None else round(loss.item(), 6),
                  committed=committed, participants=manager.num_participants(), **used)  # fmt: skip
             time.sleep(args.step_time)
         emit(event="params", group=group, rank=rank, step=manager.current_step(), sha=params_hash(model))
@@ -255,6 +280,7 @@ def main() -> None:
         cache_ttl=args.cache_ttl,
         strict=args.torchft,
         on_change=tracker,
+        run_id=args.run_id,
     )
     knobs = Knobs(client, args)
     try:
