@@ -173,6 +173,18 @@ def _applies(row: Change, step: int) -> bool:
     return row.effective_step is None or row.effective_step <= step
 
 
+def _same_row(a: Change, b: Change) -> bool:
+    """``b`` is ``a``, or the same change with another resolved ``config`` (``_draft`` resolves its
+    candidate row, then returns that row with the config filled in): segments never read
+    ``config``, so a memo made with one holds for the other. The same ``change`` object, which
+    the memo keeps alive, tells a refused plan's row from a committed one of the same version."""
+    return a is b or (
+        a.change is b.change
+        and (a.version, a.op, a.effective_step, a.order_step, a.made_now, a.author, a.comment)
+        == (b.version, b.op, b.effective_step, b.order_step, b.made_now, b.author, b.comment)
+    )
+
+
 @dataclass(frozen=True)
 class SegmentsMemo:
     """A remembered ``_segments`` result and what it holds for: the pruned base and the runs it
@@ -753,13 +765,13 @@ class ConfigStore:
         return list(memo.segments)
 
     def _memo(self, rows: list[Change], head: int) -> SegmentsMemo | None:
-        memo = self._segments_cache.get((head, len(rows), id(rows[0]), id(rows[-1])))
+        memo = self._segments_cache.get((head, len(rows), id(rows[0]), id(rows[-1].change)))
         if memo is None or memo.base is not self._base or memo.runs is not self.runs:
             return None
-        return memo if memo.first is rows[0] and memo.last is rows[-1] else None
+        return memo if memo.first is rows[0] and _same_row(memo.last, rows[-1]) else None
 
     def _remember(self, rows: list[Change], head: int, memo: SegmentsMemo) -> None:
-        self._segments_cache[(head, len(rows), id(rows[0]), id(rows[-1]))] = memo
+        self._segments_cache[(head, len(rows), id(rows[0]), id(rows[-1].change))] = memo
         while len(self._segments_cache) > SEGMENTS_CACHED:
             del self._segments_cache[next(iter(self._segments_cache))]
 
@@ -776,7 +788,7 @@ class ConfigStore:
                 continue
             if not 0 < n < len(rows) or head < rows[-1].version or h != memo.last.version:
                 continue
-            if memo.first is not rows[0] or rows[n - 1] is not memo.last:
+            if memo.first is not rows[0] or not _same_row(memo.last, rows[n - 1]):
                 continue
             if any(not run.live and run.end_version >= h for run in self.runs.runs):
                 continue
