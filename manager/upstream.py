@@ -26,6 +26,7 @@ from manager.snapshot import Snapshot
 
 logger = logging.getLogger(__name__)
 MAX_REASONS_LOGGED = 8  # distinct reasons per outage (details can carry ports, times)
+RENEW_TRIES = 4  # answers a step past the lease waits for (``UpstreamCache.renew``)
 
 
 class FetchFailed(Exception):
@@ -109,9 +110,14 @@ class UpstreamCache:
         """Fetch now, whatever the TTL, unless ``satisfied()`` (for a call the held snapshot cannot
         answer: a step beyond the manager's step lease). Joins a fetch in flight first, then
         fetches itself if that one did not satisfy; during a backoff window, the fallback at once.
+
+        Up to ``RENEW_TRIES`` answers: a fetch joined, or begun, before this step was wanted asks
+        for a lease that may stop short of it (workers of one group asking steps in parallel at a
+        run's start), and the next one asks for it. A lighthouse that fails sets the backoff window,
+        so an outage still costs one deadline.
         """
         answer = Answer(self._good or self.fallback(), False)
-        for _ in range(2):
+        for _ in range(RENEW_TRIES):
             if satisfied():
                 return answer
             if self._failing:
