@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -52,6 +53,21 @@ def still_running(process: Process) -> bool:
     return fields is not None and fields[19] == process[1] and fields[0] != "Z"
 
 
+def kill_demo(proc: subprocess.Popen[str]) -> None:
+    """A demo still running (its test failed): SIGKILL it and every process it started (each in
+    its own session, so not its process group), so that its lighthouse and managers do not
+    outlive the test. A demo that exited is left alone: whether its children ended with it is
+    for the test to check."""
+    if proc.poll() is not None:
+        return
+    started = descendants(proc.pid)
+    proc.kill()
+    for process in started:
+        if still_running(process):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process[0], signal.SIGKILL)
+
+
 @pytest.mark.slow
 def test_demo_runs_all_parts_and_stops_cleanly() -> None:
     proc = subprocess.Popen(
@@ -90,8 +106,7 @@ def test_demo_runs_all_parts_and_stops_cleanly() -> None:
             except subprocess.TimeoutExpired:
                 pass
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        kill_demo(proc)
         reader.join(60)
     out, err = output["out"], output["err"]
     assert proc.returncode == 0, err[-2000:]
@@ -154,9 +169,8 @@ def test_demo_teaches_fills_the_charts_and_ends_cleanly_on_ctrl_c(page: Page) ->
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_demo(proc)
+        proc.wait()
     assert proc.returncode == 0, err[-2000:]
     assert "Traceback" not in out + err, (out + err)[-3000:]
     assert "KeyboardInterrupt" not in out + err, (out + err)[-3000:]
