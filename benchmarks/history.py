@@ -144,13 +144,19 @@ def render(results: dict[str, Any]) -> str:
     lines = [machine_line(results["machine_before"], results["machine_after"])]
     for versions, f in results["lengths"].items():
         ratios = results["ratios"][versions]
+
+        def ratio(key: str, ratios: dict[str, Any] = ratios) -> str:
+            # None where the 10-version figure is 0 (a CPU clock tick is 10 ms: a --quick run
+            # of 5 edits may measure none)
+            return f"{ratios[key]:.2f}x" if ratios.get(key) is not None else "no baseline"
+
         lines.append(
             f"{versions:>6} versions: reply {f['reply_bytes_at_step']} B at the job's step "
-            f"({ratios['reply_bytes_at_step']:.2f}x), {f['reply_bytes_stepless']} B without a step "
-            f"({ratios['reply_bytes_stepless']:.2f}x); {f['cpu_us_per_reply']:.0f} us CPU a reply "
-            f"({ratios['cpu_us_per_reply']:.2f}x); an edit scheduled ahead "
-            f"{f['cpu_ms_per_scheduled_edit']:.2f} ms CPU ({ratios['cpu_ms_per_scheduled_edit']:.2f}x), "
-            f"one applying at once {f['cpu_ms_per_edit']:.2f} ms ({ratios['cpu_ms_per_edit']:.2f}x) "
+            f"({ratio('reply_bytes_at_step')}), {f['reply_bytes_stepless']} B without a step "
+            f"({ratio('reply_bytes_stepless')}); {f['cpu_us_per_reply']:.0f} us CPU a reply "
+            f"({ratio('cpu_us_per_reply')}); an edit scheduled ahead "
+            f"{f['cpu_ms_per_scheduled_edit']:.2f} ms CPU ({ratio('cpu_ms_per_scheduled_edit')}), "
+            f"one applying at once {f['cpu_ms_per_edit']:.2f} ms ({ratio('cpu_ms_per_edit')}) "
             f"(goal <= {results['goal']}x)"
         )
     return "\n".join(lines)

@@ -237,3 +237,42 @@ def test_history_benchmark_runs(tmp_path: Path) -> None:
         )
     assert_run_meta(results)
     assert "100 versions: reply" in out.stdout
+
+
+def test_history_report_renders_a_figure_without_baseline() -> None:
+    """A --quick run's 5 edits may take no 10 ms CPU tick at 10 versions: its ratios are None, and
+    the report says so rather than failing (a CI run did)."""
+    from benchmarks.history import render
+
+    machine = {"loadavg_1m": 0.1, "cpus": 2}
+    figures = {
+        "reply_bytes_at_step": 700,
+        "reply_bytes_stepless": 600,
+        "cpu_us_per_reply": 150.0,
+        "cpu_ms_per_scheduled_edit": 0.0,
+        "cpu_ms_per_edit": 2.0,
+    }
+    results = {
+        "machine_before": machine,
+        "machine_after": machine,
+        "lengths": {"10": figures, "100": dict(figures, cpu_ms_per_scheduled_edit=2.0)},
+        "ratios": {
+            "10": {
+                "reply_bytes_at_step": 1.0,
+                "reply_bytes_stepless": 1.0,
+                "cpu_us_per_reply": 1.0,
+                "cpu_ms_per_scheduled_edit": None,
+                "cpu_ms_per_edit": 1.0,
+            },
+            "100": {
+                "reply_bytes_at_step": 1.0,
+                "reply_bytes_stepless": 1.0,
+                "cpu_us_per_reply": 1.0,
+                "cpu_ms_per_scheduled_edit": None,
+                "cpu_ms_per_edit": 1.5,
+            },
+        },
+        "goal": 1.2,
+    }
+    text = render(results)
+    assert "   100 versions:" in text and "2.00 ms CPU (no baseline)" in text and "(1.50x)" in text
