@@ -253,12 +253,16 @@ class ManagerServer:
     def _renew_for(self, step: int) -> tuple[Snapshot, bool]:
         """A step beyond the lease: wait for a renewal that covers it (bounded by the lighthouse
         deadline); without one the fallback, counted as a step past the lease."""
-        if step > self._step_wanted:
-            self._step_wanted = step
 
         def covered() -> bool:
             lease = self._lease
-            return lease is not None and step <= lease.through
+            if lease is not None and step <= lease.through:
+                return True
+            # Asked again before each try: an answer that began a new run of the job cleared the
+            # steps wanted in the run before, and with them this one if it came while in flight.
+            if step > self._step_wanted:
+                self._step_wanted = step
+            return False
 
         answer = self._cache.renew(covered)
         lease = self._lease

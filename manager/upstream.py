@@ -111,10 +111,11 @@ class UpstreamCache:
         answer: a step beyond the manager's step lease). Joins a fetch in flight first, then
         fetches itself if that one did not satisfy; during a backoff window, the fallback at once.
 
-        Up to ``RENEW_TRIES`` answers: a fetch joined, or begun, before this step was wanted asks
-        for a lease that may stop short of it (workers of one group asking steps in parallel at a
-        run's start), and the next one asks for it. A lighthouse that fails sets the backoff window,
-        so an outage still costs one deadline.
+        Up to ``RENEW_TRIES`` answers: a fetch joined, or begun, before this step was wanted (or
+        before an answer beginning a new run cleared the steps wanted) asks for a lease that may
+        stop short of it (workers of one group asking steps in parallel at a run's start), and the
+        next one asks for it: ``satisfied`` records the step again before each try. A lighthouse
+        that fails sets the backoff window, so an outage still costs one deadline.
         """
         answer = Answer(self._good or self.fallback(), False)
         for _ in range(RENEW_TRIES):
