@@ -152,6 +152,7 @@ def test_a_run_ends_once_no_manager_steps_for_longer_than_its_lease() -> None:
     )
     step = state.receive(request, "peer")
     assert step == 11 and state.store.runs.live is not None
+    run_1_state = state.snapshot.state_id
     began = time.monotonic()
     assert state.check_run() is None  # it just stepped
     # The same step reported again (a paused job's manager, alive) is no progress: the run ends.
@@ -168,18 +169,23 @@ def test_a_run_ends_once_no_manager_steps_for_longer_than_its_lease() -> None:
     assert state.store.runs.live is None
     plan = state.change("patch", {"lr": 0.05}, source="t")
     assert plan.row.effective_step is None and state.view()["config"]["lr"] == 0.05
-    # When it steps again, the next run begins at the step it resumes at.
-    request.status.step = 11
+    # A late report of a step it served in the ended run (it holds that run's state: the end had
+    # not reached it) begins no run; run 2 would begin there, past where its workers resume.
+    request.known_state_id, request.status.step = run_1_state, 11
+    state.receive(request, "peer")
+    assert state.store.runs.live is None
+    # When it steps again under the state served now, the next run begins at the step it resumes at.
+    request.known_state_id, request.status.step = state.snapshot.state_id, 12
     state.receive(request, "peer")
     live = state.store.runs.live
-    assert live is not None and live.number == 2 and live.start_step == 11  # it served 11 in run 2
+    assert live is not None and live.number == 2 and live.start_step == 12  # it served 12 in run 2
     assert state.snapshot.config["lr"] == "0.05"
 
 
 def test_an_operator_ends_the_run_and_stepless_readers_see_a_change_at_once() -> None:
     state = LighthouseState(store_with_ceilings())
     state.change("put", {"lr": 0.1}, source="t")
-    state.observe(pb.ManagerStatus(replica_id="g0", step=40), "peer")
+    state.observe(pb.ManagerStatus(replica_id="g0", step=40), "peer", held=state.snapshot.state_id)
     _, horizon = state.store.leases.grant(40, 1.0)
     pending = state.change("patch", {"lr": 0.2}, source="t")
     assert pending.row.effective_step == horizon + 1 and state.view()["config"]["lr"] == 0.1

@@ -359,7 +359,9 @@ class LighthouseState:
         if not request.HasField("status"):
             return -1
         asked = request.lease_from_step if request.HasField("lease_from_step") else -1
-        step = self.observe(request.status, peer, fetch=True, identity=identity, wanted=asked)
+        step = self.observe(
+            request.status, peer, fetch=True, identity=identity, wanted=asked, held=request.known_state_id
+        )
         if request.lease_seconds > 0:
             with self._lock:
                 record = self._managers.get(request.status.replica_id or peer)
@@ -434,15 +436,23 @@ class LighthouseState:
         self.heartbeat_calls = next(self._heartbeat_count)
 
     def observe(
-        self, status: pb.ManagerStatus, peer: str, fetch: bool = False, identity: str = "", wanted: int = -1
+        self,
+        status: pb.ManagerStatus,
+        peer: str,
+        fetch: bool = False,
+        identity: str = "",
+        wanted: int = -1,
+        held: str | None = None,
     ) -> int:
         """Record a manager's status (from a heartbeat or riding on a fetch); returns its step when
-        plausible (a step lease may cover it), else -1. ``wanted``: a step its workers wait for.
+        plausible (a step lease may cover it), else -1. ``wanted``: a step its workers wait for;
+        ``held``: the state id of the snapshot it serves (None: a heartbeat does not say).
 
         A run id the job never had ends the live run; with no run live, a manager that steps (its
-        step moved, or its workers wait for one) begins the next run, at any step."""
+        step moved under the state served now, or its workers wait for one) begins the next run,
+        at any step."""
         replica_id = status.replica_id or peer
-        self._run_for(status, replica_id, wanted)
+        self._run_for(status, replica_id, wanted, held)
         now = time.monotonic()
         rate = 0.0
         with self._lock:
@@ -512,7 +522,7 @@ class LighthouseState:
         return status.step if plausible else -1
 
     # ------------------------------------------------------------ runs
-    def _run_for(self, status: pb.ManagerStatus, replica_id: str, wanted: int) -> None:
+    def _run_for(self, status: pb.ManagerStatus, replica_id: str, wanted: int, held: str | None) -> None:
         """End the live run on a new run id; begin one for a manager that steps while none is live."""
         runs = self.store.runs
         live = runs.live
@@ -526,8 +536,11 @@ class LighthouseState:
             record = self._managers.get(replica_id)
             before = record.step if record is not None else -1
         # The first step of the new run: the one its workers wait for, or a step served since the
-        # manager's last report (a manager whose lease covered it: it took the new run's snapshot).
-        starts = [s for s in (wanted, status.step if status.step > before else -1) if s >= 0]
+        # manager's last report from the snapshot served now. A step served from an earlier state's
+        # (a report of the ended run's last steps, sent before the end reached the manager) is no
+        # new run: it began one there, a few steps past where the workers resumed.
+        moved = status.step > before and held == self.store.served_state_id
+        starts = [s for s in (wanted, status.step if moved else -1) if s >= 0]
         start = min(starts, default=-1)
         if 0 <= start <= RUN_STEP_LIMIT:
             self.begin_run(start, run_id, status)
