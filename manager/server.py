@@ -452,6 +452,17 @@ class ManagerServer:
         held = self._lease
         through = reply.stable_through_step if self._leases_supported else -1
         if held is not None and held.snapshot.state_id == snapshot.state_id:
+            following = self._pins.max_step + 1
+            if (
+                held.snapshot is not snapshot
+                and following <= held.through
+                and not held.snapshot.same_configs(snapshot, following, held.through)
+            ):
+                # Not the config promised for the group's next steps: a reply whose segments
+                # begin above them (a push answered for the job's step, before the stream heard
+                # of this group's). The promise is kept with the snapshot it was made with; the
+                # step past it renews, and that reply covers the group's step.
+                return
             through = max(through, held.through)
         self._lease = _Lease(snapshot, through) if through >= 0 else None
         granted = reply.stable_through_step

@@ -97,6 +97,12 @@ class Snapshot:
         versions = self.versions
         return (versions[segment] if segment < len(versions) else 0) or self.version
 
+    def same_configs(self, other: Snapshot, first: int, last: int) -> bool:
+        """Whether ``other`` serves the config this one does at every step from ``first`` to
+        ``last`` (compared once per segment boundary in that range, not per step)."""
+        steps = {first} | {s for s in (*self.from_steps, *other.from_steps) if first < s <= last}
+        return all(self.configs[self.segment(s)] == other.configs[other.segment(s)] for s in steps)
+
     def pending(self, step: int) -> tuple[int, int] | None:
         """(version, step) of the next change after ``step``, None when nothing is pending."""
         following = self.segment(step) + 1

@@ -406,6 +406,44 @@ def test_at_step_replay_matches_what_workers_saw(procs: ProcessPool) -> None:
     assert scheduled(lh.url)[v_sched]["late_groups"] == []
 
 
+def test_a_reply_cropped_above_a_groups_promised_steps_does_not_replace_its_promise(
+    procs: ProcessPool,
+) -> None:
+    """A push answered for the job's step (before the stream heard of this group's) carries the
+    segments from the job's step on. A group behind the job, holding a lease on its next steps,
+    keeps serving them the config promised: found by the replay test above, 1 run in 5-10, as
+    a group at step 1 served a version taking effect at step 13, then went back at step 3."""
+    from manager.server import ManagerServer
+    from protos.rpc import LIGHTHOUSE_GET_CONFIG, make_channel
+    from worker_client import ManagerClient
+
+    lh = procs.lighthouse({"lr": 0.1}, extra=["--run-end-after", "60"])
+    wait_healthy(lh.url)
+    ahead = procs.manager(lh.address, "g0", cache_ttl=1.0)
+    change(lh.url, "PATCH", {"lr": 0.2}, effective_step=10)
+    change(lh.url, "PATCH", {"lr": 0.3}, effective_step=20)
+    worker_records(procs.worker(ahead.address, group="g0", rank=0, steps=40))  # the job at step 39
+    behind = ManagerServer(lh.address, "127.0.0.1:0", "g1", cache_ttl=5.0, push=False)
+    try:
+        with ManagerClient(behind.address(), timeout=5) as client:
+            first = client.get_config(step=0)
+            assert first["lr"] == "0.1" and first.stable_through_step >= 1, first
+            with make_channel(lh.address) as channel:  # what a push to a manager without a step holds
+                raw = channel.unary_unary(LIGHTHOUSE_GET_CONFIG)(
+                    pb.LighthouseConfigRequest().SerializeToString(), timeout=5
+                )
+            cropped = pb.LighthouseConfigResponse.FromString(raw)
+            held = Snapshot.from_reply(cropped)
+            assert held.configs[held.segment(1)] == {"lr": "0.3"}  # it knows no step below the job's
+            behind._pushed(cropped)  # as the push stream hands it over
+            promised = client.get_config(step=1)
+            assert (promised["lr"], promised.version) == ("0.1", first.version), promised
+            past = client.get_config(step=first.stable_through_step + 1)  # renewed: from its step on
+            assert past["lr"] == ("0.1" if past.step < 10 else "0.2"), past
+    finally:
+        behind.shutdown()
+
+
 # ------------------------------------------------- edge cases of scheduling
 def test_change_scheduled_at_step_0_before_the_job_started_is_served_from_step_0(procs: ProcessPool) -> None:
     """A change scheduled at step 0 before any manager reported a step holds for every step."""
