@@ -59,8 +59,9 @@ class FeatureRecords(EtcdShare):
         interval: float = PUBLISH_INTERVAL,
         ttl: float = LEASE_TTL,
     ) -> None:
-        root = f"{prefix.rstrip('/')}/{FEATURES_DIR}/"
-        super().__init__(client, root, instance_id, interval=interval, ttl=ttl, what="the feature record")
+        super().__init__(
+            client, prefix, FEATURES_DIR, instance_id, interval=interval, ttl=ttl, what="the feature record"
+        )
         self.address = lighthouse_address
         self.gate = gate
         self.peers = peers

@@ -61,8 +61,9 @@ class PeerManagers(EtcdShare):
         interval: float = PUBLISH_INTERVAL,
         ttl: float = LEASE_TTL,
     ) -> None:
-        root = f"{prefix.rstrip('/')}/{PEERS_DIR}/"
-        super().__init__(client, root, instance_id, interval=interval, ttl=ttl, what="the managers table")
+        super().__init__(
+            client, prefix, PEERS_DIR, instance_id, interval=interval, ttl=ttl, what="the managers table"
+        )
         self.address = lighthouse_address
         self.registry = registry
         self._lock = threading.Lock()

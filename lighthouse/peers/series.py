@@ -50,8 +50,9 @@ class PeerSeries(EtcdShare):
         interval: float = PUBLISH_INTERVAL,
         ttl: float = LEASE_TTL,
     ) -> None:
-        root = f"{prefix.rstrip('/')}/{SERIES_DIR}/"
-        super().__init__(client, root, instance_id, interval=interval, ttl=ttl, what="the reported metrics")
+        super().__init__(
+            client, prefix, SERIES_DIR, instance_id, interval=interval, ttl=ttl, what="the reported metrics"
+        )
         self.registry = registry
         self._seq = 0
         self._unsent: deque[tuple[str, bytes]] = deque(maxlen=MAX_UNSENT)  # (job, batch) to publish

@@ -64,7 +64,8 @@ def batches(ops: Sequence[tuple[T, Put | Delete]]) -> Iterator[list[tuple[T, Put
 
 
 class EtcdShare:
-    """Publishes this lighthouse's part under ``root`` on its lease and watches everyone's.
+    """Publishes this lighthouse's part under ``root`` (the store prefix's ``folder``) on its
+    lease and watches everyone's.
 
     A subclass says what is shared: ``_load`` reads every key under ``root`` (at start, and when
     the watch fell behind a compaction) and returns the revision it read, ``_on_events`` takes
@@ -73,10 +74,18 @@ class EtcdShare:
     """
 
     def __init__(
-        self, client: EtcdClient, root: str, instance_id: str, *, interval: float, ttl: float, what: str
+        self,
+        client: EtcdClient,
+        prefix: str,
+        folder: str,
+        instance_id: str,
+        *,
+        interval: float,
+        ttl: float,
+        what: str,
     ) -> None:
         self.client = client
-        self.root = root
+        self.root = root = f"{prefix.rstrip('/')}/{folder}/"
         self.instance_id = instance_id
         self.interval = interval
         self.ttl = ttl
