@@ -15,6 +15,7 @@ figure within 1.2x of the 10-version one.
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import json
 import shutil
@@ -140,16 +141,18 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return results
 
 
+def _ratio_text(ratios: dict[str, Any], key: str) -> str:
+    """A ratio for the table; None where the 10-version figure is 0 (a CPU clock tick is 10 ms:
+    a --quick run of 5 edits may measure none)."""
+    value = ratios.get(key)
+    return f"{value:.2f}x" if value is not None else "no baseline"
+
+
 def render(results: dict[str, Any]) -> str:
     lines = [machine_line(results["machine_before"], results["machine_after"])]
     for versions, f in results["lengths"].items():
         ratios = results["ratios"][versions]
-
-        def ratio(key: str, ratios: dict[str, Any] = ratios) -> str:
-            # None where the 10-version figure is 0 (a CPU clock tick is 10 ms: a --quick run
-            # of 5 edits may measure none)
-            return f"{ratios[key]:.2f}x" if ratios.get(key) is not None else "no baseline"
-
+        ratio = functools.partial(_ratio_text, ratios)
         lines.append(
             f"{versions:>6} versions: reply {f['reply_bytes_at_step']} B at the job's step "
             f"({ratio('reply_bytes_at_step')}), {f['reply_bytes_stepless']} B without a step "
