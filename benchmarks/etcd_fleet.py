@@ -183,7 +183,7 @@ def _gap_table(gap: dict[str, Any], what: str, event: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = standalone_parser("etcd_fleet", __doc__)
+    parser = standalone_parser("etcd_fleet", __doc__, fleet=True)
     parser.add_argument(
         "--managers", type=int, default=3000, help="simulated managers over the 3 lighthouses"
     )

@@ -175,7 +175,7 @@ def render(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = standalone_parser("many_jobs", __doc__)
+    parser = standalone_parser("many_jobs", __doc__, fleet=True)
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--managers-per-job", type=int, default=10)
     parser.add_argument("--ttl", type=float, default=1.0)

@@ -417,7 +417,7 @@ def render(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = standalone_parser("push", __doc__)
+    parser = standalone_parser("push", __doc__, fleet=True)
     parser.add_argument("--ttl", type=float, default=1.0, help="managers' cache TTL (seconds)")
     parser.add_argument(
         "--managers", type=int, default=3, help="workers: pushed managers, and as many polling"

@@ -312,11 +312,13 @@ def write_json(results: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
 
 
-def standalone_parser(name: str, doc: str) -> argparse.ArgumentParser:
-    """The options every standalone simulated-manager benchmark shares."""
+def standalone_parser(name: str, doc: str, *, fleet: bool = False) -> argparse.ArgumentParser:
+    """The options every standalone benchmark shares; ``fleet``: it simulates managers in
+    several processes, and ``--processes`` says how many."""
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=doc.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny counts: a smoke run of seconds")
-    parser.add_argument("--processes", type=int, default=4, help="processes hosting the simulated managers")
+    if fleet:
+        parser.add_argument("--processes", type=int, default=4, help="processes simulating managers")
     parser.add_argument("--out", type=Path, default=None, help=f"also write {name}.json here")
     return parser
 

@@ -255,7 +255,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = standalone_parser("reporting", __doc__)
+    parser = standalone_parser("reporting", __doc__, fleet=True)
     parser.add_argument(
         "--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}"
     )
