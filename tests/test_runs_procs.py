@@ -12,6 +12,7 @@ One scenario on one lighthouse, each phase building on the last:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -30,6 +31,22 @@ TTL = 0.3  # the managers' cache TTL: a run ends 2 x 0.3 + 0.5 s after the last 
 def runs(url: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = call(url, "GET", "/api/config/runs")["runs"]
     return found
+
+
+def run_state(url: str) -> tuple[list[str], dict[str, int]]:
+    """The job and its RUN column in ``lighthouse jobs``, and the run gauges of ``/metrics``."""
+    out = run_cli("jobs", "--url", url)
+    assert out.returncode == 0, out.stderr
+    header, row = (re.split(r" {2,}", line.strip()) for line in out.stdout.splitlines()[:2])
+    cells = dict(zip(header, row, strict=True))
+    text = http_call(url, "GET", "/metrics").body.decode()
+    gauges = {
+        name: int(float(value))
+        for line in text.splitlines()
+        if line.startswith(("lighthouse_run{", "lighthouse_run_live{"))
+        for name, value in [(line.split("{")[0], line.split()[-1])]
+    }
+    return [cells["JOB"], cells["RUN"]], gauges
 
 
 def step_all(procs: ProcessPool, managers: dict[str, Any], first: int, steps: int) -> dict[str, list[Any]]:
@@ -54,6 +71,7 @@ def test_pause_operator_end_and_run_ids_begin_and_end_runs(procs: ProcessPool) -
     assert runs(lh.url)[0]["start_step"] == 0
     ended = poll(lambda: (r := runs(lh.url)) and not r[-1]["live"] and r, 20, what="the paused run ended")
     assert ended[-1]["end_reason"] == "managers gone" and ended[-1]["end_step"] == 29
+    assert run_state(lh.url) == (["default", "1 ended"], {"lighthouse_run": 1, "lighthouse_run_live": 0})
     # No run is live: a change made now is live at once, for stepless readers too.
     made = call(lh.url, "PATCH", "/api/config", {"lr": 0.2})
     assert made["effective_step"] is None
@@ -68,6 +86,7 @@ def test_pause_operator_end_and_run_ids_begin_and_end_runs(procs: ProcessPool) -
         assert all(r["config"]["lr"] == "0.2" for r in recs), (g, recs[:2])
     live = runs(lh.url)[-1]
     assert live["live"] and live["number"] == 2 and live["start_step"] == 30
+    assert run_state(lh.url) == (["default", "2 from 30"], {"lighthouse_run": 2, "lighthouse_run_live": 1})
 
     # The training script names its runs (connect(run_id=...) starts its manager with --run-id).
     # (A longer TTL: their runs stay live long enough for the CLI below to end one.)

@@ -191,6 +191,7 @@ def jobs(answer: dict[str, Any], now: float | None = None) -> list[str]:
                 ago(job.get("updated_at"), now),
                 Styled(counts, fg="yellow") if trouble else counts,
                 steps(job.get("current_step")),
+                _run_cell(job),
                 str(job["scheduled"]),
                 Styled(error, fg="red") if error else "-",
                 Styled(f"stalled: {stall}", fg="red") if stall else "ok",
@@ -202,11 +203,23 @@ def jobs(answer: dict[str, Any], now: float | None = None) -> list[str]:
         "CHANGED",
         "MANAGERS (live/behind/late)",
         "STEP",
+        "RUN",
         "SCHEDULED",
         "FILE ERROR",
         "STATUS",
     ]
     return table(headers, rows)
+
+
+def _run_cell(job: dict[str, Any]) -> Cell:
+    """The job's latest run: its number and first step while live, "ended" between runs (a lighthouse
+    older than runs answers no ``run``: "-")."""
+    number = job.get("run") or 0
+    if not number:
+        return "-"
+    if job.get("run_live"):
+        return f"{number} from {steps(job.get('run_start_step'))}"
+    return Styled(f"{number} ended", fg="yellow")
 
 
 def runs(answer: dict[str, Any], now: float | None = None) -> list[str]:

@@ -249,6 +249,7 @@ class JobRegistry:
         managers = state.managers()
         scheduled = store.scheduled()  # reads the step switches from the backend: once
         stall = state.progress.stall(managers)
+        run = store.runs.last
         return {
             "job": store.job,
             "version": store.head,
@@ -264,6 +265,10 @@ class JobRegistry:
             "file_error": state.file_error,
             "stalled": stall is not None,
             "stall_reason": stall,
+            # The latest run (0: none yet): live, or ended and the next not begun (a paused job).
+            "run": run.number if run is not None else 0,
+            "run_live": run is not None and run.live,
+            "run_start_step": run.start_step if run is not None else None,
         }
 
     def check_runs(self) -> None:

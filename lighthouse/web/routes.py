@@ -430,6 +430,18 @@ class AdminApi:
             lambda st: st.store.current_step,
         )
         job_metric(
+            "lighthouse_run",
+            "gauge",
+            "Number of the job's latest run (0: none yet); it moves when a run begins.",
+            lambda st: st.store.runs.number,
+        )
+        job_metric(
+            "lighthouse_run_live",
+            "gauge",
+            "1 while a run of the job is live, 0 before its first and between runs (a paused job).",
+            lambda st: int(st.store.runs.live is not None),
+        )
+        job_metric(
             "lighthouse_lease_horizon",
             "gauge",
             "Highest step the job's groups may have been promised (-1: none): changes made now apply after.",
