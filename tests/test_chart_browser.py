@@ -16,6 +16,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from lighthouse import LighthouseClient
+from lighthouse.jobs.state import STEP_SLACK
 from protos import lighthouse_config_pb2 as pb
 from protos.metrics import pack
 from tests.browser import watch_csp
@@ -37,11 +38,11 @@ def report(client: LighthouseClient, replica: str, batch: int, steps: range) -> 
         min=pack(array("d", loss)),
         max=pack(array("d", loss)),
     )
-    # A report moves the job's step at most 64 steps beyond the last plus what the time since
-    # makes plausible (a made-up leap is ignored): a batch of 100 steps climbs in two hops of
-    # 50, plausible however fast this test runs.
-    halfway = pb.ManagerStatus(replica_id=replica, address="127.0.0.1:1", step=(steps[0] + steps[-1]) // 2)
-    client.heartbeat(halfway, timeout=10)
+    # A report moves the job's step at most STEP_SLACK steps beyond the last plus what the time
+    # since makes plausible (a made-up leap is ignored): a batch longer than that climbs in hops
+    # of STEP_SLACK, plausible however fast this test runs.
+    for hop in range(steps[0] - 1 + STEP_SLACK, steps[-1], STEP_SLACK):
+        client.heartbeat(pb.ManagerStatus(replica_id=replica, address="127.0.0.1:1", step=hop), timeout=10)
     status = pb.ManagerStatus(
         replica_id=replica, address="127.0.0.1:1", step=steps[-1], metrics=[summaries], metrics_batch=batch
     )
