@@ -34,12 +34,12 @@ from google.protobuf.message import DecodeError
 
 from lighthouse.jobs.registry import JobRegistry, TooManyJobs
 from lighthouse.jobs.state import LighthouseState
-from lighthouse.manager_access import Denied, ManagerAccess
+from lighthouse.rpc.manager_access import Denied, ManagerAccess
 from protos import lighthouse_config_pb2 as pb
 from protos.job_ids import InvalidJobId, JobId, check_job_id
 from protos.limits import MAX_ID_BYTES
 from protos.rpc import varint_field
-from protos.torchft_seed import JOB_METADATA, SEED_SERVICE, SeedConfigRequest, SeedConfigResponse
+from protos.torchft_seed import JOB_METADATA, SEED_SERVICE, SeedConfigRequest, seed_config_reply
 
 logger = logging.getLogger(__name__)
 
@@ -162,8 +162,7 @@ class LighthouseService:
         job = next((v for k, v in context.invocation_metadata() or () if k == JOB_METADATA), "")
         state, _ = await self._state(job if isinstance(job, str) else "", context)
         state.receive(_STEPLESS, context.peer())
-        reply: bytes = SeedConfigResponse(config_data=state.snapshot.config).SerializeToString()
-        return reply
+        return seed_config_reply(state.snapshot.config)
 
     @frees_refused_requests
     async def heartbeat(

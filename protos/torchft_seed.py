@@ -6,7 +6,9 @@ module imported in the same process (see torchft_seed.proto).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, MutableMapping
 from importlib import resources
+from typing import Protocol, cast
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
@@ -26,7 +28,26 @@ SeedConfigRequest = message_factory.GetMessageClass(
 SeedConfigResponse = message_factory.GetMessageClass(
     POOL.FindMessageTypeByName("torchft.LighthouseConfigResponse")
 )
-# What the dashboard reads of torchft's own quorum calls (lighthouse.torchft_forward.TorchftView).
+
+
+class _SeedConfigReply(Protocol):
+    """What this project sets on a ``torchft.LighthouseConfigResponse``: the class is built at run
+    time from the descriptor set, so protobuf's stubs know it only as a ``Message`` without fields."""
+
+    @property
+    def config_data(self) -> MutableMapping[str, str]: ...
+
+    def SerializeToString(self, *, deterministic: bool = ...) -> bytes: ...
+
+
+def seed_config_reply(config: Mapping[str, str]) -> bytes:
+    """The seed's ``GetConfig`` reply carrying ``config``, serialized."""
+    reply = cast(_SeedConfigReply, SeedConfigResponse())
+    reply.config_data.update(config)
+    return reply.SerializeToString()
+
+
+# What the dashboard reads of torchft's own quorum calls (lighthouse.rpc.torchft_forward.TorchftView).
 QuorumResponse = message_factory.GetMessageClass(
     POOL.FindMessageTypeByName("torchft.LighthouseQuorumResponse")
 )

@@ -11,7 +11,7 @@ import yaml
 
 from tests.procs import ROOT
 
-COMMANDS = ("pip install -e . && python examples/demo.py", "bash .ci/run")
+COMMANDS = ("pip install -c .ci/requirements.txt -e . && python examples/demo.py", "bash .ci/run")
 
 
 def test_readme_is_short_and_starts_with_the_two_commands() -> None:
