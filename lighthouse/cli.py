@@ -16,7 +16,7 @@ class _Commands(click.Group):
     modules only once one of them is named, so an operator's ``lighthouse config ...`` loads no
     store, job logic or HTTP server."""
 
-    LAZY = {"serve": "lighthouse.serve_command:serve", "migrate": "lighthouse.store.migrate:migrate_command"}
+    LAZY = {"serve": "lighthouse.serve.command:serve", "migrate": "lighthouse.store.migrate:migrate_command"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.LAZY])

@@ -16,15 +16,15 @@ from lighthouse.jobs.leases import LeasePolicy
 from lighthouse.jobs.registry import JobRegistry
 from lighthouse.jobs.state import LighthouseState, ManagerLimits
 from lighthouse.jobs.versions import ConfigStore
-from lighthouse.manager_access import ManagerAccess
-from lighthouse.options import ConfigSources, HttpOptions
 from lighthouse.peers.features import FeatureRecords
 from lighthouse.peers.managers import PeerManagers
 from lighthouse.peers.series import PeerSeries
+from lighthouse.rpc.manager_access import ManagerAccess
+from lighthouse.rpc.torchft_forward import ForwardHandler, TorchftLighthouse, TorchftView
+from lighthouse.serve.options import ConfigSources, HttpOptions
 from lighthouse.service import KEEPALIVE, LighthouseService, seed_handler
 from lighthouse.store.backend import SharedBackend, StoreBackend
 from lighthouse.store.sqlite import STORE_FILE, SqliteBackend
-from lighthouse.torchft_forward import ForwardHandler, TorchftLighthouse, TorchftView
 from protos import lighthouse_config_pb2 as pb
 from protos.aio_server import AioServer
 from protos.job_ids import JobId
@@ -48,7 +48,7 @@ class LighthouseServer:
     per-job files), ``http`` (tokens, hosts), ``lease_policy`` (the step leases
     granted to managers, see ``lighthouse.jobs.leases``).
     ``manager_tokens`` and ``manager_identities`` (``{"job": [...]}``; identities need mutual TLS)
-    make managers authenticate per job (``lighthouse.manager_access``); without both gRPC is open.
+    make managers authenticate per job (``lighthouse.rpc.manager_access``); without both gRPC is open.
     ``keepalive_interval``: seconds between keep-alives on a quiet push stream (a manager ends one
     silent for two of them); tests shorten it.
 
@@ -57,7 +57,7 @@ class LighthouseServer:
     lighthouse_config=PATH)``: an int second argument is ``min_replicas``,
     ``lighthouse_config`` is ``config_path``. With ``torchft=True`` the quorum
     arguments start torchft's own lighthouse in this process, and its RPCs are
-    served on ``address()`` too (``lighthouse.torchft_forward``); without, they are
+    served on ``address()`` too (``lighthouse.rpc.torchft_forward``); without, they are
     logged and ignored (this lighthouse runs no quorum of its own).
     """
 

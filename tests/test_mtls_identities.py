@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from lighthouse.admin.tables import managers as managers_table
-from lighthouse.manager_access import load_job_identities
+from lighthouse.rpc.manager_access import load_job_identities
 from protos import lighthouse_config_pb2 as pb
 from protos import lighthouse_config_pb2_grpc as pb_grpc
 from protos.rpc import make_channel

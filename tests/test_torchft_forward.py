@@ -149,7 +149,7 @@ def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 NO_TORCH = """
 import sys
-from lighthouse.torchft_forward import TorchftLighthouse
+from lighthouse.rpc.torchft_forward import TorchftLighthouse
 lh = TorchftLighthouse(min_replicas=1)
 print(lh.target, sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchft")))
 lh.shutdown()

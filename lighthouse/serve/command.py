@@ -24,14 +24,14 @@ from lighthouse.config.values import ConfigError
 from lighthouse.etcd.connection import EtcdAuth
 from lighthouse.jobs.leases import LeasePolicy
 from lighthouse.jobs.state import ManagerLimits
-from lighthouse.manager_access import load_job_identities
-from lighthouse.options import ConfigSources, HttpOptions
+from lighthouse.rpc.manager_access import load_job_identities
+from lighthouse.rpc.torchft_forward import TorchftMissing
+from lighthouse.serve.options import ConfigSources, HttpOptions
 from lighthouse.server import LighthouseServer
 from lighthouse.service import KEEPALIVE
 from lighthouse.store.backend import StoreUnavailable
 from lighthouse.store.etcd import open_etcd_store
 from lighthouse.store.etcd_options import ETCD_CONNECTION_OPTIONS, store_auth
-from lighthouse.torchft_forward import TorchftMissing
 from lighthouse.web.access import load_job_tokens
 from protos.cli_options import server_tls_options
 from protos.daemon import Termination, announce, configure_logging, tune_for_many_streams
