@@ -61,10 +61,11 @@ def test_a_job_resumed_from_a_checkpoint_gets_the_config_as_the_operator_left_it
         return runs if runs and not runs[-1]["live"] else None
 
     runs = poll(ended, 30, what="the run ended")
-    # The last step a manager reported (a report may lag the step trained by part of a lease):
-    # past the checkpoint, so the resume below goes back to an earlier step.
+    # The last step a manager heard of: past the checkpoint, so the resume below goes back to an
+    # earlier step. A rank asks a step's config before it trains the step and prints its record
+    # after, so a rank killed in between made its manager hear of one step past every record.
     trained = max(r["step"] for recs in crashed for r in recs)
-    assert SAVE_AT < runs[-1]["end_step"] <= trained and runs[-1]["end_reason"] == "managers gone", runs
+    assert SAVE_AT < runs[-1]["end_step"] <= trained + 1 and runs[-1]["end_reason"] == "managers gone", runs
     lowered = call(lh.url, "PATCH", "/api/config", {"lr": 0.002})
     assert lowered["effective_step"] is None  # no live run: live at once
     assert call(lh.url, "GET", "/api/config")["config"]["lr"] == 0.002  # also for stepless readers
