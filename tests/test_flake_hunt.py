@@ -1,0 +1,31 @@
+"""The flake hunt (tests/flake_hunt.py) counts each failing test over its runs and fails when any did."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.procs import ROOT, child_env
+
+
+def test_the_hunt_counts_each_failure_and_exits_1(tmp_path: Path) -> None:
+    sample = tmp_path / "sample" / "test_sample.py"
+    sample.parent.mkdir()
+    sample.write_text("def test_ok():\n    pass\n\n\ndef test_bad():\n    assert False\n")
+    hunt = [sys.executable, "-m", "tests.flake_hunt", "--runs", "2", "--keep", str(tmp_path / "work")]
+    done = subprocess.run(
+        [*hunt, "--", "-p", "no:cacheprovider", str(sample)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=child_env(None),
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert sum(", 1 passed, 1 failed, 0 skipped in " in line for line in lines) == 2, lines
+    assert [line for line in lines if "failed: " in line and line.startswith("2/2")] == [
+        "2/2 failed: test_sample.py::test_bad"
+    ], lines
+    assert len(list((tmp_path / "work").glob("run-*.xml"))) == 2
