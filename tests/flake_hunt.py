@@ -1,7 +1,7 @@
 """The flake hunt: run the suite N times and print every test that failed, with its count.
 
     python -m tests.flake_hunt --runs 5                      # the whole suite, 5 times, here
-    python -m tests.flake_hunt --runs 5 --clean-clone        # each run: bash .ci/run on a fresh clone of HEAD
+    python -m tests.flake_hunt --runs 5 --clean-clone        # each: bash .ci/run, a clone of HEAD, a new venv
     python -m tests.flake_hunt --runs 10 --load 2 -- -m slow # the slow set beside 2 busy processes
 
 A test that fails once in N runs is a race to find (docs/install.md keeps the figures). Each run
@@ -82,7 +82,8 @@ def run_once(args: argparse.Namespace, work: Path, index: int) -> Run:
     if args.clean_clone:
         checkout = work / f"clone-{index}"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(checkout)], check=True)
-        env["VENV"] = str(args.venv)  # one environment from the lock for every clone: installs once
+        if args.venv:  # one environment for every clone; by default each clone makes its own, as CI does
+            env["VENV"] = str(args.venv)
         command = ["bash", ".ci/run"]
         if args.pytest_args:
             sys.exit("--clean-clone runs .ci/run as CI does: it takes no pytest arguments")
@@ -112,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--clean-clone", action="store_true", help="each run: bash .ci/run on a clone of HEAD"
     )
-    parser.add_argument("--venv", type=Path, default=ROOT / ".venv", help="the environment clones share")
+    parser.add_argument(
+        "--venv", type=Path, default=None, help="an environment the clones share (default: new)"
+    )
     parser.add_argument(
         "--keep", type=Path, default=None, help="folder for the logs and reports (default: temp)"
     )
