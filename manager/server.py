@@ -24,6 +24,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -138,6 +139,7 @@ class ManagerServer:
         self.steps_past_lease = 0
         self._past_lease_count = itertools.count(1)
         self._probes = Probes(MANAGER_SERVICE)  # NOT_SERVING until a lighthouse gave a config
+        self._serving_lock = threading.Lock()  # a health report judges and sets under it (_report_serving)
         self._take_lock = threading.Lock()  # answers arrive from a fetch and from the push stream
         self._push_base = -1  # the step the last request on the push stream asked a lease for
         self._push_asked: float | None = None  # when a request on the stream went out unanswered
@@ -346,11 +348,20 @@ class ManagerServer:
         try:
             snapshot = self._fetch(held)
         except FetchFailed:  # still serving while the step lease covers the group, or with serve_stale
-            promised = self._promised() is not None
-            self._probes.set_serving(promised or self._gives_config(self._cache.good, failing=True))
+            self._report_serving(
+                lambda: self._promised() is not None or self._gives_config(self._cache.good, failing=True)
+            )
             raise
-        self._probes.set_serving(True)
+        self._report_serving(lambda: True)
         return snapshot
+
+    def _report_serving(self, serving: Callable[[], bool]) -> None:
+        """Tell the health service what ``serving()`` judges now, under one lock with every other
+        report: a failed fetch judges by the snapshot held when it reports, and a push that brought
+        the first snapshot meanwhile (it offers it, then reports) never has its SERVING overwritten by
+        a judgement made before (NOT_SERVING for good once the lighthouse is gone, config held)."""
+        with self._serving_lock:
+            self._probes.set_serving(serving())
 
     def _request(self, held: Snapshot | None) -> tuple[pb.LighthouseConfigRequest, int]:
         """A request for the lighthouse (a fetch, or a report on the push stream), and the step the
@@ -398,7 +409,7 @@ class ManagerServer:
         sent, self._push_switches = self._push_switches, []
         self._pins.ack_switches(sent)
         self._metrics.ack(self._push_metrics)
-        self._probes.set_serving(True)
+        self._report_serving(lambda: True)
 
     def _push_down(self, why: str) -> None:
         """The push stream ended: poll from now on, fetching at once; the cache is kept for its TTL."""
