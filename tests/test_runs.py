@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +137,16 @@ def test_a_run_begins_at_any_step_and_a_new_run_id_begins_a_new_run() -> None:
     ]
     assert runs.runs[0].end_reason == "run id '1'" and runs.runs[0].end_step == 5002
     assert report(101, run_id="1") == 101 and state.store.current_step == 101
-    # A report of the old run's id (a group that did not restart yet) begins no run.
-    assert report(5003, run_id="0", replica="g1") >= -1
-    assert state.store.runs.number == 2
+    # A report of the old run's id (a group that did not restart yet) begins no run, and its step
+    # is not run 2's: no lease may cover it and the job's step stays the new run's.
+    assert report(5003, run_id="0", replica="g1") == -1
+    assert state.store.runs.number == 2 and state.store.current_step == 101
+    stale = pb.LighthouseConfigRequest(
+        status=pb.ManagerStatus(replica_id="g1", step=5003, run_id="0"),
+        lease_seconds=1.0,
+        lease_from_step=5004,
+    )
+    assert state.receive(stale, "peer") == -1 and state.store.current_step == 101
     view = state.view()
     assert view["run"]["number"] == 2 and view["run"]["start_step"] == 100
 
@@ -156,7 +164,8 @@ def test_a_run_ends_once_no_manager_steps_for_longer_than_its_lease() -> None:
     began = time.monotonic()
     assert state.check_run() is None  # it just stepped
     # The same step reported again (a paused job's manager, alive) is no progress: the run ends.
-    request.status.step, request.ClearField("lease_from_step")
+    request.ClearField("lease_from_step")
+    assert state.receive(request, "peer") == 10  # step 10 again: plausible, but the job did not move
     ended = poll(lambda: state.receive(request, "peer") and state.check_run(), timeout=10, what="run end")
     assert time.monotonic() - began >= RUN_END_TTLS * ttl + RUN_END_MARGIN
     assert ended.end_reason == "managers gone" and state.store.runs.live is None
@@ -208,23 +217,48 @@ def test_lighthouses_on_one_etcd_prefix_agree_on_runs(etcd1: EtcdCluster) -> Non
     not taken for the new run's."""
     prefix = f"/test-runs/{uuid.uuid4().hex}"
     backends = [EtcdBackend(etcd1.endpoints, prefix=prefix) for _ in range(2)]
+    # B's callbacks run on its watch thread, which logs what they raise and goes on: kept here,
+    # and raised in the test's thread by every look at B.
+    errors: list[BaseException] = []
+
+    def kept(callback: Callable[..., object]) -> Callable[..., None]:
+        def call(*args: Any) -> None:
+            try:
+                callback(*args)
+            except BaseException as exc:
+                errors.append(exc)
+                raise
+
+        return call
+
+    def b_shows(check: Callable[[], bool]) -> Callable[[], bool]:
+        def look() -> bool:
+            if errors:
+                raise AssertionError(f"b's watch callback failed: {errors[0]!r}") from errors[0]
+            return check()
+
+        return look
+
     try:
         a = ConfigStore(backends[0])
         commit(a, "put", {"lr": 0.1}, source="t")
         b = ConfigStore(backends[1])
         backends[1].subscribe(
-            lambda job, head: b.reload(), lambda job, step: b.adopt_step(step), lambda *_: None
+            kept(lambda job, head: b.reload()),
+            kept(lambda job, step: b.adopt_step(step)),
+            kept(lambda *_: None),
         )
         assert a.begin_run(0) is not None
         a.advance_step(50)
-        poll(lambda: b.runs.live is not None and b.current_step == 50, 10, what="b in run 1 at step 50")
+        poll(b_shows(lambda: b.runs.live is not None and b.current_step == 50), 10, what="b in run 1 at 50")
         a.end_run("operator")
         assert a.begin_run(10) is not None  # a resume from a checkpoint at step 10
-        poll(lambda: b.runs.number == 2 and b.runs.live is not None, 10, what="b in run 2")
+        poll(b_shows(lambda: b.runs.number == 2 and b.runs.live is not None), 10, what="b in run 2")
         assert b.current_step == 10 and b.served_state_id == a.served_state_id
         assert not b.adopt_step(pack(1, 60))  # run 1's step: not this run's
         assert not b.adopt_step(60)
         assert b.adopt_step(pack(2, 12)) and b.current_step == 12
+        assert not errors, errors  # nor did one fail since
     finally:
         for backend in backends:
             backend.close()

@@ -373,7 +373,7 @@ class LighthouseState:
             # that never stepped: a stored ceiling is a possible promise, and would make changes
             # wait for steps that may never come (a job whose workers ask without a step).
             self.store.leases.prepare(self.store.current_step, request.lease_seconds)
-        if request.HasField("lease_from_step"):
+        if request.HasField("lease_from_step") and not self._earlier_run(request.status):
             wanted = request.lease_from_step  # a step a worker waits for, beyond those served
             if 0 <= wanted <= max(step, self.store.current_step, 0) + MAX_STEP_LEAP:
                 step = max(step, wanted)
@@ -450,9 +450,11 @@ class LighthouseState:
 
         A run id the job never had ends the live run; with no run live, a manager that steps (its
         step moved under the state served now, or its workers wait for one) begins the next run,
-        at any step."""
+        at any step. A step of an earlier run's id (a group still stepping in the run a new id
+        ended) is not the live run's: -1, and it moves no job step."""
         replica_id = status.replica_id or peer
         self._run_for(status, replica_id, wanted, held)
+        earlier_run = self._earlier_run(status)
         now = time.monotonic()
         rate = 0.0
         with self._lock:
@@ -473,7 +475,7 @@ class LighthouseState:
             record.cache_hits = status.cache_hits
             record.step = status.step
             last_step, last_time = record.accepted
-            plausible = plausible_step(
+            plausible = not earlier_run and plausible_step(
                 status.step,
                 self.store.current_step,
                 last_step,
@@ -504,7 +506,7 @@ class LighthouseState:
                     )
                     rate = record.rate = smoothed
                     record.rate_anchor = (status.step, now)
-            elif status.step >= 0:
+            elif status.step >= 0 and not earlier_run:
                 self._ignored(replica_id, status.step, now)
             trained = record.trained
             record.last_seen = now
@@ -522,6 +524,12 @@ class LighthouseState:
         return status.step if plausible else -1
 
     # ------------------------------------------------------------ runs
+    def _earlier_run(self, status: pb.ManagerStatus) -> bool:
+        """Whether ``status`` names another run id than the live run's (which has one): a run before
+        it, as a new id ends the live run. Its steps are not the live run's."""
+        live = self.store.runs.live
+        return live is not None and bool(live.run_id) and bool(status.run_id) and status.run_id != live.run_id
+
     def _run_for(self, status: pb.ManagerStatus, replica_id: str, wanted: int, held: str | None) -> None:
         """End the live run on a new run id; begin one for a manager that steps while none is live."""
         runs = self.store.runs
