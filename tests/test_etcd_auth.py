@@ -5,8 +5,8 @@ its gRPC API (etcdctl may be missing)."""
 
 from __future__ import annotations
 
+import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,9 +14,9 @@ import pytest
 from lighthouse.etcd.client import EtcdClient
 from protos.etcd import auth_pb2, rpc_pb2
 from protos.tls import TLSConfig
-from tests.etcd_cluster import EtcdCluster, make_certs, require_etcd
+from tests.etcd_cluster import EtcdCluster, Member, make_certs, require_etcd
 from tests.http_util import change, live, wait_healthy
-from tests.procs import ProcessPool, poll
+from tests.procs import LighthouseProc, ProcessPool, poll
 
 PREFIX = "/auth-test"
 USER, PASSWORD = "trainer", "s3cret-pw"
@@ -50,6 +50,20 @@ def password_file(tmp_path: Path, password: str = PASSWORD) -> Path:
     return path
 
 
+def etcd_tokens(member: Member, message: str) -> set[str]:
+    """The tokens etcd's log names in its ``message`` lines: "deleted a simple token" (one expired,
+    unused for TOKEN_TTL), "invalid auth token" (a call carried one etcd did not know)."""
+    text = member.log_path.read_text(errors="replace") if member.log_path.exists() else ""
+    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return {line["token"] for line in lines if line.get("msg") == message}
+
+
+def logins(lh: LighthouseProc) -> int:
+    """How often the lighthouse logged in to etcd (its debug log says so each time)."""
+    assert lh.stderr_path is not None
+    return lh.stderr_path.read_text(errors="replace").count(f"logged in to etcd as {USER!r}")
+
+
 def edit_everywhere(a_url: str, b_url: str, value: int) -> None:
     """An edit through a, served by b (b learns it from its etcd watch), and one back through b."""
     res = change(a_url, "PATCH", {"from_a": value})
@@ -70,15 +84,33 @@ def test_lighthouses_log_in_and_outlive_their_tokens(tmp_path: Path, procs: Proc
         enable_auth(cluster.endpoints)
         store = f"etcd://{cluster.endpoints}{PREFIX}/job"
         login = ["--store-user", USER, "--store-password-file", str(password_file(tmp_path))]
+        login += ["--log-level", "debug"]  # each login to etcd logged
+        member = cluster.members[0]
         try:
             a, b = (procs.lighthouse(store=store, extra=login) for _ in range(2))
             for lh in (a, b):
                 wait_healthy(lh.url)
             edit_everywhere(a.url, b.url, 1)
-            time.sleep(3 * TOKEN_TTL)  # idle past the tokens' TTL: both log in again
+            before = [logins(a), logins(b)]
+            assert min(before) >= 1, before
+            # Idle past the tokens' TTL: etcd drops the token each lighthouse used last (it logs each
+            # token it drops; the ones it dropped before were refused and replaced already).
+            gone = etcd_tokens(member, "deleted a simple token")
+
+            def dropped() -> set[str]:
+                tokens = etcd_tokens(member, "deleted a simple token") - gone
+                return tokens if len(tokens) >= 2 else set()
+
+            expired = poll(
+                dropped, TOKEN_TTL + 15, interval=0.1, what="etcd dropping both lighthouses' tokens"
+            )
             edit_everywhere(a.url, b.url, 2)
+            # Each lighthouse came with its expired token, was refused, and logged in again.
+            refused = etcd_tokens(member, "invalid auth token")
+            assert expired <= refused, (expired, refused)
+            after = [logins(a), logins(b)]
+            assert after[0] > before[0] and after[1] > before[1], (before, after)
             # A restarted etcd knows no token: the watch streams reopen refused, log in, resume.
-            member = cluster.members[0]
             cluster.kill(member)
             cluster.start_member(member, wait=False)
             poll(lambda: change(a.url, "PATCH", {"after_restart": 1}, timeout=10).status == 200, 30,
