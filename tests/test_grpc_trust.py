@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from manager.metrics import GroupMetrics
+from manager.status_client import manager_info
 from protos import lighthouse_config_pb2 as pb
 from protos import lighthouse_config_pb2_grpc as pb_grpc
 from protos.rpc import make_channel
@@ -107,10 +108,14 @@ def test_a_manager_with_its_token_trains_and_one_without_is_refused(
         lh.address, "g1", extra=["--lighthouse-token-file", str(token_file), "--job", "other"]
     )
     anonymous = procs.manager(lh.address, "g2")
-    for m in (foreign, anonymous):
+    for m, code in ((foreign, "PERMISSION_DENIED"), (anonymous, "UNAUTHENTICATED")):
         refused = worker_records(procs.worker(m.address, group="g", rank=0, first_step=0, steps=1, timeout=3))
         assert refused[0]["source"] == "fallback" and refused[0]["config"] == {}, refused
-    assert "PERMISSION_DENIED" in foreign.stderr() or "cannot read or report" in foreign.stderr()
+        # The cause, not a slow start: the lighthouse never answered it and refused it with ``code``.
+        info = manager_info(m.address, 5)
+        assert info.last_error.split(":")[0] == code and info.last_answer_age_s == -1, info
+        assert info.source == "fallback" and info.upstream_failures >= 1, info
+        assert f"lighthouse unavailable ({code})" in m.stderr(), m.stderr()
     assert get_json(lh.url, "/api/jobs/other/managers")["managers"] == []
     assert [m["replica_id"] for m in get_json(lh.url, "/api/managers")["managers"]] == ["g0"]
 
