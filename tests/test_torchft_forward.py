@@ -35,6 +35,19 @@ def torchft_lighthouse(procs: ProcessPool, *flags: str) -> tuple[LighthouseProc,
     return lh, page.group(1)
 
 
+def torchft_status(address: str) -> str:
+    """torchft's own status page (what its dashboard loads every second): its quorum, its heartbeats."""
+    answer = call(f"http://{address}", "GET", "/status")
+    assert answer.status == 200, answer.status
+    return answer.body.decode()
+
+
+def heartbeats(status: str) -> list[str]:
+    """The replica groups torchft's status page lists as heartbeating."""
+    section = status.split("<h2>Heartbeats</h2>", 1)[1]
+    return re.findall(r"^\s*(\S+): seen \S+ ago$", section, re.M)
+
+
 def quorum_request(replica: str, step: int) -> bytes:
     pb2, _ = seed_modules()
     member = pb2.QuorumMember(replica_id=replica, address="a", store_address="s", step=step, world_size=1)
@@ -63,12 +76,21 @@ def test_quorum_and_heartbeat_through_our_port_get_torchfts_answers(procs: Proce
     }
     pb2, pb2_grpc = seed_modules()
     assert lh.address != torchft
+    # torchft's own status page lists the replica groups whose heartbeats it received: a heartbeat
+    # sent only to our port shows there (nothing else has heartbeated, and no quorum was asked yet).
+    assert "g0" not in torchft_status(torchft)
     heartbeat = pb2.LighthouseHeartbeatRequest(replica_id="g0").SerializeToString()
-    assert raw(lh.address, HEARTBEAT, heartbeat) == raw(torchft, HEARTBEAT, heartbeat) == b""
+    sent = time.monotonic()
+    assert raw(lh.address, HEARTBEAT, heartbeat) == b""
+    answered = time.monotonic()
+    assert heartbeats(torchft_status(torchft)) == ["g0"]
     # torchft decides the quorum: the members it names through our port are the ones it has.
     through_us = pb2.LighthouseQuorumResponse.FromString(raw(lh.address, QUORUM, quorum_request("g0", 7)))
-    direct = pb2.LighthouseQuorumResponse.FromString(raw(torchft, QUORUM, quorum_request("g0", 7)))
     assert [(m.replica_id, m.step) for m in through_us.quorum.participants] == [("g0", 7)]
+    status = torchft_status(torchft)  # the quorum it made: the one our caller got
+    assert f"Previous quorum id: {through_us.quorum.quorum_id} <br>" in status, status
+    assert re.search(r"<b>g0</b> <br/>\s*Step: 7 <br/>", status), status
+    direct = pb2.LighthouseQuorumResponse.FromString(raw(torchft, QUORUM, quorum_request("g0", 7)))
     assert through_us.quorum.quorum_id == direct.quorum.quorum_id >= 1
     # The seed's generated stub (a torchft user's client) works through our port; GetConfig is ours.
     with grpc.insecure_channel(lh.address) as channel:
@@ -77,12 +99,16 @@ def test_quorum_and_heartbeat_through_our_port_get_torchfts_answers(procs: Proce
         assert [m.step for m in reply.quorum.participants] == [8]
         assert dict(stub.GetConfig(pb2.LighthouseConfigRequest(), timeout=10).config_data) == {}
     # The dashboard shows torchft's view: the last quorum forwarded (g0 at step 8), its heartbeats.
+    asked = time.monotonic()
     view = call(lh.url, "GET", "/api/torchft").json["torchft"]
+    told = time.monotonic()
     assert view["quorum"]["id"] == reply.quorum.quorum_id and view["quorum"]["step"] == 8
     members = view["quorum"]["members"]
     assert [(m["replica_id"], m["step"], m["world_size"]) for m in members] == [("g0", 8, 1)]
     assert [h["replica_id"] for h in view["heartbeats"]] == ["g0"]
-    assert 0 <= view["quorum"]["members"][0]["heartbeat_s"] < 60
+    # Seconds since the one heartbeat above (quorum calls are no heartbeats here), to the ms it shows.
+    since = view["quorum"]["members"][0]["heartbeat_s"]
+    assert asked - answered - 0.001 <= since <= told - sent + 0.001, (since, asked - answered, told - sent)
     # In Chromium, offline: every request the page makes goes to this lighthouse, none breaks the CSP.
     foreign: list[str] = []
     page.route(
