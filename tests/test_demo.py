@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
+import time
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
 
 from tests.procs import ROOT
+from tests.threads import CheckedThread
 
 Process = tuple[int, str]  # pid and start time: a pid alone may be reused by an unrelated process
 
@@ -68,32 +70,77 @@ def kill_demo(proc: subprocess.Popen[str]) -> None:
                 os.kill(process[0], signal.SIGKILL)
 
 
+class Demo:
+    """``examples/demo.py`` running: its stdout read line by line by a ``CheckedThread`` (each read
+    with a deadline), its stderr, which its children share, to a file (no pipe left unread to fill
+    and block a child)."""
+
+    def __init__(self, args: list[str], stderr_path: Path) -> None:
+        self.stderr_path = stderr_path
+        with stderr_path.open("w") as stderr:
+            self.proc = subprocess.Popen(
+                [sys.executable, "examples/demo.py", *args],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+        self.lines: queue.Queue[str | None] = queue.Queue()  # None: its stdout ended
+        self.out: list[str] = []  # every line read so far
+        self.reader = CheckedThread(self._pump, name="demo stdout")
+        self.reader.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        try:
+            with self.proc.stdout:
+                for line in self.proc.stdout:
+                    self.lines.put(line)
+        finally:
+            self.lines.put(None)  # a reader waiting for a line learns at once that none comes
+
+    def err(self) -> str:
+        """Its stderr and its children's, so far."""
+        return self.stderr_path.read_text(errors="replace")
+
+    def readline(self, deadline: float, what: str) -> str:
+        """The next stdout line before ``deadline`` (monotonic); AssertionError if none comes."""
+        try:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"no {what} from the demo in time\n{self.err()[-3000:]}") from None
+        if line is None:
+            self.lines.put(None)
+            self.reader.check(10)  # the reader's own error, if that is why the lines ended
+            raise AssertionError(
+                f"the demo's output ended before {what} (exit {self.proc.poll()})\n{self.err()[-3000:]}"
+            )
+        self.out.append(line)
+        return line
+
+    def wait(self, timeout: float, what: str) -> str:
+        """Its exit within ``timeout`` s, then its whole stdout (the reader joined, its error raised)."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the demo did not end within {timeout} s {what}\n{self.err()[-3000:]}"
+            ) from None
+        self.reader.check(30)  # its stdout ends with it: every line is queued
+        while (line := self.lines.get_nowait()) is not None:
+            self.out.append(line)
+        self.lines.put(None)
+        return "".join(self.out)
+
+
 @pytest.mark.slow
-def test_demo_runs_all_parts_and_stops_cleanly() -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "examples/demo.py",
-            "--duration",
-            "6",
-            "--dashboard",
-            "127.0.0.1:0",
-            "--step-time",
-            "0.2",
-            "--verbose",  # every worker line: the per-rank checks below need them
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    output: dict[str, str] = {}
-    reader = threading.Thread(
-        target=lambda: output.update(zip(("out", "err"), proc.communicate(), strict=True))
-    )
-    reader.start()
+def test_demo_runs_all_parts_and_stops_cleanly(tmp_path: Path) -> None:
+    args = ["--duration", "6", "--dashboard", "127.0.0.1:0", "--step-time", "0.2"]
+    demo = Demo([*args, "--verbose"], tmp_path / "demo.err")  # every worker line: the per-rank checks
+    proc = demo.proc
     spawned: dict[Process, str] = {}  # every process the demo started, seen while it ran
+    deadline = time.monotonic() + 120  # 6 s of training after starting 7 processes, on a busy machine
     try:
         while True:
             for process, command in descendants(proc.pid).items():
@@ -104,11 +151,14 @@ def test_demo_runs_all_parts_and_stops_cleanly() -> None:
                 proc.wait(timeout=0.05)
                 break
             except subprocess.TimeoutExpired:
-                pass
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"the demo (--duration 6) still running after 120 s\n{demo.err()[-3000:]}"
+                    ) from None
+        out = demo.wait(10, "once it exited")  # it has: the reader is joined
     finally:
         kill_demo(proc)
-        reader.join(60)
-    out, err = output["out"], output["err"]
+    err = demo.err()
     assert proc.returncode == 0, err[-2000:]
     assert re.search(r"^dashboard: http://127\.0\.0\.1:\d+/", out, re.M), out[:500]
     lines = re.findall(r"^(group\d)/(\d) step +(\d+) version +(\d+) lr (\S+)", out, re.M)
@@ -134,23 +184,16 @@ STATUS = re.compile(r"^group0 step \d+ v\d+ lr \S+ \| group1 step \d+ v\d+ lr \S
 
 
 @pytest.mark.slow
-def test_demo_teaches_fills_the_charts_and_ends_cleanly_on_ctrl_c(page: Page) -> None:
+def test_demo_teaches_fills_the_charts_and_ends_cleanly_on_ctrl_c(page: Page, tmp_path: Path) -> None:
     """Started as the README says (no --duration): it says where things are, charts fill, Ctrl-C ends it."""
-    proc = subprocess.Popen(
-        [sys.executable, "examples/demo.py", "--dashboard", "127.0.0.1:0", "--step-time", "0.2"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    demo = Demo(["--dashboard", "127.0.0.1:0", "--step-time", "0.2"], tmp_path / "demo.err")
+    proc = demo.proc
     try:
-        assert proc.stdout is not None
         intro: list[str] = []
-        for line in proc.stdout:
+        started = time.monotonic() + 60  # its lighthouse, managers and workers start first
+        while "Ctrl-C" not in (line := demo.readline(started, "intro ending with Ctrl-C")):
             intro.append(line)
-            if "Ctrl-C" in line:
-                break
+        intro.append(line)
         text = "".join(intro)
         found = re.search(r"^dashboard: (http://127\.0\.0\.1:\d+/)", text, re.M)
         assert found, text
@@ -158,19 +201,20 @@ def test_demo_teaches_fills_the_charts_and_ends_cleanly_on_ctrl_c(page: Page) ->
         for command in ("config set lr=0.01", "config history", "metrics"):
             assert f"  lighthouse {command} --url {api}\n" in text, text
         assert "runs until Ctrl-C" in text, text
-        status = proc.stdout.readline()
+        status = demo.readline(time.monotonic() + 30, "status line")
         # Waiting, or the groups that reported so far (group1 may start a moment after group0).
         assert re.match(r"^(waiting|group0 step \d+ v\d+ lr \S+( \| group1 step|$))", status), status
         page.goto(found.group(1))
         expect(page.locator('svg.chart[data-metric="loss"] path.ch-mean')).to_have_count(1, timeout=10_000)
+        stepping = time.monotonic() + 60
         while not STATUS.match(status):  # one status line a second: a stepping one comes soon
-            status = proc.stdout.readline()
-            assert status, "the demo ended before a status line with steps"
+            status = demo.readline(stepping, "status line with both groups' steps")
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        out = demo.wait(60, "after Ctrl-C")
     finally:
         kill_demo(proc)
         proc.wait()
+    err = demo.err()
     assert proc.returncode == 0, err[-2000:]
     assert "Traceback" not in out + err, (out + err)[-3000:]
     assert "KeyboardInterrupt" not in out + err, (out + err)[-3000:]

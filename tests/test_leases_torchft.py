@@ -48,6 +48,7 @@ from tests.http_steps import call
 from tests.http_util import call as http_call
 from tests.http_util import wait_healthy
 from tests.procs import ROOT, LighthouseProc, Proc, ProcessPool, child_env, poll
+from tests.threads import CheckedThread
 from tests.torchrun_jobs import EXAMPLE, finish, kill_group, max_step, records, torchft_lighthouse, torchrun
 
 # Real torch jobs: a run takes a minute or two on 2 cores (longer than the suite's default timeout).
@@ -80,27 +81,24 @@ class Operator:
         self.reached = reached  # the step both groups have trained past
         self.isolate_every = isolate_every
         self.made: list[dict[str, Any]] = []  # path, lr, momentum, and from the reply version, effective_step
-        self.errors: list[BaseException] = []
         self.fault_at = CHANGES  # the index of the first change made after the fault (none: CHANGES)
         self.conflicts = 0  # PUTs with If-Match refused (409) and redone
 
     def run(self, count: int, on_half: Any = None) -> None:
-        try:
-            for i in range(count):
-                if on_half is not None and i == count // 2:
-                    on_half()
-                    self.fault_at = i
-                isolated = i % self.isolate_every == self.isolate_every - 1
-                if isolated:
-                    self.effective_steps()  # no earlier file edit can land after this change
-                else:
-                    threading.Event().wait(self.rng.uniform(0.1, 0.7))  # a random moment
-                self.change(i)
-                if isolated:
-                    self.made[-1]["isolated"] = True
-                    self.settle()
-        except BaseException as exc:  # reported by the test, not lost with the thread
-            self.errors.append(exc)
+        """Run in a ``CheckedThread``: what it raises fails the test when it is joined."""
+        for i in range(count):
+            if on_half is not None and i == count // 2:
+                on_half()
+                self.fault_at = i
+            isolated = i % self.isolate_every == self.isolate_every - 1
+            if isolated:
+                self.effective_steps()  # no earlier file edit can land after this change
+            else:
+                threading.Event().wait(self.rng.uniform(0.1, 0.7))  # a random moment
+            self.change(i)
+            if isolated:
+                self.made[-1]["isolated"] = True
+                self.settle()
 
     def effective_steps(self) -> list[int]:
         """Of every change made, once every edited file is reloaded (the lighthouse polls it)."""
@@ -203,7 +201,6 @@ def check_run(
 ) -> None:
     """The run's properties (see the module docstring). ``min_checked``: changes whose switch step
     must be seen (changes made within one lease share an effective step: only the last shows)."""
-    assert not operator.errors, operator.errors
     assert len(operator.made) == CHANGES
     values = {g: step_values(recs) for g, recs in groups.items()}
     a, b = values.values()
@@ -275,10 +272,9 @@ def run_job(
     }
     poll(lambda: all(max_step(p) >= 20 for p in groups.values()), 120, what="both groups training")
     operator = Operator(urls, config_file, seed, lambda: min(map(max_step, groups.values())), isolate_every)
-    editor = threading.Thread(target=operator.run, args=(CHANGES, on_half), daemon=True)
+    editor = CheckedThread(operator.run, CHANGES, on_half, name="operator")
     editor.start()
-    editor.join(timeout=240)
-    assert not editor.is_alive(), "the operator did not finish its changes"
+    editor.check(timeout=240)  # joined: its error (or its hang) fails the test here, before the settle
     operator.settle(steps)  # then stop both with a change made now: at its effective step
     done, params = stop_groups(urls[0], groups)
     return done, params, operator
