@@ -58,3 +58,24 @@ def wait_managers_serve(base: str, replicas: list[str], version: int, timeout: f
         return all(versions.get(r, 0) >= version for r in replicas)
 
     poll(ready, timeout, interval=0.05, what=f"managers {replicas} serving version {version}")
+
+
+def wait_for_end(url: str, timeout: float = 20.0) -> tuple[list[dict[str, Any]], int]:
+    """Wait until the job's latest run ended: the runs, and the job's step the lighthouse had
+    reached while that run was live (-1: no answer showed it live), as its runs route said: a
+    bound below the run's end step, which is the job's step when it ended.
+
+    An answer reads ``current_step`` after its runs, so its step counts once a later answer still
+    shows the run live: the step was read within the run (where it only grows, to its end step)."""
+    heard, read = -1, -1
+
+    def ended() -> list[dict[str, Any]] | None:
+        nonlocal heard, read
+        answer = call(url, "GET", "/api/config/runs")
+        if answer["runs"][-1]["live"]:
+            heard, read = max(heard, read), answer["current_step"]
+            return None
+        found: list[dict[str, Any]] = answer["runs"]
+        return found
+
+    return poll(ended, timeout, what="the run ended"), heard

@@ -8,6 +8,10 @@ One scenario on one lighthouse, each phase building on the last:
 * managers started with run ids (``manager serve --run-id``, what ``connect(run_id=)`` starts): a
   new id ends the live run and begins one at the resumed, lower step;
 * an operator ends that run with ``lighthouse runs end``; a second end is 409, also per job.
+
+A run ends on its own once no manager stepped for its lease: whatever must find a run live happens
+while a group steps (the groups step on until it did), or within a run's life after its last step
+long enough to be a deadline (60.5 s), not a race.
 """
 
 from __future__ import annotations
@@ -18,14 +22,21 @@ from typing import Any
 import pytest
 
 from tests.helpers_lighthouse import run_cli
-from tests.http_steps import call
+from tests.http_steps import call, wait_for_end
 from tests.http_util import call as http_call
 from tests.http_util import wait_healthy
-from tests.procs import ProcessPool, poll, worker_records
+from tests.procs import ManagerProc, Proc, ProcessPool, poll, records_so_far, worker_records
 
 pytestmark = pytest.mark.slow
 
 TTL = 0.3  # the managers' cache TTL: a run ends 2 x 0.3 + 0.5 s after the last step (--run-end-after 0)
+# The TTL of the managers with run ids: a run then lives 2 x 30 + 0.5 s after its last step (the
+# longest TTL of the job's managers sets it), a deadline for what must find it live after its group
+# stopped (the restarted job's manager start, the operator's CLI), not a race. (A group stepping on
+# to keep it live would pass the effective step of the change promised to the run, which the restart
+# below must find still pending.)
+LONG_TTL = 30.0
+FOREVER = 1_000_000  # steps of a worker that steps until the test stops it
 
 
 def runs(url: str) -> list[dict[str, Any]]:
@@ -60,6 +71,21 @@ def step_all(procs: ProcessPool, managers: dict[str, Any], first: int, steps: in
     return {g: worker_records(w) for g, w in workers.items()}
 
 
+def stepping(procs: ProcessPool, manager: ManagerProc, group: str, first: int) -> Proc:
+    """A worker of ``group`` stepping from ``first`` until the test stops it: its run stays live."""
+    return procs.worker(
+        manager.address, group=group, rank=0, steps=FOREVER, first_step=first, step_interval=0.02, wait=False
+    )
+
+
+def first_records(worker: Proc, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` records of a worker that is still stepping."""
+    records: list[dict[str, Any]] = poll(
+        lambda: (r := records_so_far(worker))[count - 1 :] and r, 60, what=f"{count} steps of {worker.name}"
+    )
+    return records[:count]
+
+
 def test_pause_operator_end_and_run_ids_begin_and_end_runs(procs: ProcessPool) -> None:
     lh = procs.lighthouse({"lr": 0.1}, extra=["--run-end-after", "0"])
     wait_healthy(lh.url)
@@ -69,8 +95,16 @@ def test_pause_operator_end_and_run_ids_begin_and_end_runs(procs: ProcessPool) -
     first = step_all(procs, managers, 0, 30)
     assert all(r["config"]["lr"] == "0.1" for recs in first.values() for r in recs)
     assert runs(lh.url)[0]["start_step"] == 0
-    ended = poll(lambda: (r := runs(lh.url)) and not r[-1]["live"] and r, 20, what="the paused run ended")
-    assert ended[-1]["end_reason"] == "managers gone" and ended[-1]["end_step"] == 29
+    ended, heard = wait_for_end(lh.url)
+    # It ended at the job's step: the highest step a manager reported. A manager reports its step
+    # with each lease renewal and within a second of a change, and the run ends 1.1 s after the last
+    # report that moved it, so the last steps may be heard only after the end: the end step is at
+    # least what the lighthouse had heard while the run was live (the last step, mostly) and at most
+    # the last step trained (a rank asks a step's config before it trains it: no manager reports a
+    # step its workers did not ask for).
+    trained = max(r["step"] for recs in first.values() for r in recs)
+    assert ended[-1]["end_reason"] == "managers gone", ended
+    assert heard <= ended[-1]["end_step"] <= trained, (heard, ended[-1], trained)
     assert run_state(lh.url) == (["default", "1 ended"], {"lighthouse_run": 1, "lighthouse_run_live": 0})
     # No run is live: a change made now is live at once, for stepless readers too.
     made = call(lh.url, "PATCH", "/api/config", {"lr": 0.2})
@@ -79,30 +113,34 @@ def test_pause_operator_end_and_run_ids_begin_and_end_runs(procs: ProcessPool) -
     stepless = procs.worker(managers["g0"].address, group="g0", rank=1, steps=1, no_step=True)
     record = worker_records(stepless)[0]
     assert record["config"].get("lr") == "0.2", record
-    # Stepping resumes: the new config from the resume step, in every group, in run 2.
-    resumed = step_all(procs, managers, 30, 10)
-    for g, recs in resumed.items():
+    # Stepping resumes: the new config from the resume step, in every group, in run 2 (live while
+    # the groups step: they step on until the checks are done).
+    resuming = {g: stepping(procs, m, g, 30) for g, m in managers.items()}
+    for g, w in resuming.items():
+        recs = first_records(w, 10)
         assert [r["step"] for r in recs] == list(range(30, 40))
         assert all(r["config"]["lr"] == "0.2" for r in recs), (g, recs[:2])
     live = runs(lh.url)[-1]
     assert live["live"] and live["number"] == 2 and live["start_step"] == 30
     assert run_state(lh.url) == (["default", "2 from 30"], {"lighthouse_run": 2, "lighthouse_run_live": 1})
+    for proc in [*resuming.values(), *managers.values()]:  # run 2's groups leave (their last reports go)
+        proc.stop()
 
     # The training script names its runs (connect(run_id=...) starts its manager with --run-id).
-    # (A longer TTL: their runs stay live long enough for the CLI below to end one.)
-    a = procs.manager(lh.address, "g2", cache_ttl=3.0, extra=["--run-id", "a"])
+    a = procs.manager(lh.address, "g2", cache_ttl=LONG_TTL, extra=["--run-id", "a"])
     step_all(procs, {"g2": a}, 50, 5)
-    assert (runs(lh.url)[-1]["run_id"], runs(lh.url)[-1]["start_step"]) == ("a", 50)
+    began = runs(lh.url)[-1]
+    assert (began["run_id"], began["start_step"], began["live"]) == ("a", 50, True)
     changed = call(lh.url, "PATCH", "/api/config", {"lr": 0.3})  # promised to run "a": pending
     assert changed["effective_step"] is not None and changed["effective_step"] > 54
     # It restarts from a checkpoint at step 10 with a new run id: a new run begins there at once
     # (no wait for the old one's lease), and the change promised to run "a" applies from step 10.
-    b = procs.manager(lh.address, "g3", cache_ttl=3.0, extra=["--run-id", "b"])
+    b = procs.manager(lh.address, "g3", cache_ttl=LONG_TTL, extra=["--run-id", "b"])
     restarted = step_all(procs, {"g3": b}, 10, 5)["g3"]
     assert [r["step"] for r in restarted] == list(range(10, 15))
     assert all(r["config"]["lr"] == "0.3" for r in restarted), restarted[:2]
     last_two = runs(lh.url)[-2:]
-    assert last_two[0]["end_reason"] == "run id 'b'" and not last_two[0]["live"]
+    assert last_two[0]["number"] == began["number"] and last_two[0]["end_reason"] == "run id 'b'", last_two
     assert (last_two[1]["run_id"], last_two[1]["start_step"], last_two[1]["live"]) == ("b", 10, True)
     # The job's step is the new run's (it went down to 10 and moves on from there).
     poll(lambda: call(lh.url, "GET", "/api/config")["current_step"] == 14, 10, what="the job at step 14")
