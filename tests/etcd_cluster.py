@@ -1,12 +1,20 @@
 """A real etcd cluster on loopback for the tests (Debian's ``etcd-server``, never a fake).
 
-etcd needs explicit ports, so free ones are picked by binding port 0 first. Elections
-are tuned fast (50 ms heartbeat, 500 ms election timeout) so tests that kill the leader
-stay short. ``EtcdCluster.stop`` always ends every member; use it as a context manager.
+etcd needs explicit ports (its peers must know each other's before any starts), so the cluster
+picks them: below the kernel's ephemeral range (where a port found free by binding port 0 is
+handed to the next outgoing connection), from a slice of its own per pytest-xdist process (gw0,
+gw1, ...), and never one it handed out before (a killed member restarts on its own ports).
+Another process may still take a port between the pick and etcd's bind (another checkout's
+suite picks from the same slices): a member that fails to bind ("address already in use" in its
+log) makes ``start`` begin the whole cluster again on fresh ports, up to ``START_ATTEMPTS``
+times. Elections are tuned fast (50 ms heartbeat, 500 ms election timeout) so tests that kill
+the leader stay short. ``EtcdCluster.stop`` always ends every member; use it as a context manager.
 """
 
 from __future__ import annotations
 
+import os
+import random
 import shutil
 import signal
 import socket
@@ -24,6 +32,9 @@ from tests.procs import child_env, poll
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 START_TIMEOUT = 30.0
+START_ATTEMPTS = 5  # cluster starts, each on fresh ports, while a member finds its port taken
+PORT_TAKEN = "address already in use"  # etcd's log when it cannot bind a port it was given
+LOWEST_PORT = 10000  # cluster ports come from above this, outside the ephemeral range
 
 
 def require_etcd() -> None:
@@ -79,9 +90,52 @@ def make_certs(directory: Path) -> CertFiles:
 
 
 def free_port() -> int:
+    """A port nothing listens on now (the kernel's pick): for a dial that must find nothing there."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux's default when unreadable)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def worker_ports() -> range:
+    """This process's slice of the ports outside the ephemeral range: the larger span below or
+    above it, cut in one slice per xdist process (``PYTEST_XDIST_WORKER`` gw0, gw1, ...; the whole
+    span without xdist), so the suite's processes never pick each other's ports."""
+    low, high = _ephemeral_range()
+    span = max(range(LOWEST_PORT, max(low, LOWEST_PORT)), range(high + 1, 65536), key=len)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) if worker[:2] == "gw" and worker[2:].isdigit() else 0
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or "1"), index + 1)
+    size = len(span) // count
+    return range(span.start + index * size, span.start + (index + 1) * size)
+
+
+_handed_out: set[int] = set()  # the cluster ports this process picked: a killed member's stays its own
+
+
+def cluster_port() -> int:
+    """A port of this process's slice that it never handed out and that nothing listens on now."""
+    ports = worker_ports()
+    for _ in range(1000):
+        port = random.choice(ports)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise AssertionError(f"no free port found in {ports}")
 
 
 @dataclass
@@ -119,9 +173,11 @@ class EtcdCluster:
         self.extra_args = list(extra_args)
         self.client_tls = tls.client if tls else None
         self.members = [
-            Member(f"m{i}", free_port(), free_port(), tmp / f"m{i}", tmp / f"m{i}.log") for i in range(size)
+            Member(f"m{i}", cluster_port(), cluster_port(), tmp / f"m{i}", tmp / f"m{i}.log")
+            for i in range(size)
         ]
         self._initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        self.start_attempts = 0  # how many starts ``start`` took (more than 1: a port was taken)
 
     @property
     def endpoints(self) -> str:
@@ -129,14 +185,53 @@ class EtcdCluster:
         return ",".join(m.endpoint for m in self.members)
 
     def start(self) -> EtcdCluster:
-        try:
-            for m in self.members:
-                self.start_member(m, wait=False)
-            self.wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        """Start every member and wait until each is healthy. A member that could not bind its port
+        begins the whole cluster again on fresh ports (each member's ports are in every member's
+        ``--initial-cluster``: one cannot move alone); ``start_attempts`` says how many it took."""
+        while True:
+            self.start_attempts += 1
+            logged = {m.name: m.log_path.stat().st_size if m.log_path.exists() else 0 for m in self.members}
+            try:
+                for m in self.members:
+                    self.start_member(m, wait=False)
+                self._wait_started()
+                return self
+            except BaseException:
+                self.stop()
+                taken = [m for m in self.members if PORT_TAKEN in self._logged_since(m, logged[m.name])]
+                if not taken or self.start_attempts >= START_ATTEMPTS:
+                    raise
+            self._move(taken)
+
+    @staticmethod
+    def _logged_since(m: Member, offset: int) -> str:
+        return m.log_path.read_bytes()[offset:].decode(errors="replace") if m.log_path.exists() else ""
+
+    def _move(self, taken: list[Member]) -> None:
+        """Fresh ports for every member, and empty data dirs (a member that started knows the old
+        cluster): the next start is a new cluster."""
+        for m in taken:
+            with m.log_path.open("a") as log:
+                log.write(f"--- a port was taken ({PORT_TAKEN}): the cluster starts again on fresh ports\n")
+        for m in self.members:
+            shutil.rmtree(m.data_dir, ignore_errors=True)
+            m.client_port, m.peer_port = cluster_port(), cluster_port()
+        self._initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+
+    def _wait_started(self) -> None:
+        """Every member healthy; fails at once when any member exited (a port taken, say), not after
+        the others waited in vain for its vote."""
+
+        def healthy(m: Member) -> bool:
+            for other in self.members:
+                if not other.running():
+                    raise AssertionError(
+                        f"etcd {other.name} exited ({other.popen and other.popen.poll()})\n{other.log()}"
+                    )
+            return self._healthy(m)
+
+        for m in self.members:
+            poll(lambda m=m: healthy(m), START_TIMEOUT, interval=0.1, what=f"etcd {m.name} healthy")
 
     def start_member(self, m: Member, wait: bool = True) -> None:
         """Start (or restart, on its existing data dir) one member."""

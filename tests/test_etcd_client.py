@@ -3,6 +3,7 @@ compare-and-append transaction, watches, leases, and what happens when members d
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from lighthouse.etcd.errors import EtcdError, EtcdUnavailable
 from lighthouse.etcd.types import Compare, Delete, Event, Get, KeyValue, Put, prefix_end
 from protos.etcd import rpc_pb2, rpc_pb2_grpc
 from protos.tls import TLSConfig
-from tests.etcd_cluster import EtcdCluster, Member, free_port, make_certs, require_etcd
+from tests.etcd_cluster import PORT_TAKEN, EtcdCluster, Member, free_port, make_certs, require_etcd
 from tests.procs import poll
 
 
@@ -317,3 +318,21 @@ def test_mutual_tls_on_a_single_member(tmp_path: Path) -> None:
                 pytest.raises(EtcdUnavailable, match=reason),
             ):
                 client.get("/tls/a")
+
+
+def test_a_port_taken_before_etcd_binds_it_starts_the_cluster_again_on_fresh_ports(tmp_path: Path) -> None:
+    """Another process takes a member's port between the pick and etcd's bind (another xdist
+    process, another checkout's suite): the whole cluster starts again, every member on fresh ports."""
+    require_etcd()
+    cluster = EtcdCluster(tmp_path, size=2)
+    picked = {port for m in cluster.members for port in (m.client_port, m.peer_port)}
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", cluster.members[1].peer_port))
+        holder.listen()
+        with cluster:
+            assert cluster.start_attempts >= 2  # 2, unless another process took a fresh port too
+            assert picked.isdisjoint(port for m in cluster.members for port in (m.client_port, m.peer_port))
+            with EtcdClient(cluster.endpoints, timeout=5.0) as client:
+                client.put("/moved/a", "1")
+                assert client.get("/moved/a").kvs[0].value == b"1"
+    assert PORT_TAKEN in cluster.members[1].log_path.read_text()
