@@ -211,6 +211,33 @@ def test_an_operator_ends_the_run_and_stepless_readers_see_a_change_at_once() ->
     assert Runs.decode(state.store.runs.encode()).to_json() == state.store.runs.to_json()
 
 
+def test_a_change_made_now_in_effect_when_the_run_ends_holds_from_the_next_runs_first_step() -> None:
+    """Issue 35's finding: the run's end committed its version only while a change made now was
+    pending. One already in effect (the job passed its step) was then served to a run resuming
+    below that step without it, with a lease, and the next edit changed what that lease promised."""
+    state = LighthouseState(store_with_ceilings())
+    state.change("put", {"lr": 0.1}, source="t")
+    state.observe(pb.ManagerStatus(replica_id="g0", step=100), "peer", held=state.snapshot.state_id)
+    _, horizon = state.store.leases.grant(100, 1.0)
+    made_now = state.change("patch", {"lr": 0.2}, source="t")
+    assert made_now.row.effective_step == horizon + 1
+    past = horizon + 5  # the job trains past the change's step: in effect, no longer pending
+    state.observe(pb.ManagerStatus(replica_id="g0", step=past), "peer", held=state.snapshot.state_id)
+    assert [s["status"] for s in state.store.scheduled()] == ["in_effect"]
+    head = state.store.head
+    assert state.end_run("operator") is not None
+    marker = state.store.latest()
+    assert marker is not None and marker.source == "run" and marker.version == head + 1
+    # The resumed run, at step 50 (below the change's step), is served lr 0.2 from its first step,
+    # and a later edit of another key does not change what step 50 gets.
+    assert state.store.begin_run(50) is not None
+    assert state.store.resolve(state.store.head, 50)["lr"] == 0.2
+    state.change("patch", {"wd": 0.01}, source="t")
+    assert state.store.resolve(state.store.head, 50)["lr"] == 0.2
+    # The version served within the ended run still replays as it was served.
+    assert state.store.resolve(made_now.version, horizon)["lr"] == 0.1
+
+
 def test_lighthouses_on_one_etcd_prefix_agree_on_runs(etcd1: EtcdCluster) -> None:
     """Two stores of one job on one etcd prefix (what two lighthouses hold): B follows the runs A
     begins and ends, its job step starts over with a new run, and a step of the run before is

@@ -154,3 +154,29 @@ def test_pause_operator_end_and_run_ids_begin_and_end_runs(procs: ProcessPool) -
     assert http_call(lh.url, "POST", "/api/jobs/default/runs/end").status == 409
     listed = run_cli("runs", "--url", lh.url)
     assert listed.returncode == 0 and "RUN" in listed.stdout and "managers gone" in listed.stdout
+
+
+def test_a_change_in_effect_in_the_ended_run_holds_from_the_next_runs_first_step(procs: ProcessPool) -> None:
+    """Issue 35's finding with real processes: lr changed now takes effect in run "a" (its group
+    trains past the step); run "b" resumes below that step and trains the operator's lr from its
+    first step (before the fix: the old lr, with the change pending at its old step again)."""
+    lh = procs.lighthouse({"lr": 0.1})
+    a = procs.manager(lh.address, "g2", cache_ttl=0.3, extra=["--run-id", "a"])
+    old = procs.worker(
+        a.address, group="g2", rank=0, steps=1_000_000, first_step=50, step_interval=0.02, wait=False
+    )
+    poll(lambda: records_so_far(old), 30, what="run a stepping")
+    changed = call(lh.url, "PATCH", "/api/config", {"lr": 0.3})
+    assert changed["effective_step"] is not None and changed["effective_step"] > 10
+    poll(lambda: any(r["config"].get("lr") == "0.3" for r in records_so_far(old)), 30, what="lr 0.3 in run a")
+    b = procs.manager(lh.address, "g3", cache_ttl=30.0, extra=["--run-id", "b"])
+
+    def ended_by_b() -> bool:
+        return any(r["end_reason"] == "run id 'b'" for r in call(lh.url, "GET", "/api/config/runs")["runs"])
+
+    poll(ended_by_b, 30, what="run a ended by run id b")
+    old.stop()
+    a.stop()
+    resumed = worker_records(procs.worker(b.address, group="g3", rank=0, steps=5, first_step=10))
+    assert [r["step"] for r in resumed] == [10, 11, 12, 13, 14]
+    assert [r["config"]["lr"] for r in resumed] == ["0.3"] * 5, resumed

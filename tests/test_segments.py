@@ -314,12 +314,11 @@ class Lighthouse:
         elif op == "rollback":
             self.rollback(arg)
         elif op == "end_run":
-            # A version says that the changes made now promised to the run hold at once from the
-            # next run on. LighthouseState.end_run commits it only while one of them is pending, a
-            # product bug (issue 35, item 3's report): one already in effect holds from the next
-            # run's first step only from the version after, so a run resuming below its step is
-            # first promised the config without it, and that version breaks the promise. Here the
-            # version comes whenever the run had such a change, as the fix would make it.
+            # A version says that the changes made now promised to the run, pending or in effect,
+            # hold at every step from the next run on (LighthouseState.end_run commits it when
+            # ConfigStore.promised_to says so; here the model says when, and the store must agree).
+            # Before issue 35 it came only while one was pending: one already in effect held from
+            # the next run's first step only from the version after.
             cancelled = {int(r.change["version"]) for r in model.rows if r.op == "cancel"}
             rebased = any(
                 r.made_now and r.version not in cancelled and not model.rebased(r) for r in model.rows
@@ -331,6 +330,7 @@ class Lighthouse:
                 model.ends.append(model.head)
                 model.live = False
                 model.new_run()
+                assert store.promised_to(run) == rebased
                 if rebased:
                     self.commit([Edit("patch", {}, "run")])
         elif op == "begin_run":

@@ -577,14 +577,15 @@ class LighthouseState:
         """End the live run (None: none is live): its step leases end, a change made now applies at
         once, and the changes promised to it apply from the next run's first step."""
         store = self.store
-        rebased = any(s["status"] == "pending" and not s["scheduled"] for s in store.scheduled())
         run = store.end_run(reason)
         if run is None:
             return None
         logger.info("job %s: run %d ended at step %d (%s)", self.job, run.number, run.end_step, reason)
-        if rebased:
-            # What it was promised now holds at once: a version says so (the versions served within
-            # the run replay as they were served, at-step and the history stay exact).
+        if store.promised_to(run):
+            # What it was promised, pending or in effect, now holds at every step: a version says so
+            # (the versions served within the run replay as they were served, at-step and the history
+            # stay exact). Without it, a run resuming below a change already in effect was served
+            # the config without it, and the next edit changed what that run had been promised.
             edit = Edit(
                 "patch", {}, "run", "-", f"run {run.number} ended ({reason}): its pending changes apply now"
             )

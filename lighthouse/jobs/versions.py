@@ -623,6 +623,17 @@ class ConfigStore:
         self._queue_runs(items)
         return run
 
+    def promised_to(self, run: Run) -> bool:
+        """Whether ``run`` (ended) was given a change made now that is not cancelled, pending or in
+        effect: from the next run's first step it holds at every step, which only a version
+        committed after the run's end says (the versions up to it replay as they were served)."""
+        with self._lock:
+            return any(
+                row.made_now and row.effective_step is not None and row.version not in self._cancelled
+                for row in self._rows
+                if run.base_version < row.version <= run.end_version
+            )
+
     def note_run_ttl(self, ttl: float) -> None:
         """A manager of the live run asks leases for ``ttl`` seconds: the run is gone only after
         every manager was away for longer. Kept in memory and stored with the record's next write
