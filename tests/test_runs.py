@@ -17,7 +17,7 @@ import pytest
 from lighthouse.jobs.leases import LeaseBook, LeasePolicy
 from lighthouse.jobs.runs import Runs, pack, unpack
 from lighthouse.jobs.state import RUN_END_MARGIN, RUN_END_TTLS, LighthouseState
-from lighthouse.jobs.versions import ConfigStore, StepPromised
+from lighthouse.jobs.versions import ConfigStore, NotCancellable, StepPromised
 from lighthouse.store.etcd import EtcdBackend
 from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
@@ -78,6 +78,10 @@ def test_the_rewind_a_resume_from_a_checkpoint_gets_the_config_as_the_operator_l
     lowered = commit(store, "patch", {"lr": 0.01}, source="t")
     assert lowered.effective_step is None and store.live()["lr"] == 0.01
     assert store.live()["wd"] == 0.01  # what the dead run was promised holds now
+    # ... at every step of the runs after it: no cancel takes it back (before issue 35 one was
+    # taken while its old step lay above the next run's promises, and that run's steps changed).
+    with pytest.raises(NotCancellable, match="promised to a run that ended"):
+        commit(store, "cancel", {"version": promised.version}, source="t")
     # And a change may be scheduled at any step: 409 only against promises of a live run.
     at_150 = commit(store, "patch", {"warmup": 5}, source="t", effective_step=150)
     assert at_150.effective_step == 150

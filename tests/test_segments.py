@@ -60,6 +60,7 @@ REQUIRED = {
     "made now, rebased into a later run": 0.02,
     "restart within a promised run": 0.1,
     "schedule refused at a promised step": 0.1,
+    "cancel of a change promised to an ended run refused": 0.01,
 }
 
 
@@ -351,11 +352,11 @@ class Lighthouse:
 
     def cancel(self, pick: int) -> None:
         model = self.model
-        # Any change (a cancel of one made at once, or cancelled, or in effect, is refused) but a
-        # change made now promised to a run that ended: it holds at every step of the later runs,
-        # yet the product takes its cancel when its old step is above the job's and the promises
-        # (a product bug, issue 35, item 3's report).
-        targets = [r for r in model.rows if r.op != "cancel" and not model.rebased(r)]
+        # Any change: a cancel of one made at once, or cancelled, or in effect, is refused, and so
+        # is one of a change made now promised to a run that ended (it holds at every step of the
+        # later runs; before issue 35 its cancel was taken while its old step lay above the job's
+        # and the promises, and a later run's steps changed back).
+        targets = [r for r in model.rows if r.op != "cancel"]
         if not targets:
             return
         target = targets[pick % len(targets)]
@@ -364,6 +365,9 @@ class Lighthouse:
         refusal: type[ConfigError] | None = None
         if at is None or cancelled:
             refusal = NotCancellable
+        elif model.rebased(target):
+            refusal = NotCancellable
+            model.seen.add("cancel of a change promised to an ended run refused")
         elif at <= model.horizon:
             refusal = StepPromised
         elif at <= model.step:

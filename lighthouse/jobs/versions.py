@@ -1088,6 +1088,12 @@ class ConfigStore:
             raise NotCancellable(f"version {target} is not a scheduled change", self.head)
         if target in self._cancelled or any(r.op == "cancel" and r.change["version"] == target for r in rows):
             raise NotCancellable(f"version {target} is already cancelled", self.head)
+        if row.made_now and self.runs.rebased(row.version):
+            raise NotCancellable(
+                f"version {target} was promised to a run that ended: it holds at every step of the "
+                "runs after it; make a new change instead",
+                self.head,
+            )
         if row.effective_step <= horizon:
             raise StepPromised(
                 f"version {target} takes effect at step {row.effective_step}, already promised to the "
