@@ -26,8 +26,9 @@ from tests.procs import poll
 from tests.store_edits import commit
 
 
-def store_with_ceilings(path: Path | None = None) -> ConfigStore:
-    """A store whose ceiling writes are stored at once (the lighthouse does it in a thread)."""
+def store_with_ceilings(path: Path | None = None, backend: EtcdBackend | None = None) -> ConfigStore:
+    """A store (SQLite at ``path``, or ``backend``) whose ceiling writes are stored at once (the
+    lighthouse does it in a thread)."""
     holder: list[ConfigStore] = []
 
     def write(book: LeaseBook[Any]) -> None:
@@ -35,7 +36,7 @@ def store_with_ceilings(path: Path | None = None) -> ConfigStore:
         holder[0].save_lease_ceiling(wanted, book.served_version)
         book.ceiling_stored(wanted)
 
-    store = ConfigStore(SqliteBackend(path), request_ceiling=write)
+    store = ConfigStore(backend or SqliteBackend(path), request_ceiling=write)
     holder.append(store)
     store.leases.publish("snapshot", store.head)
     return store
@@ -293,3 +294,53 @@ def test_lighthouses_on_one_etcd_prefix_agree_on_runs(etcd1: EtcdCluster) -> Non
     finally:
         for backend in backends:
             backend.close()
+
+
+def test_a_restart_between_runs_keeps_no_promise_of_the_ended_run(tmp_path: Path) -> None:
+    """The ended run's stored ceiling is no floor once it ended: after a restart between runs a
+    change made now applies at once, and a schedule below the dead run's promises is accepted
+    (before issue 35 the restarted store placed the change above the old ceiling, at step 109
+    for a run that had ended at step 100, and the next run got it only there)."""
+    db = tmp_path / "state.db"
+    store = store_with_ceilings(db)
+    commit(store, "put", {"lr": 0.1}, source="t")
+    assert store.begin_run(0) is not None
+    horizon = train_to(store, 100)
+    assert store.end_run("managers gone") is not None
+    store.close()
+    store.backend.close()
+    store = store_with_ceilings(db)  # a restarted lighthouse, no run live
+    assert store.runs.between and store.leases.horizon == -1
+    now = commit(store, "patch", {"lr": 0.2}, source="t")
+    assert now.effective_step is None and store.live()["lr"] == 0.2
+    scheduled = commit(store, "patch", {"wd": 0.5}, source="t", effective_step=horizon - 50)
+    assert scheduled.effective_step == horizon - 50
+    assert store.begin_run(10) is not None
+    assert store.resolve(store.head, 10)["lr"] == 0.2
+    store.close()
+    store.backend.close()
+
+
+def test_an_etcd_lighthouse_between_runs_keeps_no_promise_of_the_ended_run(etcd1: EtcdCluster) -> None:
+    """Issue 36's finding on etcd: once the run ended, re-reading the prefix (every watch event)
+    raised the floor again from the ended run's ceiling keys, so a schedule below its promises got
+    409 and a change made now waited above them, where SQLite applied both at once."""
+    backend = EtcdBackend(etcd1.endpoints, prefix=f"/test-runs/{uuid.uuid4().hex}")
+    store = store_with_ceilings(backend=backend)
+    try:
+        commit(store, "put", {"lr": 0.1}, source="t")
+        store.leases.publish("snapshot", store.head)  # etcd stores a ceiling for the head served
+        assert store.begin_run(0) is not None
+        horizon = train_to(store, 300)
+        assert store.end_run("managers gone") is not None
+        store.flush_runs()  # the record says the run ended, as a watch event would bring it
+        store.reload()  # what a watch event does
+        assert store.leases.horizon == -1
+        scheduled = commit(store, "patch", {"wd": 0.5}, source="t", effective_step=horizon // 2)
+        assert scheduled.effective_step == horizon // 2
+        store.reload()
+        now = commit(store, "patch", {"lr": 0.2}, source="t")
+        assert now.effective_step is None and store.live()["lr"] == 0.2
+    finally:
+        store.close()
+        backend.close()

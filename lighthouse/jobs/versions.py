@@ -293,7 +293,9 @@ class ConfigStore:
         self._cancelled.update(self._pruned_cancels)
         self._step_saved_at = time.monotonic()
         # Every other life's ceiling bounds promises this one does not know of (on a store with one
-        # writer, the single key holds what the earlier lives stored).
+        # writer, the single key holds what the earlier lives stored). Between runs none does: the
+        # ended run's promises ended with it (its ceilings, still stored, made a restarted
+        # lighthouse, or one re-reading an etcd prefix, place changes made now above them).
         floors = [
             unpack(int(value))[1]
             for key, value in meta.items()
@@ -301,6 +303,8 @@ class ConfigStore:
             and (key != self._lease_key or not self.shared)
             and same_run(unpack(int(value))[0], runs.number)
         ]
+        if runs.between:
+            floors = []
         self.leases.raise_floor(max(floors, default=-1), records.revision)
         for i, row in enumerate(self._rows):
             if row.version in records.unresolved:
