@@ -365,8 +365,9 @@ def writes_sqlite(children: Children, pool: WorkerPool, work: Path, window: floa
         "ceiling_ahead_s": OWN_CEILING_AHEAD,
         **w,
         "ceiling_writes_per_min": w["ceiling_writes"] * per_min,
-        "job_step_writes_per_min": (commits - w["ceiling_writes"]) * per_min,
-        "all_writes_per_min": commits * per_min,
+        # Ceiling raises are written in place to the ceiling file, not committed to SQLite (5cb2515).
+        "job_step_writes_per_min": commits * per_min,
+        "all_writes_per_min": (commits + w["ceiling_writes"]) * per_min,
     }
 
 
