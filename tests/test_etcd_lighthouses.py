@@ -340,3 +340,36 @@ def test_a_schema_set_through_one_lighthouse_guards_edits_on_the_other(
     assert refused.status == 422 and refused.json["violations"][0]["path"] == "/lr"
     assert [s["schema"] for s in get_json(b.url, "api/config/schema/history")["schemas"]] == [schema]
     assert live(a.url)["config"] == live(b.url)["config"] == {"lr": 0.1}
+
+
+@pytest.mark.slow
+def test_a_lighthouse_stopped_for_seconds_does_not_end_the_run_the_other_keeps(
+    procs: ProcessPool, etcd1: EtcdCluster
+) -> None:
+    """Issue 36's finding: a lighthouse SIGSTOPped for about 5 s, on continuing, ended the live run
+    from its stale view ("managers gone" at its old step) while the group stepped on through the
+    other lighthouse, and a new run began there with the pending changes applied at once. Stopped
+    for 6 s here (the run's end bound is 5 s, --run-end-after's default), it decides nothing
+    about the run until the managers and the store's watch have had the run's lease to be heard."""
+    store = store_url(etcd1)
+    a, b = lighthouses(procs, store)
+    assert change(a.url, "PUT", {"lr": 0.1}).status == 200
+    m = procs.manager(b.address, "g0", cache_ttl=0.5)  # the group talks to b only
+    worker = procs.worker(m.address, group="g0", rank=0, steps=1_000_000, step_interval=0.01, wait=False)
+    poll(lambda: len(records_so_far(worker)) > 20, 30, what="the group stepping")
+
+    def runs(lh: LighthouseProc) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = get_json(lh.url, "/api/config/runs")["runs"]
+        return found
+
+    poll(lambda: [r["live"] for r in runs(a)] == [True], 10, what="a sees the live run")
+    a.signal(signal.SIGSTOP)
+    time.sleep(6.0)  # the fault itself: a's process does not run for 6 s
+    a.signal(signal.SIGCONT)
+    wait_healthy(a.url)
+    # The group goes on stepping through b for longer than a run's end bound after a continued.
+    stepped = len(records_so_far(worker))
+    poll(lambda: len(records_so_far(worker)) > stepped + 300, 60, what="the group stepping on")
+    for lh in (a, b):
+        assert [(r["number"], r["live"]) for r in runs(lh)] == [(1, True)], runs(lh)
+    worker.stop()

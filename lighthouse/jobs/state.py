@@ -67,6 +67,9 @@ PAST_LEASE_SHOWN = 30.0  # seconds a group that served steps past its lease stay
 # after one TTL without a step (it renews before serving the next), so none serves past the end.
 RUN_END_TTLS = 2.0
 RUN_END_MARGIN = 0.5
+# Seconds between two looks at a live run (the health loop looks every second) that mean this
+# process did not run meanwhile: it then decides nothing about the run from what it held before.
+PAUSE_GAP = 2.0
 RUN_STEP_LIMIT = (1 << STEP_BITS) - 1  # a run may begin at any step below
 _CURRENT_STEP = pb.LighthouseConfigResponse.CURRENT_STEP_FIELD_NUMBER
 _STABLE_THROUGH = pb.LighthouseConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
@@ -256,6 +259,7 @@ class LighthouseState:
         self._lock = threading.Lock()
         self._accepted_at = time.monotonic()  # when a group's reported step was last accepted
         self._started_at = self._accepted_at  # a live run with no manager heard of is gone from here
+        self._looked_at = self._accepted_at  # the last check_run: a longer gap than PAUSE_GAP is a pause
         self._run_began_at = float("-inf")  # when this lighthouse began the live run
         self._managers: dict[str, ManagerRecord] = {}
         self.limits = ManagerLimits()  # set by the job registry
@@ -599,10 +603,18 @@ class LighthouseState:
         (``RUN_END_TTLS`` x the longest TTL its managers ask for, + ``RUN_END_MARGIN``): every
         manager gone, or none stepping (a paused job). A lighthouse that just started gives them as
         long to come back. The ended run, else None."""
+        now = time.monotonic()
+        looked, self._looked_at = self._looked_at, now
         live = self.store.runs.live
         if live is None:
             return None
-        now = time.monotonic()
+        if now - looked > PAUSE_GAP:
+            # This process was stopped (SIGSTOP, a paused VM) or starved: what it holds of the
+            # managers and the job's step is as old as the gap, and the groups may have stepped on
+            # through another lighthouse. It decides nothing from that view: as after a start, the
+            # managers (and the store's watch) get the run's whole lease to be heard again.
+            self._started_at = now
+            return None
         with self._lock:
             records = list(self._managers.values())
         ttl = max([live.ttl, *(r.ttl for r in records)])
