@@ -108,6 +108,35 @@ def test_the_step_rate_is_measured_over_a_span_of_reports_not_between_two_close_
     assert state.store.leases.rate <= measured
 
 
+def test_a_group_replaying_old_steps_does_not_set_the_jobs_rate() -> None:
+    """Issue 36's finding: a group catching up after a rewind of its own (1,000 steps a second,
+    far below the job's step) set the job's rate, and every lease (the wait for a change made now)
+    stretched to thousands of steps. Only a group at the job's front sets it."""
+    state = LighthouseState(ConfigStore(SqliteBackend()))
+
+    def report(group: str, step: int) -> None:
+        state.observe(pb.ManagerStatus(replica_id=group, step=step), "peer")
+
+    report("front", 5000)
+    report("replay", 100)
+    time.sleep(RATE_WINDOW + 0.05)  # time must pass for a rate: a span of reports
+    report("front", 5010)
+    report("replay", 100 + 1000)  # 1,000 steps in the same span, 3,890 behind the job
+    front_rate = state.store.leases.rate
+    assert 0 < front_rate <= 10 / RATE_WINDOW
+    time.sleep(RATE_WINDOW + 0.05)
+    report("replay", 2100)
+    assert state.store.leases.rate <= front_rate
+    # Once at the front (from one window's start to its end), its rate is the job's like any group's.
+    report("replay", 5010)
+    time.sleep(RATE_WINDOW + 0.05)
+    report("replay", 5050)
+    report("replay", 5050)
+    time.sleep(RATE_WINDOW + 0.05)
+    report("replay", 5090)  # 40 steps a window, as the front group's 10 (its replay not counted)
+    assert front_rate < state.store.leases.rate <= 40 / RATE_WINDOW
+
+
 def test_a_schedule_or_cancel_at_a_promised_step_is_refused_with_the_earliest_step() -> None:
     store = store_with_ceilings()
     commit(store, "put", {"lr": 0.1}, source="t")
