@@ -187,6 +187,8 @@ def test_every_answer_is_strict_json_also_with_non_finite_reports(procs: Process
     )
     status = pb.ManagerStatus(replica_id="g0", step=6, metrics=[loss], metrics_batch=1)
     with LighthouseClient(lh.address) as client:
+        # Served a config first, as a manager is: a replica never served one reports no metrics.
+        client.fetch(pb.LighthouseConfigRequest(status=pb.ManagerStatus(replica_id="g0", step=4)), timeout=10)
         client.heartbeat(status, timeout=10)
     for bad in ('{"big": 1e999}', '{"s": "\\ud800"}'):
         assert send(lh, "PUT", "/api/config", bad).status == 400

@@ -38,6 +38,9 @@ def report(client: LighthouseClient, replica: str, batch: int, steps: range) -> 
         min=pack(array("d", loss)),
         max=pack(array("d", loss)),
     )
+    # Served a config first, as a manager is (a replica never served one reports no metrics).
+    served = pb.ManagerStatus(replica_id=replica, address="127.0.0.1:1", step=-1)  # no step: no run
+    client.fetch(pb.LighthouseConfigRequest(status=served), timeout=10)
     # A report moves the job's step at most STEP_SLACK steps beyond the last plus what the time
     # since makes plausible (a made-up leap is ignored): a batch longer than that climbs in hops
     # of STEP_SLACK, plausible however fast this test runs.

@@ -170,7 +170,9 @@ def test_fake_metrics_from_a_replica_that_trained_no_step_trigger_no_guard(procs
     batch, batch_id = metrics.take(everything=True)
     channel, lighthouse = stub(lh.address)
     with channel:
-        for step in (-1, HUGE):  # no step, or a leap: no step of it counted
+        # No step, a leap (no step of it counted), or the job's own step: plausible, but it was
+        # never served a config (issue 36: heartbeats of NaN at steps 78-89 rolled a change back).
+        for step in (-1, HUGE, job_step(lh)):
             status = pb.ManagerStatus(replica_id="evil", step=step, metrics=batch, metrics_batch=batch_id)
             lighthouse.Heartbeat(pb.LighthouseHeartbeatRequest(status=status), timeout=10)
             batch_id += 1

@@ -133,6 +133,10 @@ def test_a_million_reported_steps_leave_a_jobs_memory_bounded(procs: ProcessPool
     total, chunk, groups = 1_000_000, 1_000, ("g0", "g1")
     rss: dict[int, int] = {}
     with LighthouseClient(lh.address) as client:
+        for replica in groups:  # served a config, as managers are: then their metrics count
+            client.fetch(
+                pb.LighthouseConfigRequest(status=pb.ManagerStatus(replica_id=replica, step=-1)), timeout=10
+            )
         for batch, first in enumerate(range(0, total, chunk), start=1):
             for replica in groups:
                 client.heartbeat(_status(replica, batch, first, chunk), timeout=30)

@@ -108,6 +108,7 @@ class ManagerRecord:
     rate_anchor: tuple[int, float] = (-1, 0.0)  # (step, time) the rate is measured from
     anchor_at_front: bool = False  # its step at the anchor was at the job's front
     front_rate: float = 0.0  # ``rate`` over windows spent at the job's front only: what sets leases
+    served_run: int = -1  # the job's run when it was last served a config (GetConfig, push stream)
     streams: int = 0  # its open push streams to this lighthouse (0: it polls)
     ttl: float = 0.0  # the cache TTL it asks leases for: how often a polling manager is heard from
     accepted: tuple[int, float] = (-1, 0.0)  # (step, time) of its last report that counted
@@ -525,9 +526,13 @@ class LighthouseState:
                     record.anchor_at_front = front
             elif status.step >= 0 and not earlier_run:
                 self._ignored(replica_id, status.step, now)
-            trained = record.trained
             record.last_seen = now
             record.fetches += int(fetch)
+            if fetch:
+                record.served_run = self.store.runs.number
+            # Its metrics count (series, guards) once it trained a step here and was served a config
+            # of this run: a made-up replica that only heartbeats plausible steps steers no guard.
+            trained = record.trained and record.served_run == self.store.runs.number
         if rate > 0:
             self.store.leases.observe_rate(rate)
         if (status.metrics or status.metrics_dropped) and trained:  # none: it trained no step here
