@@ -124,8 +124,12 @@ class Demo:
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            while not self.lines.empty() and (line := self.lines.get_nowait()) is not None:
+                self.out.append(line)  # what it printed after the last line the test read
+            out = "".join(self.out[-20:])
             raise AssertionError(
-                f"the demo did not end within {timeout} s {what}\n{self.err()[-3000:]}"
+                f"the demo did not end within {timeout} s {what}\nits last lines:\n{out}\n"
+                f"its and its children's stderr:\n{self.err()[-3000:]}"
             ) from None
         self.reader.check(30)  # its stdout ends with it: every line is queued
         while (line := self.lines.get_nowait()) is not None:
