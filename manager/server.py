@@ -15,13 +15,17 @@ of half a TTL changes nothing workers see) and the step's call never waits for
 it. A call for a step above H waits for a renewal
 (the deadline bounds it) and, without one, gets the fallback: a group that
 cannot confirm its config must not train a step on one that may differ from
-the other groups'.
+the other groups'. A lighthouse that answers a fetch for the group's step
+without a lease (it cannot store a lease ceiling, a commit is under way) is
+treated as a failing one: the following steps past the lease get the fallback
+at once, and the background loop asks again each backoff until a lease comes.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -135,6 +139,7 @@ class ManagerServer:
         self._leases_supported: bool | None = None  # None until the lighthouse first answered
         self._step_wanted = -1  # a step a worker waits for, beyond the lease (asked of the lighthouse)
         self._renew_at = 0  # the step from which the background loop renews the lease
+        self._refused_at: float | None = None  # a fetch for the group's step got no lease (None: one came)
         self._renew = threading.Event()  # wakes the background loop: a lease to renew, or stop
         self.steps_past_lease = 0
         self._past_lease_count = itertools.count(1)
@@ -256,7 +261,7 @@ class ManagerServer:
         """A step beyond the lease: wait for a renewal that covers it (bounded by the lighthouse
         deadline); without one the fallback, counted as a step past the lease."""
 
-        def covered() -> bool:
+        def settled() -> bool:
             lease = self._lease
             if lease is not None and step <= lease.through:
                 return True
@@ -264,9 +269,11 @@ class ManagerServer:
             # steps wanted in the run before, and with them this one if it came while in flight.
             if step > self._step_wanted:
                 self._step_wanted = step
-            return False
+            # The lighthouse answered the group's step without a lease: no wait brings one now (the
+            # background loop asks again each backoff), so a refusal costs one deadline, not one a step.
+            return self._refused_at is not None
 
-        answer = self._cache.renew(covered)
+        answer = self._cache.renew(settled)
         lease = self._lease
         if lease is not None and step <= lease.through:
             return lease.snapshot, answer.fetched
@@ -385,8 +392,18 @@ class ManagerServer:
             raise FetchFailed(explain_rpc_error(exc, self._lighthouse.tls is not None)) from None
         self._acked(request.status)
         with self._take_lock:
-            snapshot = self._take_reply(reply, self._cache.good or held)
+            before = self._cache.good or held
+            snapshot = self._take_reply(reply, before)
             self._take_lease(reply, snapshot, base)
+            if (
+                self._leases_supported
+                and reply.stable_through_step < base
+                and before is not None
+                and before.state_id == snapshot.state_id == (reply.state_id or snapshot.state_id)
+            ):
+                # Asked for the group's step, in the state the request was made in: the lighthouse
+                # cannot promise it now. Not judged on a push, whose lease is for its last request.
+                self._refused_at = time.monotonic()
         return snapshot
 
     # ------------------------------------------------------------ push
@@ -433,7 +450,7 @@ class ManagerServer:
         if push.keepalive and push.silent_for() > deadline:
             push.reset(f"silent for {push.silent_for():.1f}s (keep-alive every {push.keepalive:g}s)")
             return STREAM_END_WAIT
-        renew = self._lease is not None and self._pins.max_step >= self._renew_at
+        renew = self._lease is not None and self._pins.max_step >= self._renew_at and self._refused_at is None
         changed = self._report_key(self._status(metrics=False)) != self._reported
         changed = changed or self._metrics.pending
         due = renew or (changed and now - self._reported_at >= HEARTBEAT_INTERVAL)
@@ -479,6 +496,7 @@ class ManagerServer:
         granted = reply.stable_through_step
         if granted >= base >= 0:
             self._renew_at = base + max(1, (granted - base + 1) // 2)
+            self._refused_at = None
 
     def _take_reply(self, reply: pb.LighthouseConfigResponse, held: Snapshot | None) -> Snapshot:
         """The snapshot to serve after ``reply`` (the held one when not modified or older)."""
@@ -507,6 +525,7 @@ class ManagerServer:
             self._pins.clear()
             self._step_wanted = -1  # and the step a worker waited for, too
         if held is not None and held.state_id != fresh.state_id:
+            self._refused_at = None  # a refusal in the state before: ask anew
             logger.info(
                 "a new run of the job, or its state was reset (state %s): moving from version %d to %d",
                 fresh.state_id[:8],
@@ -523,12 +542,19 @@ class ManagerServer:
         heartbeat when the TTL is longer than that."""
         cache = self._cache
         while not self._stopped.is_set():
-            if self._push is not None and self._push.live:
-                self._renew.wait(self._push_step())
+            # A fetch for the group's step got no lease: fetch again a backoff later, also beside a
+            # push stream (a fetch's answer is judged), and not half-way through the lease meanwhile.
+            refused = self._refused_at
+            retry_in = math.inf
+            if refused is not None and not cache.failing:
+                retry_in = refused + cache.backoff - time.monotonic()
+            if self._push is not None and self._push.live and retry_in > 0:
+                self._renew.wait(min(self._push_step(), retry_in))
                 self._renew.clear()
                 continue
-            refresh_in = cache.next_refresh_in()
-            if self._lease is not None and self._pins.max_step >= self._renew_at and not cache.failing:
+            refresh_in = min(cache.next_refresh_in(), retry_in)
+            renew = self._lease is not None and self._pins.max_step >= self._renew_at and refused is None
+            if renew and not cache.failing:
                 refresh_in = 0.0  # half the lease is used up
             heartbeat_in = self._last_contact + HEARTBEAT_INTERVAL - time.monotonic()
             if refresh_in <= 0:

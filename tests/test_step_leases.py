@@ -22,6 +22,7 @@ from lighthouse.jobs.versions import ConfigStore, Edit, StepPromised
 from lighthouse.store.sqlite import SqliteBackend
 from manager.status_client import manager_info
 from protos import lighthouse_config_pb2 as pb
+from tests.etcd_cluster import EtcdCluster, require_etcd
 from tests.http_steps import call, change, scheduled
 from tests.http_util import call as http_call
 from tests.http_util import live, wait_healthy
@@ -379,6 +380,70 @@ def test_an_outage_longer_than_the_lease_falls_back_from_the_step_after_it(
     assert after, "the worker did not run past its lease"
     assert {r["source"] for r in after} == ({"error"} if strict else {"fallback"})
     assert all(r["config"] == {} for r in after)
+
+
+@pytest.mark.slow
+def test_a_lighthouse_that_answers_without_a_lease_costs_one_deadline_not_one_per_step(
+    procs: ProcessPool, tmp_path: Path
+) -> None:
+    """A lighthouse that answers but cannot promise (its only etcd member killed: no lease ceiling
+    can be stored) costs no more than a dead one: the first step past the lease waits at most one
+    --lighthouse-timeout, the following ones get the fallback at once, the same on every rank, and
+    once the store is back a leased step is served again. Each step past the lease used to wait for
+    RENEW_TRIES lease-less answers, each held for half the deadline (2-2.5 s at a 1 s deadline)."""
+    require_etcd()
+    timeout = 1.0
+    with EtcdCluster(tmp_path / "etcd", size=1) as cluster:
+        store = f"etcd://{cluster.endpoints}/refused"
+        lh = procs.lighthouse(store=store, extra=["--lease-ceiling-ahead", "0.2"])
+        wait_healthy(lh.url)
+        change(lh.url, "PUT", {"lr": 0.1})
+        m = procs.manager(lh.address, "g0", cache_ttl=0.5, lighthouse_timeout=timeout, backoff=0.5)
+        workers = [
+            procs.worker(m.address, group="g0", rank=rank, steps=4000, step_interval=0.02) for rank in (0, 1)
+        ]
+        poll(
+            lambda: all(sum(confirmed(r) for r in records_so_far(w)) > 20 for w in workers),
+            30,
+            what="both ranks stepping on their lease",
+        )
+        member = cluster.members[0]
+        killed_at = time.time()
+        cluster.kill(member)
+
+        def past_lease(worker: Proc) -> list[Record]:
+            """The worker's records from its first fallback after the kill on."""
+            records = [r for r in records_so_far(worker) if r["t"] > killed_at]
+            first = next((i for i, r in enumerate(records) if r["source"] == "fallback"), None)
+            return [] if first is None else records[first:]
+
+        poll(lambda: all(len(past_lease(w)) >= 20 for w in workers), 90, 0.1, "20 steps past the lease")
+        for worker in workers:
+            after = past_lease(worker)[:20]
+            assert all(r["source"] == "fallback" and r["config"] == {} for r in after), after
+            elapsed = sorted(r["elapsed"] for r in after)
+            # The first step past the lease waits for one lease-less answer: within the deadline ...
+            assert elapsed[-1] < timeout + 0.75, elapsed
+            # ... and the following ones are answered at once (one slow answer: a loaded machine).
+            assert sum(e > timeout / 2 for e in elapsed[:-1]) <= 1, elapsed
+        cluster.start_member(member)
+        back_at = time.time()
+
+        def leased_again() -> bool:
+            return any(
+                r["t"] > back_at and confirmed(r) and (r["stable_through_step"] or -1) >= r["step"]
+                for r in records_so_far(workers[0])
+            )
+
+        poll(leased_again, 30, 0.1, "a leased step once the store is back")
+    for worker in workers:
+        worker.stop()
+    by_rank = [{r["step"]: (r["source"], r["config"]) for r in records_so_far(w)} for w in workers]
+    common = by_rank[0].keys() & by_rank[1].keys()
+    assert len(common) > 40
+    assert all(by_rank[0][step] == by_rank[1][step] for step in common)  # pinned: one answer per step
+    back = [r for r in records_so_far(workers[0]) if r["t"] > back_at and confirmed(r)]
+    assert all(r["config"] == {"lr": "0.1"} for r in back)
 
 
 @pytest.mark.slow
