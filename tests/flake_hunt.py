@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -76,6 +77,12 @@ def busy_loops(count: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
+def at_a_terminal() -> None:
+    """SIGINT as at a terminal in the suite's processes: a hunt started as a background job has it
+    ignored, every process it starts inherits that, and the tests that send Ctrl-C would fail."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_once(args: argparse.Namespace, work: Path, index: int) -> Run:
     report = work / f"run-{index}.xml"
     env = {**os.environ, "PYTEST_ADDOPTS": f"{os.environ.get('PYTEST_ADDOPTS', '')} --junitxml={report}"}
@@ -97,7 +104,15 @@ def run_once(args: argparse.Namespace, work: Path, index: int) -> Run:
     sampler.start()
     began = time.monotonic()
     with log.open("wb") as out:
-        code = subprocess.run(command, cwd=checkout, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(
+            command,
+            cwd=checkout,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,  # as CI runs it: no standard input
+            preexec_fn=at_a_terminal,  # no threads yet but the load sampler's: safe before exec
+        ).returncode
     stop.set()
     sampler.join()
     passed, failed, skipped = read_report(report)

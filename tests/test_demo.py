@@ -55,6 +55,15 @@ def still_running(process: Process) -> bool:
     return fields is not None and fields[19] == process[1] and fields[0] != "Z"
 
 
+# The demo as started at a terminal: Python keeps SIGINT ignored when its parent ignores it (a
+# script's background job does, and so does every test a suite started that way runs), and then
+# the test's Ctrl-C would never reach it (a flake hunt started in the background failed so, twice).
+AT_A_TERMINAL = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_path('examples/demo.py', run_name='__main__')"
+)
+
+
 def kill_demo(proc: subprocess.Popen[str]) -> None:
     """A demo still running (its test failed): SIGKILL it and every process it started (each in
     its own session, so not its process group), so that its lighthouse and managers do not
@@ -79,7 +88,7 @@ class Demo:
         self.stderr_path = stderr_path
         with stderr_path.open("w") as stderr:
             self.proc = subprocess.Popen(
-                [sys.executable, "examples/demo.py", *args],
+                [sys.executable, "-c", AT_A_TERMINAL, *args],
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
