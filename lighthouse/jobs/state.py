@@ -609,7 +609,11 @@ class LighthouseState:
             # stay exact). Without it, a run resuming below a change already in effect was served
             # the config without it, and the next edit changed what that run had been promised.
             edit = Edit(
-                "patch", {}, "run", "-", f"run {run.number} ended ({reason}): its pending changes apply now"
+                "patch",
+                {},
+                "run",
+                "-",
+                f"run {run.number} ended ({reason}): the changes promised to it hold now",
             )
             self._apply([edit])
         else:
