@@ -50,6 +50,9 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL = 1.0
 FINAL_REPORTS = 4  # heartbeats at shutdown, at most, to hand over the metrics still held
 STREAM_END_WAIT = 1.0  # seconds to wait for a reset stream to end before looking again
+# Answers in a row without a lease for the group's step after which its steps past the lease get the
+# fallback at once: two waits of the lighthouse for its ceiling (half the deadline each), one deadline.
+REFUSALS_SETTLE = 2
 
 
 _STABLE_THROUGH = pb.ManagerConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
@@ -140,6 +143,9 @@ class ManagerServer:
         self._step_wanted = -1  # a step a worker waits for, beyond the lease (asked of the lighthouse)
         self._renew_at = 0  # the step from which the background loop renews the lease
         self._refused_at: float | None = None  # a fetch for the group's step got no lease (None: one came)
+        self._refusals = (
+            0  # such answers in a row: from REFUSALS_SETTLE on, steps past the lease wait no more
+        )
         self._renew = threading.Event()  # wakes the background loop: a lease to renew, or stop
         self.steps_past_lease = 0
         self._past_lease_count = itertools.count(1)
@@ -269,9 +275,11 @@ class ManagerServer:
             # steps wanted in the run before, and with them this one if it came while in flight.
             if step > self._step_wanted:
                 self._step_wanted = step
-            # The lighthouse answered the group's step without a lease: no wait brings one now (the
-            # background loop asks again each backoff), so a refusal costs one deadline, not one a step.
-            return self._refused_at is not None
+            # The lighthouse answered the group's step without a lease, again: no wait brings one now
+            # (the background loop asks again each backoff), so a refusal costs one deadline, not one
+            # a step. Once is not enough: a ceiling write slower than the lighthouse's wait for it
+            # (a busy disk) is stored by the next answer, and the step gets its lease, not the fallback.
+            return self._refusals >= REFUSALS_SETTLE
 
         answer = self._cache.renew(settled)
         lease = self._lease
@@ -404,6 +412,7 @@ class ManagerServer:
                 # Asked for the group's step, in the state the request was made in: the lighthouse
                 # cannot promise it now. Not judged on a push, whose lease is for its last request.
                 self._refused_at = time.monotonic()
+                self._refusals += 1
         return snapshot
 
     # ------------------------------------------------------------ push
@@ -496,7 +505,7 @@ class ManagerServer:
         granted = reply.stable_through_step
         if granted >= base >= 0:
             self._renew_at = base + max(1, (granted - base + 1) // 2)
-            self._refused_at = None
+            self._refused_at, self._refusals = None, 0
 
     def _take_reply(self, reply: pb.LighthouseConfigResponse, held: Snapshot | None) -> Snapshot:
         """The snapshot to serve after ``reply`` (the held one when not modified or older)."""
@@ -525,7 +534,7 @@ class ManagerServer:
             self._pins.clear()
             self._step_wanted = -1  # and the step a worker waited for, too
         if held is not None and held.state_id != fresh.state_id:
-            self._refused_at = None  # a refusal in the state before: ask anew
+            self._refused_at, self._refusals = None, 0  # a refusal in the state before: ask anew
             logger.info(
                 "a new run of the job, or its state was reset (state %s): moving from version %d to %d",
                 fresh.state_id[:8],
