@@ -302,9 +302,8 @@ class ConfigStore:
             if key.startswith(LEASE_META)
             and (key != self._lease_key or not self.shared)
             and same_run(unpack(int(value))[0], runs.number)
+            and not runs.between
         ]
-        if runs.between:
-            floors = []
         self.leases.raise_floor(max(floors, default=-1), records.revision)
         for i, row in enumerate(self._rows):
             if row.version in records.unresolved:
