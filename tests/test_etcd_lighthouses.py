@@ -373,3 +373,29 @@ def test_a_lighthouse_stopped_for_seconds_does_not_end_the_run_the_other_keeps(
     for lh in (a, b):
         assert [(r["number"], r["live"]) for r in runs(lh)] == [(1, True)], runs(lh)
     worker.stop()
+
+
+def test_a_run_ended_through_one_lighthouse_ends_the_other_s_promises_too(
+    procs: ProcessPool, etcd1: EtcdCluster
+) -> None:
+    """Found by the chaos suite (regression: tests/test_chaos.py's etcd seeds): a lighthouse that
+    learnt from the store that another one ended the run kept its own promises of that run, so a
+    change made through it between runs took effect above the ended run's steps (not at once),
+    and the job resumed below them trained without it."""
+    store = store_url(etcd1)
+    a, b = lighthouses(procs, store)
+    assert change(a.url, "PUT", {"lr": 0.1}).status == 200
+    m = procs.manager(a.address, "g0", cache_ttl=1.0)  # a grants the group its leases
+    worker = procs.worker(m.address, group="g0", rank=0, steps=150, step_interval=0.01)
+    worker_records(worker)  # it stopped stepping; its manager lives on: the run stays live
+    horizon = get_json(a.url, "/api/config")["lease_horizon"]
+    assert horizon >= 149, horizon  # a promised the group steps past its last
+    ended = call(b.url, "POST", "/api/config/runs/end")  # the operator ends it through b
+    assert ended.status == 200, ended.body
+    poll(lambda: get_json(a.url, "/api/config")["run"] is None, 10, what="a sees the run ended")
+    made = change(a.url, "PATCH", {"lr": 0.2})
+    assert made.status == 200, made.body
+    assert made.json["effective_step"] is None, made.json  # between runs: at once, not above step 149
+    # The job resumes from a checkpoint at step 20: it trains the change from its first step.
+    resumed = procs.worker(m.address, group="g0", rank=0, steps=5, first_step=20, step_interval=0.01)
+    assert [r["config"]["lr"] for r in worker_records(resumed)] == ["0.2"] * 5

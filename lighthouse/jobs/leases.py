@@ -133,6 +133,7 @@ class LeaseBook(Generic[T]):
         self._floor_grantable = floor_grantable
         self.stored = NO_LEASE  # our own ceiling, durably stored
         self.wanted = NO_LEASE  # the ceiling asked of the writer
+        self.generation = 0  # moves at every run's begin and end: a ceiling asked before is not ours
         self._frozen: int | None = None
         self._request_ceiling = request_ceiling
         self.rate = 0.0
@@ -254,10 +255,15 @@ class LeaseBook(Generic[T]):
         """A run ended or began: every promise was to the run before (see ``runs``), none holds now."""
         with self._cond:
             self.granted = self.floor = self.stored = self.wanted = NO_LEASE
+            self.generation += 1
             self._cond.notify_all()
 
-    def ceiling_stored(self, ceiling: int) -> None:
+    def ceiling_stored(self, ceiling: int, generation: int | None = None) -> None:
+        """The writer stored ``ceiling``, asked in ``generation`` (None: this one): a ceiling of the
+        run before (it ended, or the next began, while it was written) counts for nothing now."""
         with self._cond:
+            if generation is not None and generation != self.generation:
+                return
             self.ceiling_writes += 1
             if ceiling > self.stored:
                 self.stored = ceiling
@@ -320,7 +326,7 @@ class CeilingWriter:
                 batch, self._queue = self._queue, {}
             failed = False
             for job, book in batch.items():
-                ceiling = book.wanted
+                ceiling, generation = book.wanted, book.generation
                 if ceiling <= book.stored:
                     continue
                 try:
@@ -341,7 +347,7 @@ class CeilingWriter:
                     failed = True
                     continue
                 self.failing.pop(job, None)
-                book.ceiling_stored(ceiling)
+                book.ceiling_stored(ceiling, generation)
             pause = min(pause * 2, self.BACKOFF_MAX) if failed else self.PAUSE
             self._stopping.wait(pause)
 

@@ -279,8 +279,11 @@ class ConfigStore:
         if runs.number != self.runs.number:  # another lighthouse began a run: its step starts over
             self._current_step = -1
             self._stored_step = -1
-            if runs.live is not None and runs.live.number > 0:
-                self.leases.new_run()
+        if runs.era != self.runs.era and runs.era > 0:
+            # Another lighthouse began or ended a run: every promise this one made was to the run
+            # before. Kept after an end elsewhere, they placed the changes made between runs above
+            # the ended run's steps, and a job resuming below them trained without those changes.
+            self.leases.new_run()
         self.runs = runs
         if same_run(stored_run, runs.number):
             self._current_step = max(stored_step, self._current_step)
