@@ -70,6 +70,10 @@ class Change:
             "op": self.op,
             "change": self.change,
             "effective_step": self.effective_step,
+            # Where it sorts among the changes applied at a step (with the version): what a
+            # reader needs to replay the history's configs on its own.
+            "order_step": self.order_step,
+            "made_now": self.made_now,
             "scheduled": self.scheduled,
             "cancelled": cancelled,
         }

@@ -1,0 +1,571 @@
+"""The chaos suite's checker: the recorded history of a run against the product's invariants.
+
+It imports nothing of the product. What a config should be at a step it works out on its own
+from the lighthouses' stored histories, by the rules docs/invariants.md states (a change made now
+holds from the step its acknowledgement names, a scheduled one from its step, apply order by
+``(epoch, order_step, version)``, a change made now that an ended run was promised holds at
+every step of later runs, a cancel withdraws its target), and it first checks that those
+histories hold every change the operator saw acknowledged, exactly as acknowledged.
+
+Invariants (docs/invariants.md numbers them the same):
+1. ``split``: every rank of every group trains the same config at a (job incarnation, step),
+   unless it was told fallback, or an operator ended the run in between (a run's step leases
+   end with it: a group behind the others trains the config as the operator left it);
+2. ``effective``: each served config is the one the committed changes give at its step (a change
+   is in effect from its effective step on, in every group, and not before);
+3. ``lost``: every acknowledged change is in every lighthouse's history, as acknowledged; a
+   refused one is in none;
+4. ``version``: a version names one config at a step, wherever it is served;
+5. ``order``: acknowledged order is effective order (changes made now);
+6. ``resume``: a resumed job begins a run, whose base holds every change acknowledged before it;
+7. ``fallback``: fallback only while a fault explains it (``EXPLAINS_ALL``, ``EXPLAINS_GROUP``);
+8. ``liveness``: after the faults stop, every rank trains the final change within the bound.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FALLBACK = "fallback"
+EXPLAINED_AFTER = 5.0  # seconds after a fault heals during which a fallback is still its doing
+EXPLAINED_BEFORE = 0.5  # and before it began (the fault log is written as it is injected)
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str
+    seed: int
+    detail: str
+    inc: int | None = None
+    group: str | None = None
+    step: int | None = None
+    versions: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        where = " ".join(
+            f"{name} {value}"
+            for name, value in (("incarnation", self.inc), ("group", self.group), ("step", self.step))
+            if value is not None
+        )
+        versions = f" versions {list(self.versions)}" if self.versions else ""
+        return f"seed {self.seed}: {self.invariant}: {where}{versions}: {self.detail}"
+
+
+@dataclass
+class History:
+    """Everything one run recorded."""
+
+    seed: int
+    records: list[dict[str, Any]] = field(default_factory=list)
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    lighthouses: dict[str, dict[str, Any]] = field(default_factory=dict)  # name: {"versions", "runs"}
+    final: dict[str, Any] = field(default_factory=dict)
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # the last line of a process killed while writing it
+            continue
+    return out
+
+
+def load(workdir: Path) -> History:
+    plan = json.loads((workdir / "plan.json").read_text())
+    history = History(plan["seed"])
+    for path in sorted((workdir / "records").glob("*.jsonl")):
+        history.records.extend(_jsonl(path))
+    history.ops = _jsonl(workdir / "ops.jsonl")
+    history.faults = _jsonl(workdir / "faults.jsonl")
+    for path in sorted((workdir / "histories").glob("*.json")):
+        history.lighthouses[path.stem] = json.loads(path.read_text())
+    final = workdir / "final.json"
+    history.final = json.loads(final.read_text()) if final.exists() else {}
+    return history
+
+
+def first_time_with_mark(path: Path, mark: str, after: float) -> float | None:
+    """When a rank's records first show ``mark`` at or after ``after`` (None: not yet)."""
+    for record in _jsonl(path):
+        if record["t"] >= after and record["config"].get("mark") == mark and record["source"] != FALLBACK:
+            return float(record["t"])
+    return None
+
+
+# ---------------------------------------------------------------- the model
+def served_equal(served: dict[str, str], expected: dict[str, Any]) -> bool:
+    """Whether a served config (every value a string) is ``expected`` (JSON values): strings as
+    they are, any other value as JSON text that parses back to it."""
+    if served.keys() != expected.keys():
+        return False
+    for key, value in expected.items():
+        text = served[key]
+        if isinstance(value, str):
+            if text != value:
+                return False
+            continue
+        try:
+            if json.loads(text) != value or type(json.loads(text)) is not type(value):
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+class Model:
+    """The configs a job's stored history gives, worked out from its rows and runs record."""
+
+    def __init__(self, versions: list[dict[str, Any]], runs: list[dict[str, Any]]) -> None:
+        self.rows = sorted(versions, key=lambda r: r["version"])
+        self.created = [r["created_at"] for r in self.rows]
+        self.ended = [r for r in runs if not r.get("live", r.get("ended_at") is None)]
+        self.ends = sorted(r["end_version"] for r in self.ended)
+        self.runs = sorted(runs, key=lambda r: r["number"])
+        self._memo: dict[tuple[int, int], dict[str, Any]] = {}
+
+    def head_at(self, t: float) -> int:
+        """The newest version committed at wall time ``t`` (0: none)."""
+        at = bisect.bisect_right(self.created, t)
+        return max((r["version"] for r in self.rows[:at]), default=0)
+
+    def heads_for(self, t: float, step: int) -> list[int]:
+        """The job's states a config served at ``t`` for ``step`` may come from: every change
+        committed by then, but none committed after the end of the run the step belongs to (the
+        latest run begun by ``t``; a step below its first one, served meanwhile on an earlier
+        lease, belongs to the run before). Once that run has ended and before the next begins, a
+        step may also get the latest state (no run is live: a change applies at once) unless it
+        was promised to the ended run: either, as long as every group gets the same (``split``)."""
+        head = self.head_at(t)
+        begun = [r for r in self.runs if r["started_at"] <= t]
+        if not begun:
+            return [head]
+        run = begun[-1]
+        if step < run["start_step"] and len(begun) > 1:
+            run = begun[-2]
+        if run.get("ended_at") is None:
+            return [head]
+        heads = [min(head, run["end_version"])]
+        if t >= run["ended_at"] and head not in heads:
+            heads.append(head)
+        return heads
+
+    def _rebased(self, row: dict[str, Any], head: int) -> bool:
+        return row["made_now"] and any(row["version"] <= run["end_version"] < head for run in self.ended)
+
+    def config(self, head: int, step: int) -> dict[str, Any]:
+        """The config at ``step`` in the job's state at version ``head``."""
+        key = (head, step)
+        if key in self._memo:
+            return self._memo[key]
+        rows = [r for r in self.rows if r["version"] <= head]
+        cancelled = {r["change"]["version"] for r in rows if r["op"] == "cancel"}
+        applied = []
+        for r in rows:
+            if r["op"] == "cancel" or r["version"] in cancelled:
+                continue
+            effective = None if self._rebased(r, head) else r["effective_step"]
+            if effective is None or effective <= step:
+                epoch = bisect.bisect_left(self.ends, r["version"])
+                applied.append(((epoch, r["order_step"], r["version"]), r))
+        config: dict[str, Any] = {}
+        for _, r in sorted(applied, key=lambda item: item[0]):
+            if r["op"] == "put":
+                config = dict(r["change"])
+            else:
+                for k, v in r["change"].items():
+                    if v is None:
+                        config.pop(k, None)
+                    else:
+                        config[k] = v
+        self._memo[key] = config
+        return config
+
+
+# ---------------------------------------------------------------- invariants
+def _canon(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def _who(records: list[dict[str, Any]]) -> list[str]:
+    return sorted({f"{r['group']}/{r['rank']}" for r in records})
+
+
+def _operator_ends(h: History) -> list[int]:
+    """The last versions of runs an operator ended (acknowledged: the runs record names them)."""
+    acked = [op["answer"]["ended"] for op in h.ops if op["kind"] == "run_end" and op.get("status") == 200]
+    return [int(run["end_version"]) for run in acked if run]
+
+
+def split_steps(h: History) -> list[Violation]:
+    seen: dict[tuple[int, int], dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r in h.records:
+        if r["source"] != FALLBACK:
+            seen[(r["inc"], r["step"])][_canon(r["config"])].append(r)
+    ended = _operator_ends(h)
+    out = []
+    for (inc, step), configs in sorted(seen.items()):
+        versions = [r["version"] for rs in configs.values() for r in rs]
+        if any(min(versions) <= end <= max(versions) for end in ended):
+            continue  # the operator ended the run in between: its promises ended with it (not promised)
+        if len(configs) > 1:
+            who = "; ".join(
+                f"{_who(rs)} v{sorted({r['version'] for r in rs})} {c}" for c, rs in configs.items()
+            )
+            versions = tuple(sorted({r["version"] for rs in configs.values() for r in rs}))
+            out.append(
+                Violation("split", h.seed, f"{len(configs)} configs: {who}", inc, None, step, versions)
+            )
+    return out
+
+
+def versions_name_one_config(h: History) -> list[Violation]:
+    seen: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for r in h.records:
+        if r["source"] != FALLBACK:
+            seen[(r["version"], r["step"])].add(_canon(r["config"]))
+    return [
+        Violation(
+            "version",
+            h.seed,
+            f"version {v} named {len(cs)} configs at one step: {sorted(cs)}",
+            None,
+            None,
+            s,
+            (v,),
+        )
+        for (v, s), cs in sorted(seen.items())
+        if len(cs) > 1
+    ]
+
+
+def _rows(h: History, name: str) -> dict[int, dict[str, Any]]:
+    return {r["version"]: r for r in h.lighthouses[name]["versions"]}
+
+
+def acknowledged_in_history(h: History) -> list[Violation]:
+    out = []
+    names = sorted(h.lighthouses)
+    if not names:
+        return [Violation("lost", h.seed, "no lighthouse history was recorded")]
+    reference = _rows(h, names[0])
+    for name in names[1:]:
+        other = _rows(h, name)
+        for version in sorted(set(reference) ^ set(other)):
+            out.append(
+                Violation(
+                    "lost",
+                    h.seed,
+                    f"{name} and {names[0]} disagree on version {version}",
+                    versions=(version,),
+                )
+            )
+        for version in sorted(set(reference) & set(other)):
+            a, b = reference[version], other[version]
+            fields = ("op", "change", "effective_step", "order_step", "made_now")
+            if any(a[f] != b[f] for f in fields):
+                out.append(
+                    Violation(
+                        "lost", h.seed, f"{name} stores version {version} differently", versions=(version,)
+                    )
+                )
+    for op in h.ops:
+        status, request = op.get("status"), op.get("request") or {}
+        if status == 200 and op["kind"] != "run_end":
+            answer = op["answer"]
+            version = answer["version"]
+            for name in names:
+                row = _rows(h, name).get(version)
+                if row is None:
+                    out.append(
+                        Violation(
+                            "lost",
+                            h.seed,
+                            f"op{op['n']} ({op['kind']}) acknowledged as version {version}, "
+                            f"missing on {name}",
+                            versions=(version,),
+                        )
+                    )
+                    continue
+                problems = []
+                if row["op"] != answer["op"]:
+                    problems.append(f"op {row['op']} != {answer['op']}")
+                if row["effective_step"] != answer["effective_step"]:
+                    problems.append(f"effective_step {row['effective_step']} != {answer['effective_step']}")
+                if (
+                    op["kind"] in ("patch", "put", "patch_if_match", "scheduled")
+                    and row["change"] != request["body"]
+                ):
+                    problems.append(f"change {row['change']} != {request['body']}")
+                if op["kind"] == "cancel" and row["change"] != {"version": request["target"]}:
+                    problems.append(f"cancel of {row['change']} != {request['target']}")
+                if problems:
+                    out.append(
+                        Violation(
+                            "lost",
+                            h.seed,
+                            f"op{op['n']} on {name}: " + "; ".join(problems),
+                            versions=(version,),
+                        )
+                    )
+        elif isinstance(status, int) and (400 <= status < 500 or status == 507) and request.get("body"):
+            mark = request["body"].get("mark")
+            for name in names:
+                for row in _rows(h, name).values():
+                    if (
+                        mark is not None
+                        and row["op"] in ("put", "patch")
+                        and row["change"].get("mark") == mark
+                    ):
+                        out.append(
+                            Violation(
+                                "lost",
+                                h.seed,
+                                f"op{op['n']} was refused ({status}) but {name} stored it "
+                                f"as version {row['version']}",
+                                versions=(row["version"],),
+                            )
+                        )
+    return out
+
+
+def acknowledged_order(h: History) -> list[Violation]:
+    """Changes made now, acknowledged one after the other within one run: versions and effective
+    steps in that order."""
+    runs = _runs(h)
+    names = sorted(h.lighthouses)
+    rows = h.lighthouses[names[0]]["versions"] if names else []
+    cancelled = {r["change"]["version"] for r in rows if r["op"] == "cancel"}
+    made_now = [
+        op
+        for op in h.ops
+        if op.get("status") == 200
+        and op["kind"] in ("patch", "put", "patch_if_match")
+        and not op["answer"].get("scheduled")
+        and op["answer"]["version"] not in cancelled  # withdrawn (a rollback): no order to keep
+    ]
+    made_now.sort(key=lambda op: op["answered"])
+    out = []
+    for a, b in itertools.pairwise(made_now):
+        if a["answered"] >= b["sent"]:
+            continue  # concurrent: no order was acknowledged
+        va, vb = a["answer"]["version"], b["answer"]["version"]
+        if vb <= va:
+            out.append(
+                Violation(
+                    "order",
+                    h.seed,
+                    f"op{b['n']} acknowledged after op{a['n']} got an older version",
+                    versions=(va, vb),
+                )
+            )
+        ea, eb = a["answer"]["effective_step"], b["answer"]["effective_step"]
+        same_run = _run_of(runs, a["sent"]) is not None and _run_of(runs, a["sent"]) == _run_of(
+            runs, b["answered"]
+        )
+        if same_run and ea is not None and eb is not None and eb < ea:
+            out.append(
+                Violation(
+                    "order",
+                    h.seed,
+                    f"op{b['n']} takes effect at {eb}, before op{a['n']} acknowledged earlier at {ea}",
+                    versions=(va, vb),
+                )
+            )
+    return out
+
+
+def _runs(h: History) -> list[dict[str, Any]]:
+    names = sorted(h.lighthouses)
+    return h.lighthouses[names[0]].get("runs", []) if names else []
+
+
+def _run_of(runs: list[dict[str, Any]], t: float) -> int | None:
+    for run in runs:
+        end = run.get("ended_at") or float("inf")
+        if run["started_at"] <= t <= end:
+            return int(run["number"])
+    return None
+
+
+def effective_steps(h: History) -> list[Violation]:
+    """Every config served (not fallback) is what the stored changes give at its step, in the job's
+    state when it was served: the changes committed by then (the record's time), the runs record."""
+    names = sorted(h.lighthouses)
+    if not names:
+        return []
+    model = Model(h.lighthouses[names[0]]["versions"], _runs(h))
+    out = []
+    reported: set[tuple[int, str]] = set()
+    for r in sorted(h.records, key=lambda r: r["t"]):
+        if r["source"] == FALLBACK:
+            continue
+        heads = model.heads_for(r["t"], r["step"])
+        if any(served_equal(r["config"], model.config(head, r["step"])) for head in heads):
+            continue
+        head = heads[0]
+        expected = model.config(head, r["step"])
+        key = (r["inc"], r["group"])
+        if key in reported:  # one per group and incarnation: the first says it
+            continue
+        reported.add(key)
+        out.append(
+            Violation(
+                "effective",
+                h.seed,
+                f"rank {r['rank']} served {r['config']} (v{r['version']}, {r['source']}), "
+                f"the history at v{head} gives {expected}",
+                r["inc"],
+                r["group"],
+                r["step"],
+                (r["version"], head),
+            )
+        )
+    return out
+
+
+def resumed_runs(h: History) -> list[Violation]:
+    """A resumed job begins a run of its own whose base holds every change acknowledged before the
+    job stopped; and in every run after the first, every change made now that was acknowledged
+    before the run began holds from its first step (an ended run's promise, or a change made
+    between runs: at once)."""
+    runs = _runs(h)
+    out = []
+    names = sorted(h.lighthouses)
+    rows = h.lighthouses[names[0]]["versions"] if names else []
+    cancels = [(r["version"], r["change"]["version"]) for r in rows if r["op"] == "cancel"]
+    for run in sorted(runs, key=lambda r: r["number"])[1:]:
+        earlier = [r for r in runs if r["number"] < run["number"] and r.get("ended_at") is not None]
+        for row in rows:
+            if not row["made_now"] or row["version"] > run["base_version"]:
+                continue
+            if row["effective_step"] is None or row["effective_step"] <= run["start_step"]:
+                continue
+            if any(target == row["version"] for _, target in cancels):
+                continue
+            if any(row["version"] <= r["end_version"] for r in earlier):
+                continue  # promised to an ended run: it holds at every step of the later ones
+            out.append(
+                Violation(
+                    "resume",
+                    h.seed,
+                    f"v{row['version']}, made now before run {run['number']} began (at step "
+                    f"{run['start_step']}), takes effect at step {row['effective_step']} in it",
+                    versions=(row["version"],),
+                )
+            )
+    for fault in h.faults:
+        if fault["kind"] != "job_resume" or "incarnation" not in fault:
+            continue
+        inc = fault["incarnation"]
+        run = next((r for r in runs if r.get("run_id") == f"inc{inc}"), None)
+        if run is None:
+            out.append(
+                Violation("resume", h.seed, f"the job resumed as inc{inc} but no run has that id", inc)
+            )
+            continue
+        for op in h.ops:
+            if (
+                op.get("status") == 200
+                and op["kind"] != "run_end"
+                and op["answered"] < fault["start"]
+                and op["answer"]["version"] > run["base_version"]
+            ):
+                out.append(
+                    Violation(
+                        "resume",
+                        h.seed,
+                        f"op{op['n']}, acknowledged before the job stopped, is not in "
+                        f"run {run['number']}'s base (v{run['base_version']})",
+                        inc,
+                        versions=(op["answer"]["version"],),
+                    )
+                )
+    return out
+
+
+# Faults that explain a fallback, and to whom: a group's own manager's; any lighthouse's (the
+# managers move to another, at the cost of one deadline). The others (an etcd member or its
+# leader, a lighthouse cut from etcd, a full disk, a rank, a job restart) must cost no fallback:
+# the lighthouses serve from memory and the stored lease ceiling carries the leases.
+EXPLAINS_ALL = ("lighthouse_kill", "lighthouse_stop")
+EXPLAINS_GROUP = ("manager_kill", "manager_stop", "manager_cut")
+
+
+def _explains(fault: dict[str, Any], group: str) -> bool:
+    if fault["kind"] in EXPLAINS_ALL:
+        return True
+    return fault["kind"] in EXPLAINS_GROUP and str(fault.get("target", "")).startswith(f"manager-{group}")
+
+
+def unexplained_fallbacks(h: History) -> list[Violation]:
+    out = []
+    reported: set[tuple[int, str]] = set()
+    for r in sorted(h.records, key=lambda r: r["t"]):
+        if r["source"] != FALLBACK:
+            continue
+        if any(
+            f["start"] - EXPLAINED_BEFORE <= r["t"] <= f.get("end", f["start"]) + EXPLAINED_AFTER
+            for f in h.faults
+            if _explains(f, r["group"])
+        ):
+            continue
+        key = (r["inc"], r["group"])
+        if key not in reported:
+            reported.add(key)
+            out.append(
+                Violation(
+                    "fallback",
+                    h.seed,
+                    f"rank {r['rank']} got the fallback at {r['t']:.3f} with no fault near",
+                    r["inc"],
+                    r["group"],
+                    r["step"],
+                )
+            )
+    return out
+
+
+def liveness(h: History) -> list[Violation]:
+    final = h.final
+    if not final:
+        return [Violation("liveness", h.seed, "the run ended before its final change")]
+    out = []
+    for rank, when in sorted(final["reached"].items()):
+        if when is None or when - final["acked"] > final["bound"]:
+            late = "never" if when is None else f"after {when - final['acked']:.1f} s"
+            out.append(
+                Violation(
+                    "liveness", h.seed, f"{rank} trained the final change {late} (bound {final['bound']} s)"
+                )
+            )
+    return out
+
+
+INVARIANTS = (
+    split_steps,
+    effective_steps,
+    acknowledged_in_history,
+    versions_name_one_config,
+    acknowledged_order,
+    resumed_runs,
+    unexplained_fallbacks,
+    liveness,
+)
+
+
+def check(h: History) -> list[Violation]:
+    out: list[Violation] = []
+    for invariant in INVARIANTS:
+        out.extend(invariant(h))
+    return out

@@ -1,0 +1,93 @@
+"""A TCP relay the nemesis can cut: a silent partition on loopback, without privileges.
+
+Cut, it relays nothing and closes nothing: both peers keep an open connection on which no byte
+arrives and no FIN or RST ever comes, as when a switch or a firewall drops a host's packets (what
+keepalives and deadlines are for). Healed, it relays what it held back, in order: TCP would
+deliver the retransmitted bytes the same way. A connection the target closes or refuses is
+closed on the other side too (a restarted target is reached again by the next connection).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+class Proxy:
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        threading.Thread(target=self._accept, daemon=True, name=f"proxy-{self.address}").start()
+
+    @property
+    def cut_off(self) -> bool:
+        return not self._flowing.is_set()
+
+    def cut(self) -> None:
+        self._flowing.clear()
+
+    def heal(self) -> None:
+        self._flowing.set()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._connect, args=(conn,), daemon=True).start()
+
+    def _connect(self, conn: socket.socket) -> None:
+        self._track(conn)
+        self._flowing.wait()  # a connection made across the cut waits, unanswered, for the heal
+        try:
+            upstream = socket.create_connection(self.target, timeout=5)
+        except OSError:
+            self._close(conn)
+            return
+        upstream.settimeout(None)
+        self._track(upstream)
+        for src, dst in ((conn, upstream), (upstream, conn)):
+            threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                self._flowing.wait()
+                if not data:
+                    with contextlib.suppress(OSError):
+                        dst.shutdown(socket.SHUT_WR)
+                    return
+                dst.sendall(data)
+        except OSError:
+            self._close(src)
+            self._close(dst)
+
+    def _track(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.add(sock)
+
+    def _close(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.discard(sock)
+        with contextlib.suppress(OSError):
+            sock.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._flowing.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            self._close(sock)
