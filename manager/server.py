@@ -23,6 +23,7 @@ at once, and the background loop asks again each backoff until a lease comes.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import math
@@ -53,6 +54,7 @@ STREAM_END_WAIT = 1.0  # seconds to wait for a reset stream to end before lookin
 # Answers in a row without a lease for the group's step after which its steps past the lease get the
 # fallback at once: two waits of the lighthouse for its ceiling (half the deadline each), one deadline.
 REFUSALS_SETTLE = 2
+EARLIER_LEASES_KEPT = 8  # replaced leases kept for ranks behind their group (``_below_snapshot``)
 
 
 _STABLE_THROUGH = pb.ManagerConfigResponse.STABLE_THROUGH_STEP_FIELD_NUMBER
@@ -139,6 +141,9 @@ class ManagerServer:
         self._last_contact = float("-inf")  # last call to the lighthouse, answered or not
         self._last_answer = float("-inf")  # last call the lighthouse answered
         self._lease: _Lease | None = None
+        # Leases the current one replaced in the same state, newest first: what holds at a step
+        # below the current snapshot's first segment (a rank behind its group's others).
+        self._earlier_leases: collections.deque[_Lease] = collections.deque(maxlen=EARLIER_LEASES_KEPT)
         self._leases_supported: bool | None = None  # None until the lighthouse first answered
         self._step_wanted = -1  # a step a worker waits for, beyond the lease (asked of the lighthouse)
         self._renew_at = 0  # the step from which the background loop renews the lease
@@ -251,6 +256,8 @@ class ManagerServer:
             lease = self._lease
         # The answer says how far the group's config is promised (nothing for a fallback).
         promised = lease.field if lease is not None and snapshot is lease.snapshot else b""
+        if step < snapshot.from_steps[0]:
+            snapshot, promised = self._below_snapshot(step)
         segment = snapshot.segment(step)
         if request.peek or self._pins.outside_window(step):  # peek: look, pin nothing, move no step
             return snapshot.reply(segment, False) + promised
@@ -262,6 +269,19 @@ class ManagerServer:
         if step >= self._renew_at:
             self._renew.set()  # half-way through the lease: the background loop renews it
         return pinned if pinned is not None else snapshot.reply(segment, False) + promised
+
+    def _below_snapshot(self, step: int) -> tuple[Snapshot, bytes]:
+        """A step below every segment of the snapshot chosen for it (its reply began at a step a
+        rank ahead of this one asked for): the lease promised for it before, in the same state,
+        holds (a promise is for steps, not for a time); without one, the fallback. Never the first
+        segment's config, which holds only from its own step on."""
+        state_id = self._lease.snapshot.state_id if self._lease is not None else None
+        for earlier in list(self._earlier_leases):
+            held = earlier.snapshot
+            if held.state_id == state_id and held.from_steps[0] <= step <= earlier.through:
+                return held, earlier.field
+        self.steps_past_lease = next(self._past_lease_count)
+        return self._cache.fallback(), b""
 
     def _renew_for(self, step: int) -> tuple[Snapshot, bool]:
         """A step beyond the lease: wait for a renewal that covers it (bounded by the lighthouse
@@ -501,6 +521,10 @@ class ManagerServer:
                 # step past it renews, and that reply covers the group's step.
                 return
             through = max(through, held.through)
+            if held.snapshot is not snapshot:
+                self._earlier_leases.appendleft(held)
+        else:
+            self._earlier_leases.clear()  # another state (a run began or ended): its promises are gone
         self._lease = _Lease(snapshot, through) if through >= 0 else None
         granted = reply.stable_through_step
         if granted >= base >= 0:

@@ -500,3 +500,43 @@ def test_a_group_that_skips_past_the_step_without_serving_it_is_not_reported_lat
         what="gJ's switch reported",
     )
     assert scheduled(lh.url)[v]["late_groups"] == []
+
+
+def test_a_rank_behind_its_group_never_trains_a_change_before_its_step(procs: ProcessPool) -> None:
+    """Found by the chaos suite (seed 905484450): a rank asked for the steps its group's other rank
+    had left behind, after the manager's new lease came with segments only from the change's
+    step on (the reply begins at the segment holding the highest step asked): the manager served
+    the first segment's config, the change's, at steps below the change. A step below the
+    snapshot's segments gets what an earlier lease promised for it, else the fallback."""
+    lh = procs.lighthouse({"lr": 0.1})
+    m = procs.manager(lh.address, "g0", cache_ttl=0.3, extra=["--poll"])
+    worker_records(procs.worker(m.address, group="g0", rank=0, steps=40, step_interval=0.01))
+    made = call_status(lh.url, "PATCH", "api/config", {"lr": 0.2})
+    assert made.status == 200, made.body
+    effective = made.json["effective_step"]
+    assert effective is not None and effective >= 40, made.json
+    # Rank 0 goes on past the change (a script may ask at some steps only): the new lease's
+    # reply holds segments from the change's step on.
+    jump = worker_records(procs.worker(m.address, group="g0", rank=0, steps=1, first_step=effective + 50))
+    assert jump[0]["config"] == {"lr": "0.2"}, jump
+
+    def fetches() -> int:
+        return int(
+            next(g for g in call(lh.url, "GET", "api/managers")["managers"] if g["replica_id"] == "g0")[
+                "fetches"
+            ]
+        )
+
+    # Another change, and the manager's refreshes (reporting that step) bring it: replies that begin
+    # at the segment holding that step.
+    assert call_status(lh.url, "PATCH", "api/config", {"other": 1}).status == 200
+    seen = fetches()
+    poll(lambda: fetches() >= seen + 2, 10, what="the manager's refreshes after the jump")
+    # Rank 1, behind, asks the steps in between: none below the change gets it.
+    behind = worker_records(
+        procs.worker(m.address, group="g0", rank=1, steps=effective + 10 - 40, first_step=40)
+    )
+    assert [r["step"] for r in behind] == list(range(40, effective + 10))
+    early = [r for r in behind if r["step"] < effective and r["config"].get("lr") == "0.2"]
+    assert not early, early[:3]
+    assert all(r["config"].get("lr") == "0.2" for r in behind if r["step"] >= effective), behind[-12:]
