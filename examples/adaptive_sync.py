@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                 continue
             first = max(0, step - 2 * args.window + 1)
             points = admin.metrics("loss", from_step=first, to_step=step)["metrics"]["loss"]
-            config = admin.show()["config"]
+            config = admin.show()["live"]  # what the groups train with now (the loss above)
             sync_every = int(config.get("sync_every", 10))
             decision = decide(points, sync_every, args)
             if decision is None:

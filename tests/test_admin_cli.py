@@ -113,7 +113,9 @@ def test_scheduled_and_cancel(lh: LighthouseProc) -> None:
     out = ok(lh, "set", "lr=0.5", "--at-step", "100000")
     assert out.endswith("(takes effect at step 100,000 in every group)\n")
     target = int(out.split()[1])
-    assert show(lh)["config"]["lr"] != 0.5
+    view = show(lh)
+    assert view["live"]["lr"] != 0.5  # live: not before its step
+    assert (view["version"], view["config"]["lr"], view["from_step"]) == (target, 0.5, 100000)
     pending = json.loads(ok(lh, "scheduled", "-o", "json"))["scheduled"]
     assert [s["status"] for s in pending if s["version"] == target] == ["pending"]
     assert ok(lh, "cancel", str(target)) == f"cancelled {target}: version {target + 1}\n"

@@ -89,8 +89,10 @@ def test_config_show(job: Job) -> None:
     assert re.fullmatch(
         rf"version 4, (just now|\d+ (s|min) ago) by {re.escape(USER)} \(api\): later", lines[4]
     ), lines[4]
-    assert lines[5:7] == [f"scheduled: version 4 at step 100,000 by {USER}: later", "    ~ lr: 0.05 -> 0.5"]
-    assert lines[7:] == ["schema: set through the API"]
+    # The table is the live config (version 3's); version 4's holds from its step.
+    assert lines[5] == "live: version 3 (above); version 4: its config from step 100,000"
+    assert lines[6:8] == [f"scheduled: version 4 at step 100,000 by {USER}: later", "    ~ lr: 0.05 -> 0.5"]
+    assert lines[8:] == ["schema: set through the API"]
 
 
 @pytest.mark.slow
@@ -127,7 +129,7 @@ def test_config_history_is_one_line_per_version_with_its_diff(job: Job) -> None:
 @pytest.mark.slow
 def test_config_diff(job: Job) -> None:
     assert table_out(job, "config", "diff", "1") == [
-        "version 1 -> version 4 (live)",
+        "version 1 -> version 3 (live)",
         "~ lr: 0.1 -> 0.05",
         '- name: "start"',
         "+ warmup: 100",

@@ -63,13 +63,40 @@ def test_scheduled_save_from_the_editor(page: Page, lh: LighthouseProc) -> None:
     page.fill("#at-step", "700")
     page.click("#save")
     expect(page.locator("#status")).to_contain_text("takes effect at step 700")
-    assert lh.http("GET", "/api/config").json["config"]["name"] == "run-1"
+    view = lh.http("GET", "/api/config").json
+    assert (view["live"]["name"], view["config"]["name"], view["from_step"]) == ("run-1", "run-2", 700)
     assert lh.http("GET", "/api/config/at-step/700").json["config"]["name"] == "run-2"
     # Only the edited key is scheduled: an unrelated edit made before step 700 is not undone.
     assert lh.http("GET", "/api/config/history").json["versions"][0]["change"] == {"name": "run-2"}
     assert lh.http("PATCH", "/api/config", {"lr": 0.5}).status == 200
     at_700 = lh.http("GET", "/api/config/at-step/700").json["config"]
     assert (at_700["name"], at_700["lr"]) == ("run-2", 0.5)
+
+
+def test_the_editor_edits_around_a_change_scheduled_ahead(page: Page, lh: LighthouseProc) -> None:
+    """The editor edits the latest version's config, the change scheduled ahead in it; saved now,
+    only the keys edited go (a patch), so that change still lands at its step; an edit of a key it
+    sets would be undone there: refused before Save, with what to do instead."""
+    ahead = lh.http("PATCH", "/api/config?effective_step=900", {"name": "run-2"}).json["version"]
+    open_editor(page, lh, ahead)
+    expect(page.locator("#upcoming")).to_contain_text("as of step 900")
+    expect(page.locator("#upcoming")).to_contain_text("Save sends only the keys you change")
+    text = page.input_value("#editor")
+    assert '"name": "run-2"' in text, text
+    page.fill("#editor", text.replace("0.001", "0.02"))
+    expect(page.locator("#validation")).to_contain_text("saving makes version 3")
+    page.click("#save")
+    expect(page.locator("#status")).to_contain_text("Saved as version 3. It is in effect now.")
+    assert lh.http("GET", "/api/config/history").json["versions"][0]["change"] == {"lr": 0.02}
+    before, at = (lh.http("GET", f"/api/config/at-step/{s}").json["config"] for s in (899, 900))
+    assert (before["name"], before["lr"], at["name"], at["lr"]) == ("run-1", 0.02, "run-2", 0.02)
+
+    expect(page.locator("#loaded-version")).to_have_text("v3")
+    page.fill("#editor", page.input_value("#editor").replace('"run-2"', '"run-3"'))
+    expect(page.locator("#validation")).to_contain_text("sets name too")
+    expect(page.locator("#validation")).to_contain_text("effective_step=900")
+    expect(page.locator("#save")).to_be_disabled()
+    assert lh.http("GET", "/api/config").json["version"] == 3
 
 
 def test_conflicting_save_is_refused(page: Page, lh: LighthouseProc) -> None:

@@ -174,10 +174,16 @@ def test_history_limit_prunes_but_never_the_live_version(procs: ProcessPool, tmp
     assert res.status == 200, res.body
     live_now = rolled | {"z": True, "after": 1}
     view = http_util.live(lh.url)
-    assert view["config"] == live_now, view
+    assert view["live"] == live_now, view
+    # The latest version's config: the put scheduled at step 1,000,000 replaces everything there.
+    assert (view["version"], view["config"], view["from_step"]) == (
+        res.json["version"],
+        {"sched": 1},
+        1_000_000,
+    )
     assert sched.json["version"] in [s["version"] for s in view["scheduled"]]
     assert sched.json["version"] in [h["version"] for h in http_util.history(lh.url)]
     assert lh.stop() == 0
     lh = procs.lighthouse(config_path=path, state_dir=state, extra=["--history-limit", "1"])
     http_util.wait_healthy(lh.url)
-    assert http_util.live(lh.url)["config"] == live_now
+    assert http_util.live(lh.url)["live"] == live_now

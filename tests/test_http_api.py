@@ -208,7 +208,13 @@ def test_scheduled_change_and_cancel(lh: LighthouseProc) -> None:
     assert scheduled.status == 200
     target = scheduled.json["version"]
     assert scheduled.json["effective_step"] == 5000
-    assert scheduled.json["config"] == config, "not live before its step"
+    # The answer names the version it made and that version's config (the history's); the live
+    # one, apart, does not have it before its step.
+    assert scheduled.json["config"] == {**config, "lr": 9.5} and scheduled.json["from_step"] == 5000
+    assert scheduled.json["live"] == config, "not live before its step"
+    view = lh.http("GET", "/api/config").json
+    assert (view["version"], view["config"], view["from_step"]) == (target, {**config, "lr": 9.5}, 5000)
+    assert (view["live_version"], view["live"]) == (version, config)
     pending = lh.http("GET", "/api/config/scheduled").json["scheduled"]
     [item] = [s for s in pending if s["version"] == target]
     assert item["status"] == "pending" and item["effective_step"] == 5000

@@ -202,7 +202,9 @@ def test_an_operator_ends_the_run_and_stepless_readers_see_a_change_at_once() ->
     state.observe(pb.ManagerStatus(replica_id="g0", step=40), "peer", held=state.snapshot.state_id)
     _, horizon = state.store.leases.grant(40, 1.0)
     pending = state.change("patch", {"lr": 0.2}, source="t")
-    assert pending.row.effective_step == horizon + 1 and state.view()["config"]["lr"] == 0.1
+    view = state.view()
+    assert pending.row.effective_step == horizon + 1 and view["live"]["lr"] == 0.1
+    assert (view["version"], view["config"]["lr"], view["from_step"]) == (pending.version, 0.2, horizon + 1)
     assert state.end_run("operator") is not None
     assert state.end_run("operator") is None  # none is live any more
     view = state.view()

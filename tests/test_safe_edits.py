@@ -174,7 +174,8 @@ def test_dry_runs_answer_what_the_change_would_do_and_store_nothing(
     assert put.json["config"] == {**GOOD, "lr": 0.5, "momentum": 0.9}
     assert patch.json["changes"] == {"optimizer": {"before": "adam"}}
     assert scheduled.json["changes"] == {"lr": {"before": 0.1, "after": 0.01}}
-    assert scheduled.json["config"] == GOOD and scheduled.json["effective_step"] == 500
+    assert scheduled.json["config"] == {**GOOD, "lr": 0.01} and scheduled.json["effective_step"] == 500
+    assert scheduled.json["live"] == GOOD and scheduled.json["from_step"] == 500
     assert rollback.json["changes"] == {} and rollback.json["config"] == GOOD
     # Refusals are the same as the real request's.
     _refused(call(lh.url, "PUT", "api/config?dry_run=1", {"lr": 3}), "/lr", "/batch_size")

@@ -203,7 +203,13 @@ def show(client: AdminClient, output: str) -> None:
 @click.argument("assignments", nargs=-1, required=True, metavar="KEY=VALUE...")
 @at_step_option
 @comment_option
-@click.option("--if-match", type=int, default=None, help="Refuse the change unless VERSION is still live.")
+@click.option(
+    "--if-match",
+    type=int,
+    default=None,
+    help="Refuse the change unless VERSION is still the latest (`config show -o json`'s version) and the "
+    "change keeps every pending change where VERSION's config has it.",
+)
 @dry_run_option
 @allow_type_change_option
 @create_option
@@ -245,7 +251,13 @@ def set_(
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @at_step_option
 @comment_option
-@click.option("--if-match", type=int, default=None, help="Refuse the change unless VERSION is still live.")
+@click.option(
+    "--if-match",
+    type=int,
+    default=None,
+    help="Refuse the change unless VERSION is still the latest (`config show -o json`'s version) and the "
+    "change keeps every pending change where VERSION's config has it.",
+)
 @dry_run_option
 @allow_type_change_option
 @create_option
@@ -305,8 +317,11 @@ def diff(client: AdminClient, output: str, older: int, newer: int | None) -> Non
     """What changed, key by key, from version V1 to V2 (default: the live config)."""
     before = client.version(older)
     if newer is None:
-        view = client.show()
-        after = {"version": view["version"], "config": view["config"]}
+        view = client.show()  # the live version and its config at the job's step
+        after = {
+            "version": view.get("live_version") or view["version"],
+            "config": view.get("live", view["config"]),
+        }
     else:
         after = client.version(newer)
     if output == JSON:
@@ -333,7 +348,7 @@ def watch(client: AdminClient, output: str, since: int | None) -> None:
     """
     view = client.show()
     if since is None or since == view["version"]:
-        since, base = view["version"], view["config"]
+        since, base = view["version"], admin_tables.in_use(view)
     else:
         base = client.version(since)["config"] if since > 0 else {}
     replay = admin_tables.Replay(base, view["current_step"])

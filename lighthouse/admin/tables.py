@@ -69,6 +69,16 @@ class Replay:
         return diff_lines(config_changes(before, after)) or ["(no key changed)"]
 
 
+def in_use(view: dict[str, Any]) -> dict[str, Any]:
+    """What ``Replay`` holds once it replayed the versions up to a ``GET /api/config`` answer's: the
+    live config with the pending changes made now applied in their order, not those scheduled."""
+    config = view.get("live", view["config"])  # an older lighthouse: ``config`` is the live one
+    made_now = [s for s in view.get("scheduled") or [] if not is_scheduled(s) and not s.get("cancelled")]
+    for item in sorted(made_now, key=lambda s: (s["effective_step"], s["version"])):
+        config = apply_change(config, item["op"], item["change"])
+    return config
+
+
 def is_scheduled(entry: dict[str, Any]) -> bool:
     """Asked for at a step (``--at-step``), not a change made now whose step the lighthouse chose."""
     return bool(entry.get("scheduled", entry.get("effective_step") is not None))
@@ -131,8 +141,11 @@ def config_table(config: dict[str, Any]) -> list[str]:
 
 
 def show(view: dict[str, Any], now: float | None = None) -> list[str]:
-    """``config show``: KEY VALUE, one line about the version, pending scheduled changes, problems."""
-    lines = config_table(view["config"])
+    """``config show``: the live config (KEY VALUE: what groups get at the job's step), one line
+    about the latest version, one about the live version when it is another, pending changes
+    (each against the live config), problems."""
+    live = view.get("live", view["config"])  # an older lighthouse: ``config`` is the live one
+    lines = config_table(live)
     by = f" by {view.get('author') or '-'}"
     comment = f": {view['comment']}" if view.get("comment") else ""
     lines.append("")
@@ -140,6 +153,11 @@ def show(view: dict[str, Any], now: float | None = None) -> list[str]:
         f"version {view['version']}, {ago(view.get('updated_at'), now)}{by} ({view.get('source') or '-'})"
         f"{comment}"
     )
+    served = view.get("live_version")
+    if "live" in view and served not in (None, view["version"]):
+        later = view.get("from_step")
+        holds = f"its config from step {steps(later)}" if later is not None else "the same config"
+        lines.append(f"live: version {served} (above); version {view['version']}: {holds}")
     if view.get("current_step", -1) >= 0:
         lines.append(f"job step {steps(view['current_step'])}")
     for item in view.get("scheduled") or []:
@@ -147,7 +165,7 @@ def show(view: dict[str, Any], now: float | None = None) -> list[str]:
             f"scheduled: version {item['version']} at step {steps(item['effective_step'])}"
             f" by {item.get('author') or '-'}" + (f": {item['comment']}" if item.get("comment") else "")
         )
-        changes = config_changes(view["config"], apply_change(view["config"], item["op"], item["change"]))
+        changes = config_changes(live, apply_change(live, item["op"], item["change"]))
         lines.extend(INDENT + line for line in diff_lines(changes) or ["(no key changes)"])
     file = view.get("file") or {}
     if file.get("error"):

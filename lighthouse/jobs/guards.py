@@ -159,6 +159,7 @@ class MakeChange(Protocol):
         author: str = ...,
         comment: str = ...,
         if_match: int | None = ...,
+        read_step: int | None = ...,
     ) -> Plan: ...
 
 
@@ -298,12 +299,16 @@ class JobGuards:
         logger.warning("the guard of version %d triggered: %s", version, reason)
 
     def _revert(self, guard: dict[str, Any], comment: str) -> Plan | None:
-        """Commit the rollback (If-Match on the head it was decided at); None: nothing to revert."""
+        """Commit the rollback (If-Match on the head it was decided at); None: nothing to revert.
+
+        Made from the config at the step a change made now takes effect at, not the live one: a
+        change made now that is still pending stays (a key it changed again too), and one
+        scheduled further ahead still lands on top at its step."""
         store = self.store
         with store.lock:
             head = store.head
-            live = store.live()
-        config = dict(live)
+            at, base = store.made_now_base()
+        config = dict(base)
         reverted = []
         for key, change in guard["changes"].items():
             if config.get(key, _ABSENT) != change.get("after", _ABSENT):
@@ -322,6 +327,7 @@ class JobGuards:
             author=AUTHOR,
             comment=f"{comment}; rolled back {', '.join(reverted)}",
             if_match=head,
+            read_step=at,
         )
 
 

@@ -37,7 +37,7 @@ from lighthouse.jobs.stall import Progress
 from lighthouse.jobs.timeline import live_version
 from lighthouse.jobs.versions import ConfigStore, Edit, Plan, Segment, first_segment
 from protos import lighthouse_config_pb2 as pb
-from protos.limits import SEGMENT_AUTHOR_CHARS, SEGMENT_COMMENT_CHARS
+from protos.limits import FOREVER, SEGMENT_AUTHOR_CHARS, SEGMENT_COMMENT_CHARS
 from protos.rpc import MAX_REPLY_BYTES, varint_field
 
 logger = logging.getLogger(__name__)
@@ -791,9 +791,16 @@ class LighthouseState:
     ) -> Plan:
         """Validate, check against the schema and durably commit a put/patch (a dry run stops
         before writing); the reply served to managers follows at once. A key whose JSON type
-        it alters refuses it (TypeChanged) unless ``allow_type_change``."""
+        it alters refuses it (TypeChanged) unless ``allow_type_change``.
+
+        ``if_match``: the change was made from that version's config as ``view`` shows it (every
+        pending change applied); refused (VersionConflict) unless that version is still the
+        head and the change lands on that config as read, every pending change kept where it was
+        (PendingConflict: see ``ConfigStore._check_read``).
+        """
         config = validate_object(body)
-        edit = Edit(op, config, source, author, comment, effective_step)
+        read_step = None if if_match is None else FOREVER
+        edit = Edit(op, config, source, author, comment, effective_step, read_step=read_step)
         check = self._check if allow_type_change else self._check_types
         return self._apply([edit], if_match=if_match, dry_run=dry_run, check=check)
 
@@ -812,11 +819,12 @@ class LighthouseState:
         author: str = "-",
         comment: str = "",
         if_match: int | None = None,
+        read_step: int | None = None,
     ) -> Plan:
-        """A guard's rollback: explicit by nature, so it may put a key's old type back."""
-        return self.change(
-            op, body, source=source, author=author, comment=comment, if_match=if_match, allow_type_change=True
-        )
+        """A guard's rollback: explicit by nature, so it may put a key's old type back. Made from
+        the head's config at ``read_step`` (``ConfigStore.made_now_base``), not at every step."""
+        edit = Edit(op, validate_object(body), source, author, comment, read_step=read_step)
+        return self._apply([edit], if_match=if_match, check=self._check)
 
     def _check(self, plan: Plan) -> None:
         """Refuse a commit that breaks the schema, or whose reply to a group at the job's step would
@@ -914,40 +922,38 @@ class LighthouseState:
 
     # -------------------------------------------------------------- views
     def view(self) -> dict[str, Any]:
-        """GET /api/config: the live config with its original JSON types.
+        """GET /api/config: a version and its config, and apart the live one, with their JSON types.
 
-        ``upcoming``: the config once the changes made now that are still pending (they take
-        effect above the step leases) have taken effect, None when there are none. An editor
-        edits that one: editing the live config would undo them.
+        ``version`` is the head and ``config`` its config: every change up to it applied, the
+        pending ones too (changes made now take effect above the step leases; scheduled ones at
+        their step), as the history shows that version. Every group gets it from ``from_step``
+        on (None: at the job's step already). ``live`` is what groups get at the job's step, the
+        config of ``live_version`` there. An editor edits ``config`` and sends ``If-Match:
+        version``: editing ``live`` would undo the pending changes.
         """
         self.check_run()
         store = self.store
         pending = [s for s in store.scheduled() if s["status"] == "pending"]
-        with store.lock:  # version and config from the same instant
+        with store.lock:  # every version and config from the same instant
             latest = store.latest()
-            config = store.live()
+            live = store.live()
+            from_step = store.from_step()
+            step = store.current_step
             served, next_change = self._live_and_next(pending)
-            made_now = [s["effective_step"] for s in pending if not s["scheduled"]]
-            upcoming = None
-            if latest is not None and made_now:
-                at = max(made_now)
-                upcoming = {
-                    "version": latest.version,
-                    "effective_step": at,
-                    "config": store.resolve(latest.version, at),
-                }
         return {
             "version": latest.version if latest else 0,
-            # The version whose config ``config`` is (served at the job's step); the head
-            # (``version``) differs while a change is pending, which ``pending`` names apart.
+            "config": dict(latest.config) if latest else {},  # that version's, as its history entry shows it
+            "from_step": from_step,
+            # The version served at the job's step and its config there (what workers get now);
+            # ``pending`` names the next change to take effect after it.
             "live_version": served,
+            "live": live,
             "pending": next_change,
-            "config": config,
             "updated_at": latest.created_at if latest else None,
             "source": latest.source if latest else None,
             "author": latest.author if latest else None,
             "comment": latest.comment if latest else None,
-            "current_step": self.store.current_step,
+            "current_step": step,
             # The live run (None: no run is live, a change made now applies at once).
             "run": None if (run := self.store.runs.live) is None else run.to_json(),
             # The highest step groups may have been promised: a change made now takes effect after
@@ -959,7 +965,6 @@ class LighthouseState:
             # Lighthouses on the store that do not honour step leases (none: leases are granted).
             "step_leases_suspended_by": list(self.store.leases.gate.suspended_by),
             "scheduled": pending,
-            "upcoming": upcoming,
             "file": {
                 "path": str(self.config_path) if self.config_path else None,
                 "error": "; ".join(e for e in (self.file_error, self.schema.error) if e) or None,

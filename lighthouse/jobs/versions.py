@@ -57,7 +57,16 @@ from lighthouse.store.backend import (
 from protos.job_ids import DEFAULT_JOB, JobId
 from protos.limits import FOREVER
 
-__all__ = ["FOREVER", "Change", "ConfigStore", "HistoryPage", "NotFound", "Segment", "VersionConflict"]
+__all__ = [
+    "FOREVER",
+    "Change",
+    "ConfigStore",
+    "HistoryPage",
+    "NotFound",
+    "PendingConflict",
+    "Segment",
+    "VersionConflict",
+]
 
 SEGMENTS_CACHED = 4  # results of _segments kept: a commit's before and after, a reload's
 
@@ -73,6 +82,22 @@ class VersionConflict(Exception):
     def __init__(self, expected: int, head: int) -> None:
         super().__init__(f"version conflict: you edited version {expected}, the live version is {head}")
         self.head = head
+
+
+class PendingConflict(VersionConflict):
+    """``If-Match`` named the head, but the change, made from a config of it (``Edit.read_step``),
+    would not land as made: a pending change would take effect early with it, override it from
+    its step, or be overridden by it without having been in the config it was made from.
+
+    ``pending``: those changes (version, effective step); ``earliest``: the step from which the
+    same change, scheduled there, lands after all of them (None: read the config again instead).
+    """
+
+    def __init__(self, message: str, head: int, pending: list[dict[str, int]], earliest: int | None) -> None:
+        Exception.__init__(self, message)
+        self.head = head
+        self.pending = pending
+        self.earliest = earliest
 
 
 class NotFound(LookupError):
@@ -109,6 +134,11 @@ class Edit:
     # A cancel a rollback adds for a pending change: left out, instead of refusing the whole
     # commit, when that change's step was promised to the groups meanwhile.
     optional: bool = False
+    # The step of the head's config this put/patch was made from (FOREVER: the config every
+    # pending change applied, what GET /api/config shows with the head's version; None: no
+    # claim, a blind write). Planned with ``if_match`` on that head, the change is refused
+    # (PendingConflict) when a pending change would not be where the maker saw it.
+    read_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +164,19 @@ class Plan:
     def changes(self) -> dict[str, dict[str, Any]]:
         """Per key ``{"before": .., "after": ..}``; a key added has no "before", one removed no "after"."""
         return config_changes(self.before, self.after)
+
+    def served(self) -> Segment:
+        """The segment groups get at the job's step (step 0's before any step) once it commits:
+        its ``config`` is the live one, its ``version`` the version whose config that is there."""
+        segments = self.segments_after
+        return segments[first_segment(segments, max(self.step, 0))]
+
+    @property
+    def from_step(self) -> int | None:
+        """The first step from which every group gets the config of the version it makes (the
+        row's ``config``), None when they get it at the job's step already."""
+        last = self.segments_after[-1]
+        return last.from_step if last.from_step > max(self.step, 0) else None
 
 
 @dataclass(frozen=True)
@@ -429,6 +472,22 @@ class ConfigStore:
         with self._lock:
             return self._resolve(self._rows, self.head, max(self._current_step, 0))
 
+    def made_now_base(self) -> tuple[int, dict[str, Any]]:
+        """Where a change made now would take effect (the job's step when at once), and the head's
+        config there: what to make a change now from so that it keeps every pending change made
+        now before it (commit it with ``Edit.read_step`` that step and ``if_match`` the head)."""
+        with self._lock:
+            at = self._now_step(self._rows, self.leases.window(self._current_step))
+            step = self._current_step if at is None else at
+            return step, self._resolve(self._rows, self.head, max(step, 0))
+
+    def from_step(self) -> int | None:
+        """The first step from which every group gets the head's config (the history's ``config``
+        of the head: every change up to it applied), None when they get it at the job's step."""
+        with self._lock:
+            last = self._segments(self._rows, self.head)[-1]
+            return last.from_step if last.from_step > max(self._current_step, 0) else None
+
     def segments(self, version: int | None = None) -> list[Segment]:
         """The config per step range at ``version`` (default head); one segment when nothing is scheduled.
 
@@ -480,6 +539,8 @@ class ConfigStore:
             rows = list(self._rows)
             for edit in edits:
                 row = self._draft(rows, self._next_version + len(rows) - len(self._rows), edit, window)
+                if row is not None and edit.read_step is not None:
+                    self._check_read(rows, row, edit.read_step)
                 if row is not None:
                     rows.append(row)
             new = rows[len(self._rows) :]
@@ -973,6 +1034,82 @@ class ConfigStore:
         config = self._resolve(candidate, version, FOREVER)
         self._check_size(candidate, version, config, effective_step)
         return dataclasses.replace(draft, config=config)
+
+    def _check_read(self, rows: list[Change], draft: Change, read_step: int) -> None:
+        """Refuse ``draft`` (PendingConflict) when it would not land on the head's config at
+        ``read_step``, the one it was made from, as its maker saw it.
+
+        A pending change (not cancelled, taking effect after the job's step) at step ``e``, with
+        ``draft`` taking effect at ``at``: in the config read when ``e <= read_step``, applied
+        before the draft when ``e <= at``. Where the two differ, a put would apply it early (read,
+        not applied yet) or override it unseen (applied, not read); a patch conflicts only on the
+        keys both name (a put names every key), when the pending change sorts after it (read, not
+        applied: it would override the patch from ``e``) or before it (applied, not read: the
+        patch would override it unseen). A pending change neither read nor applied yet lands on
+        top at its step as scheduled, unless it sorts before the draft (a change made between
+        runs sorts after the ended run's): then the draft overrides it unseen.
+        """
+        current = self._current_step
+        at = draft.effective_step if draft.effective_step is not None else current
+        cancelled = self._cancelled_at(rows, draft.version)
+        keys = set(draft.change)
+        conflicts: list[Change] = []
+        for row in rows:
+            if row.op == "cancel" or row.version in cancelled:
+                continue
+            step = self._effective(row)
+            if step is None or step <= current:
+                continue  # in effect: in every config of the head from the job's step on
+            read, applied = step <= read_step, step <= at
+            after = self._order(row) > self._order(draft)
+            if read == applied and (read or after):
+                continue  # read and applied under the draft, or neither and landing on top at its step
+            if draft.op == "patch":
+                names = row.op == "put" or bool(keys & set(row.change))
+                if not names or (read and not after):
+                    continue  # keys apart, or read and sorting before the patch: the patch's keys win
+            conflicts.append(row)
+        if not conflicts:
+            return
+        conflicts.sort(key=lambda r: (r.effective_step or 0, r.version))
+        # Read and still ahead of the draft, every one: the draft scheduled at the last lands as made.
+        ahead = [r.effective_step or 0 for r in conflicts if at < (r.effective_step or 0) <= read_step]
+        earliest = max(ahead) if len(ahead) == len(conflicts) else None
+        listed = ", ".join(f"version {r.version} at step {r.effective_step}" for r in conflicts[:3])
+        listed += f" and {len(conflicts) - 3} more" if len(conflicts) > 3 else ""
+        one = len(conflicts) == 1
+        named = f"the pending change{'' if one else 's'} ({listed})"
+        them = "it" if one else "them"
+        where = "now" if draft.effective_step is None else f"at step {draft.effective_step}"
+        if earliest is None:
+            message = (
+                f"version conflict: {named} take{'s' if one else ''} effect between the config your "
+                f"{draft.op} was made from and the step it would take effect at ({where}): read the "
+                "config again and redo it"
+            )
+        elif draft.op == "put":
+            message = (
+                f"version conflict: the config of version {self.head} (what GET /api/config shows with "
+                f"it) holds from step {earliest}, where {named} take{'s' if one else ''} effect; your "
+                f"put would take effect {where} and apply {them} before {'its' if one else 'their'} "
+                f"step. Schedule the put at step {earliest} or later (?effective_step={earliest}), "
+                f"send a patch of only the keys you change, or cancel {them} first"
+            )
+        else:
+            both = sorted(keys & {k for r in conflicts for k in r.change})
+            replaces = any(r.op == "put" for r in conflicts)
+            sets = f"set{'s' if one else ''} " + ", ".join(both[:5]) + (", ..." if len(both) > 5 else "")
+            what = " and ".join(
+                ([f"{sets} too"] if both else [])
+                + ([f"replace{'s' if one else ''} the whole config"] if replaces else [])
+            )
+            message = (
+                f"version conflict: {named} {what}: from {'its' if one else 'their'} step on "
+                f"{them} would override your patch, which would take effect {where}. Schedule the "
+                f"patch at step {earliest} or later (?effective_step={earliest}), or cancel {them} first"
+            )
+        pending = [{"version": r.version, "effective_step": r.effective_step or 0} for r in conflicts]
+        raise PendingConflict(message, self.head, pending, earliest)
 
     def _order_now(self, rows: list[Change], version: int) -> int:
         """Where a change made now sorts among the live run's changes: at the step the job reached,

@@ -12,7 +12,7 @@ from typing import Any
 from lighthouse.config.schema import SchemaViolation
 from lighthouse.config.values import ConfigError, ConfigTooLarge, TypeChanged
 from lighthouse.jobs.registry import JobBusy, TooManyJobs
-from lighthouse.jobs.versions import NotCancellable, NotFound, StepPromised, VersionConflict
+from lighthouse.jobs.versions import NotCancellable, NotFound, PendingConflict, StepPromised, VersionConflict
 from lighthouse.store.backend import StoreFull, StoreUnavailable
 from lighthouse.web.messages import HttpError
 from protos.job_ids import InvalidJobId
@@ -28,6 +28,11 @@ STATUSES: dict[type[Exception], tuple[int, Callable[[Any], dict[str, Any]]]] = {
     InvalidJobId: (400, _none),
     NotFound: (404, _none),
     VersionConflict: (409, lambda exc: {"version": exc.head}),
+    # If-Match on the head, but a pending change would not stay where the editor saw it.
+    PendingConflict: (
+        409,
+        lambda exc: {"version": exc.head, "pending": exc.pending, "earliest_step": exc.earliest},
+    ),
     StepPromised: (409, lambda exc: {"earliest_step": exc.earliest}),
     NotCancellable: (409, lambda exc: {} if exc.head is None else {"version": exc.head}),
     JobBusy: (409, _none),

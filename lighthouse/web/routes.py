@@ -613,12 +613,16 @@ class AdminApi:
     ) -> Response:
         """The answer to a change, real or dry run alike: built from the one plan both use."""
         row = plan.row
+        served = plan.served()
         extra = {"guard": guard} if guard is not None else {}
         return json_response(
             {
                 "job": req.job,
                 "version": row.version,
-                "config": plan.live,  # this version's config at the job's step, as planned
+                "config": row.config,  # this version's: every change up to it applied (its history entry's)
+                "from_step": plan.from_step,  # where every group has that config (None: at the job's step)
+                "live_version": served.version or None,  # what groups get at the job's step (None: pruned)
+                "live": served.config,
                 "changes": plan.changes(),
                 "op": row.op,
                 "effective_step": row.effective_step,  # where every group switches (None: at once)

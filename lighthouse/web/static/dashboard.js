@@ -29,10 +29,12 @@
     const error = view.file && view.file.error;
     $("file-error").hidden = !error;
     $("file-error-text").textContent = error || "";
-    const keys = Object.keys(view.config);
+    // The live config: what groups get at the job's step (config is the latest version's, pending changes applied).
+    const live = view.live ?? view.config;
+    const keys = Object.keys(live);
     $("config-count").textContent = `${keys.length} key${keys.length === 1 ? "" : "s"}`;
     $("config").replaceChildren(
-      ...keys.map((k) => el("tr", {}, el("td", { class: "key" }, k), el("td", { class: "value" }, stringify(view.config[k])))),
+      ...keys.map((k) => el("tr", {}, el("td", { class: "key" }, k), el("td", { class: "value" }, stringify(live[k])))),
     );
     $("config-empty").hidden = keys.length > 0;
   }

@@ -9,7 +9,7 @@
   const CHECK_DELAY_MS = 250; // dry run once typing pauses
   const $ = (id) => document.getElementById(id);
 
-  let loaded = null; // {version, config}: what the edit is based on
+  let loaded = null; // {version, config, patchNow}: what the edit is based on (GET /api/config's pair)
   let edited = null; // the parsed editor content when valid, else null
   let liveVersion = null;
   let schema = null; // the job's JSON Schema (for key descriptions), null when it has none
@@ -64,8 +64,10 @@
     const step = stepValue();
     edited = result.value || null;
     const rows = edited && loaded ? diff(loaded.config, edited) : null;
-    if (rows && step.step !== null && rows.some((r) => r.kind !== "removed" && r.after === null)) {
-      result.error = "A change at a step is a merge patch, where null deletes a key: save null now, or remove the key.";
+    if (rows && patching(step) && rows.some((r) => r.kind !== "removed" && r.after === null)) {
+      result.error = step.step !== null
+        ? "A change at a step is a merge patch, where null deletes a key: save null now, or remove the key."
+        : "While a change scheduled ahead is pending, a save is a merge patch, where null deletes a key: remove the key instead.";
       edited = null;
     }
     clearTimeout(checkTimer);
@@ -89,6 +91,13 @@
     $("validation").textContent = text;
   }
 
+  // Whether Save sends only what the edit changes (a merge patch) rather than the whole text: at a
+  // step, and while a change scheduled ahead is pending (the text holds its keys, which a whole
+  // config saved now would apply before its step; the lighthouse refuses that).
+  function patching(step) {
+    return step.step !== null || Boolean(loaded && loaded.patchNow);
+  }
+
   // The request Save would send; as a dry run it answers what Save would do, storing nothing.
   function request(dryRun) {
     const step = stepValue();
@@ -99,12 +108,13 @@
     if (comment) params.set("comment", comment);
     if ($("allow-type-change").checked) params.set("allow_type_change", "1");
     // Now: the editor's own text replaces the config (numbers stay exactly as typed).
-    // At a step: only what the edit changes (removed keys as null), so edits made to other
-    // keys before that step are not undone when it applies.
-    const scheduled = step.step !== null;
-    const body = scheduled ? stringify(patchOf(diff(loaded.config, edited))) : $("editor").value;
+    // At a step (or now while a change scheduled ahead is pending): only what the edit changes
+    // (removed keys as null), so edits made to other keys before that step are not undone when
+    // it applies, and the pending change applies at its own step.
+    const patch = patching(step);
+    const body = patch ? stringify(patchOf(diff(loaded.config, edited))) : $("editor").value;
     const query = params.toString();
-    return { method: scheduled ? "PATCH" : "PUT", path: "/api/config" + (query ? "?" + query : ""), body };
+    return { method: patch ? "PATCH" : "PUT", path: "/api/config" + (query ? "?" + query : ""), body };
   }
 
   async function dryRun(seq) {
@@ -132,6 +142,10 @@
       setValidation("error", "The job's schema refuses this config: fix the keys marked below.");
     } else if (res.status === 401 || res.status === 403) {
       setValidation("info", "Checked here only: the schema check needs this job's token (Save asks for it).");
+    } else if (res.status === 409 && res.data.pending) {
+      // A pending change would override this edit (or apply early with it): saving would be refused too.
+      check.blocked = true;
+      setValidation("error", `Refused: ${res.data.error}`);
     } else if (res.status === 409 || res.status === 0) {
       setValidation("info", `Not checked: ${res.data.error}`);
     } else {
@@ -225,16 +239,20 @@
     const described = await api("GET", "/api/config/schema");
     schema = described.ok ? described.data.schema : null;
     const res = await api("GET", "/api/config");
-    // A change made a moment ago takes effect a few steps ahead (above the groups' step leases):
-    // edit the config as it will be then, or saving would undo that change.
-    const upcoming = res.data.upcoming;
-    loaded = { version: res.data.version, config: upcoming ? upcoming.config : res.data.config };
+    // The latest version and its config, every pending change applied (a change made a moment ago
+    // takes effect a few steps ahead, above the groups' step leases; one scheduled at its step):
+    // editing the live config instead would undo them.
+    const view = res.data;
+    const patchNow = (view.scheduled || []).some((s) => s.scheduled && s.status === "pending");
+    loaded = { version: view.version, config: view.config, patchNow };
     liveVersion = loaded.version;
     $("editor").value = stringify(loaded.config, "  ");
     $("loaded-version").textContent = `v${loaded.version}`;
-    $("upcoming").hidden = !upcoming;
-    $("upcoming").textContent = upcoming
-      ? `Editing the config as of step ${upcoming.effective_step}, where the latest change takes effect in every group (the job is at step ${res.data.current_step}).`
+    const ahead = view.from_step !== null && view.from_step !== undefined;
+    $("upcoming").hidden = !ahead;
+    $("upcoming").textContent = ahead
+      ? `Editing version ${view.version} as of step ${view.from_step}, where its pending changes have taken effect in every group (the job is at step ${view.current_step}; groups get version ${view.live_version} now).` +
+        (patchNow ? " A change scheduled ahead is pending: Save sends only the keys you change." : "")
       : "";
     const horizon = res.data.lease_horizon;
     $("at-step").placeholder = horizon >= 0 ? `now, or ≥ ${horizon + 1}` : "now";
@@ -260,6 +278,10 @@
       $("allow-type-change").checked = false;
       $("type-change").hidden = true;
       setStatus($("status"), "ok", `Saved as version ${res.data.version}.${when}`);
+    } else if (res.status === 409 && res.data.pending) {
+      // A pending change would override the edit, or apply early with it: the lighthouse says which.
+      setStatus($("status"), "error", `Not saved: ${res.data.error}`);
+      onInput();
     } else if (res.status === 409) {
       setStatus(
         $("status"),
