@@ -3,6 +3,7 @@ compare-and-append transaction, watches, leases, and what happens when members d
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -17,6 +18,7 @@ from lighthouse.etcd.errors import EtcdError, EtcdUnavailable
 from lighthouse.etcd.types import Compare, Delete, Event, Get, KeyValue, Put, prefix_end
 from protos.etcd import rpc_pb2, rpc_pb2_grpc
 from protos.tls import TLSConfig
+from tests.chaos.proxy import Proxy
 from tests.etcd_cluster import PORT_TAKEN, EtcdCluster, Member, free_port, make_certs, require_etcd
 from tests.procs import poll
 
@@ -339,3 +341,30 @@ def test_a_port_taken_before_etcd_binds_it_starts_the_cluster_again_on_fresh_por
                 client.put("/moved/a", "1")
                 assert client.get("/moved/a").kvs[0].value == b"1"
     assert PORT_TAKEN in cluster.members[1].log_path.read_text()
+
+
+def test_urgent_calls_leave_a_member_that_hangs_sooner(shared_cluster: EtcdCluster) -> None:
+    """A member that stops answering on an open connection (stopped, or cut off without a FIN) holds
+    a call for the client's whole attempt timeout (2 s) before it moves on; a step-lease ceiling,
+    stored about a second before the leases need it, moves on after ``attempts_within``'s limit
+    (found by the chaos suite: a stopped member made every group fall back for steps)."""
+    first = shared_cluster.members[0].endpoint
+    links = [Proxy(first), Proxy(first)]
+    try:
+        took = []
+        for link, limit in zip(links, (None, 0.3), strict=True):
+            endpoints = f"{link.address},{shared_cluster.endpoints}"
+            with EtcdClient(endpoints, timeout=5.0) as client:
+                client.put("/urgent/k", "v")  # connected through the link, which then goes silent
+                link.cut()
+                started = time.monotonic()
+                with client.attempts_within(limit) if limit else contextlib.nullcontext():
+                    client.put("/urgent/k", "w")
+                took.append(time.monotonic() - started)
+                assert client.get("/urgent/k").kvs[0].value == b"w"
+        slow, fast = took
+        assert slow >= 1.9, took  # the default attempt: what the limit is measured against
+        assert fast < 1.5, took  # 0.3 s on the silent member, then a live one
+    finally:
+        for link in links:
+            link.close()

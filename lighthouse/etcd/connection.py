@@ -14,10 +14,11 @@ earlier success (the failure branch can read the head it compared).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Self, TypeVar
@@ -157,6 +158,7 @@ class Connection:
         self.endpoints = parse_endpoints(endpoints)
         self.timeout = seconds(timeout, DEFAULT_TIMEOUT)
         self.attempt_timeout = seconds(attempt_timeout, DEFAULT_ATTEMPT_TIMEOUT)
+        self._urgent = threading.local()  # ``attempts_within``: this thread's shorter attempts
         self._tls = tls
         self._auth = auth
         self._token: str | None = None
@@ -251,6 +253,19 @@ class Connection:
         self.login(token, timeout=timeout)
         return self._attempts(fn, timeout)
 
+    @contextlib.contextmanager
+    def attempts_within(self, limit: float) -> Iterator[None]:
+        """Calls made in this block by this thread give up on an endpoint after ``limit`` seconds
+        (instead of ``attempt_timeout``) and go on to the next: for a write that must land before
+        something runs out (a step-lease ceiling), which a hung member (stopped, or cut off without a
+        FIN) would otherwise hold for the whole attempt timeout."""
+        previous = getattr(self._urgent, "limit", None)
+        self._urgent.limit = limit
+        try:
+            yield
+        finally:
+            self._urgent.limit = previous
+
     def _attempts(self, fn: Callable[[Stubs, float], T], timeout: timedelta | float | None) -> T:
         budget = seconds(timeout, self.timeout)
         deadline = time.monotonic() + budget
@@ -261,7 +276,7 @@ class Connection:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            attempt = min(remaining, self.attempt_timeout)
+            attempt = min(remaining, getattr(self._urgent, "limit", None) or self.attempt_timeout)
             try:
                 return fn(self._stubs_for(index), attempt)
             except grpc.RpcError as exc:

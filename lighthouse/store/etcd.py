@@ -97,6 +97,9 @@ LEASE_CEILING = "lease_ceiling/"  # meta key prefix: one key per live lighthouse
 CEILING_FLOOR = "lease_ceiling_floor"  # meta key: the highest ceiling any life of the job stored
 CEILING_LEASE_TTL = 10.0  # seconds a dead life's own ceiling key outlives it (the floor keeps it)
 CEILING_CAS_TRIES = 16  # floor compare-and-swap attempts against other lighthouses' writes
+# A ceiling is stored about a second before the leases need it (``SHARED_CEILING_AHEAD``): a member
+# that hangs gets this long before the write moves to the next, not the client's whole attempt.
+CEILING_ATTEMPT_TIMEOUT = 0.3
 
 
 def _num(n: int) -> str:
@@ -383,6 +386,10 @@ class EtcdBackend:
         """This life's key (on its etcd lease) and the job's floor raised to ``ceiling``, in one
         transaction comparing the head (HeadMoved: a change to take first) and the floor (another
         lighthouse raised it meanwhile: read it again and retry)."""
+        with self.client.attempts_within(CEILING_ATTEMPT_TIMEOUT):
+            self._save_lease_ceiling(job, owner, ceiling, served_head)
+
+    def _save_lease_ceiling(self, job: str, owner: str, ceiling: int, served_head: int) -> None:
         base = self._job(job)
         head = base + "head"
         floor_key = base + "meta/" + CEILING_FLOOR
