@@ -35,6 +35,8 @@ from typing import Any
 FALLBACK = "fallback"
 EXPLAINED_AFTER = 5.0  # seconds after a fault heals during which a fallback is still its doing
 EXPLAINED_BEFORE = 0.5  # and before it began (the fault log is written as it is injected)
+OPERATOR_END = "ended by"  # a run's end_reason when an operator ended it (POST .../runs/end)
+PROMISES_OUTLIVE = 3.0  # seconds after an operator's end during which a group may serve its leases
 
 
 @dataclass(frozen=True)
@@ -153,11 +155,23 @@ class Model:
         run = begun[-1]
         if step < run["start_step"] and len(begun) > 1:
             run = begun[-2]
+        heads = []
+        before = [r for r in self.runs if r["number"] < run["number"]]
+        if (
+            before
+            and before[-1].get("end_reason", "").startswith(OPERATOR_END)
+            and t <= run["started_at"] + PROMISES_OUTLIVE
+        ):
+            # An operator ended the run before while its groups stepped: a group may still serve
+            # what that run promised it (not promised either way: docs/invariants.md).
+            heads.append(min(head, before[-1]["end_version"]))
         if run.get("ended_at") is None:
-            return [head]
-        heads = [min(head, run["end_version"])]
+            return [head, *heads]
+        heads.insert(0, min(head, run["end_version"]))
         if t >= run["ended_at"] and head not in heads:
             heads.append(head)
+        if run.get("end_reason", "").startswith(OPERATOR_END):
+            heads.append(head)  # ended by the operator: its groups may have the latest at once
         return heads
 
     def _rebased(self, row: dict[str, Any], head: int) -> bool:
