@@ -364,3 +364,25 @@ def test_lighthouse_lives_leave_a_bounded_number_of_ceiling_keys_and_every_promi
             late.backend.close()
     finally:
         client.close()
+
+
+def test_the_runs_record_is_changed_by_compare_and_set(backends: list[EtcdBackend]) -> None:
+    """Two lighthouses that each saw no run live begin one (a group on each): the first record
+    stored wins and the other follows it, rather than both writing a run of the same number from
+    different steps (the chaos suite saw "run 4 began at step 1428" on one and "at step 1407" on
+    the other, each serving its own). The same for an end the other lighthouse made first."""
+    a, b = (ConfigStore(job="j", backend=x) for x in backends)
+    commit(a, "put", {"lr": 0.1}, source="t")
+    b.reload()
+    assert a.begin_run(1407) is not None and b.begin_run(1428) is not None  # both, from their view
+    a.flush_runs()
+    b.flush_runs()  # compares the record it began from: a's is there, b follows it
+    assert b.runs.live is not None and (b.runs.live.number, b.runs.live.start_step) == (1, 1407)
+    assert [(r.number, r.start_step) for r in ConfigStore(job="j", backend=backends[0]).runs.runs] == [
+        (1, 1407)
+    ]
+    ended = a.end_run("operator")
+    assert ended is not None and ended.end_reason == "operator"
+    assert b.runs.live is not None  # b has not read the end yet
+    assert b.end_run("managers gone") is None  # a's end is stored: b follows it, ends nothing of its own
+    assert b.runs.live is None and b.runs.last is not None and b.runs.last.end_reason == "operator"

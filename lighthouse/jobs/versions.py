@@ -52,6 +52,7 @@ from lighthouse.store.backend import (
     LeaseView,
     SharedBackend,
     StoreBackend,
+    StoreUnavailable,
     Switch,
 )
 from protos.job_ids import DEFAULT_JOB, JobId
@@ -281,6 +282,9 @@ class ConfigStore:
         self._stored_step = -1  # the highest step of this run read from the store (``_order_now``)
         self.runs = Runs()  # the job's runs (see ``runs``); read from the store in ``_take``
         self._runs_pending: dict[str, str] = {}  # the runs record to store (``_queue_runs``)
+        # The runs record as stored when this lighthouse last read or wrote it: every write of the
+        # record compares it (another lighthouse's begin or end first: follow theirs, not ours).
+        self._runs_stored: str | None = None
         self._runs_queue_lock = threading.Lock()
         self._runs_write_lock = threading.Lock()
         # This lighthouse life: its step-lease ceiling is its own meta key.
@@ -318,7 +322,9 @@ class ConfigStore:
         runs = Runs.decode(meta.get(RUNS_META), stored_step if stored_run == 0 else -1)
         with self._runs_queue_lock:
             if self._runs_pending and runs.number <= self.runs.number:
-                runs = self.runs  # ours, not stored yet, is newer than what was read
+                runs = self.runs  # ours, not stored yet: its write compares what it was based on
+            else:
+                self._runs_stored = meta.get(RUNS_META)
         if runs.number != self.runs.number:  # another lighthouse began a run: its step starts over
             self._current_step = -1
             self._stored_step = -1
@@ -677,18 +683,29 @@ class ConfigStore:
         return run
 
     def end_run(self, reason: str) -> Run | None:
-        """End the live run (None: none is live): its step leases end with it, a change made now
-        applies at once until the next run begins."""
-        with self._lock:
-            if self.runs.live is None or self._closed:
-                return None
-            self.runs = self.runs.end(self._current_step, self.head, reason)
-            self.leases.new_run()
-            run = self.runs.last
-            items = {RUNS_META: self.runs.encode()}
-        assert run is not None
-        self._queue_runs(items)
-        return run
+        """End the live run (None: none is live, or another lighthouse changed the record first and
+        this one follows it now): its step leases end with it, a change made now applies at once
+        until the next run begins. Stored before it takes effect here (compare-and-set on the
+        record): a lighthouse never acts on an end the others do not see."""
+        try:
+            self.flush_runs()  # a begin still queued goes first: the end compares it
+            with self._runs_write_lock:
+                with self._lock:
+                    if self.runs.live is None or self._closed:
+                        return None
+                    ended = self.runs.end(self._current_step, self.head, reason)
+                    expected = self._runs_stored
+                if not self.backend.replace_meta(self.job, RUNS_META, expected, {RUNS_META: ended.encode()}):
+                    self._follow_stored_runs("end")
+                    return None
+                with self._lock:
+                    self._runs_stored = ended.encode()
+                    self.runs = ended
+                    self.leases.new_run()
+        except StoreUnavailable as exc:
+            logger.warning("job %s: the run's end is not stored (the run goes on): %s", self.job, exc)
+            return None
+        return ended.last
 
     def promised_to(self, run: Run) -> bool:
         """Whether ``run`` (ended) was given a change made now that is not cancelled, pending or in
@@ -731,12 +748,39 @@ class ConfigStore:
                 if self._closed:
                     return
                 items[RUNS_META] = self.runs.encode()  # the newest, whichever call queued it
+                expected = self._runs_stored
             try:
-                self.backend.set_meta(self.job, items)
+                stored = self.backend.replace_meta(self.job, RUNS_META, expected, items)
             except BaseException:
                 with self._runs_queue_lock:
                     self._runs_pending = {**items, **self._runs_pending}
                 raise
+            if stored:
+                with self._lock:
+                    self._runs_stored = items[RUNS_META]
+            else:
+                self._follow_stored_runs("begin")
+
+    def _follow_stored_runs(self, what: str) -> None:
+        """Another lighthouse changed the runs record first (began or ended a run): take theirs;
+        ours, never stored, made no promise (a run's ceiling is stored after its record)."""
+        with self._runs_queue_lock:
+            self._runs_pending = {}
+        records = self.backend.load(self.job)
+        with self._lock:
+            mine = self.runs.last
+            if not self._closed:
+                self._take(records)
+            theirs = self.runs.last
+        logger.info(
+            "job %s: another lighthouse changed the runs record first; this one's %s is dropped "
+            "(run %s here, run %s %s there)",
+            self.job,
+            what,
+            mine.number if mine else "-",
+            theirs.number if theirs else "-",
+            "live" if theirs is not None and theirs.live else "ended",
+        )
 
     def _flush_runs_quietly(self) -> None:
         try:

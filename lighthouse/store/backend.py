@@ -180,6 +180,12 @@ class StoreBackend(Protocol):
 
     def set_meta(self, job: str, items: dict[str, str]) -> None: ...
 
+    def replace_meta(self, job: str, key: str, expected: str | None, items: dict[str, str]) -> bool:
+        """Write ``items`` (``current_step`` as ``set_meta`` does) only if ``key`` still holds
+        ``expected`` (None: no value), in one transaction; False, writing nothing, when it does not
+        (another lighthouse changed it first). What the runs record is written with."""
+        ...
+
     def add_switches(self, job: str, switches: list[Switch]) -> None:
         """Remember step switches (duplicates are ignored)."""
         ...

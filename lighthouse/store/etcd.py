@@ -499,6 +499,20 @@ class EtcdBackend:
             with _mapped():
                 self.client.txn([], [Put(base + k, v) for k, v in items.items()])
 
+    def replace_meta(self, job: str, key: str, expected: str | None, items: dict[str, str]) -> bool:
+        items = dict(items)
+        step = items.pop("current_step", None)
+        base = self._job(job) + "meta/"
+        if expected is None:
+            compare = Compare(base + key, "create", "==", 0)
+        else:
+            compare = Compare(base + key, "value", "==", expected)
+        with _mapped():
+            result = self.client.txn([compare], [Put(base + k, v) for k, v in items.items()])
+        if result.succeeded and step is not None:
+            self._queue_step(job, int(step))
+        return bool(result.succeeded)
+
     def add_switches(self, job: str, switches: list[Switch]) -> None:
         with self._lock:
             pending = self._pending_switches.setdefault(job, {})

@@ -331,6 +331,22 @@ class SqliteBackend:
                 if not self._closed:
                     self._set_meta(job, items)
 
+    def replace_meta(self, job: str, key: str, expected: str | None, items: dict[str, str]) -> bool:
+        items = dict(items)
+        step = items.pop("current_step", None)
+        with self._lock, self._space_checked():
+            if self._closed:
+                return False
+            row = self._db.execute(
+                "SELECT value FROM job_meta WHERE job = ? AND key = ?", (job, key)
+            ).fetchone()
+            if (row[0] if row else None) != expected:
+                return False
+            self._set_meta(job, items)
+        if step is not None:
+            self.set_meta(job, {"current_step": step})
+        return True
+
     def lease_ceiling_key(self, owner: str) -> str:
         """One key whatever the owner: a single lighthouse writes this database, and each life
         stores at least what the one before it had (see ``leases``)."""
