@@ -386,3 +386,30 @@ def test_the_runs_record_is_changed_by_compare_and_set(backends: list[EtcdBacken
     assert b.runs.live is not None  # b has not read the end yet
     assert b.end_run("managers gone") is None  # a's end is stored: b follows it, ends nothing of its own
     assert b.runs.live is None and b.runs.last is not None and b.runs.last.end_reason == "operator"
+
+
+def test_a_lighthouse_whose_feature_record_expired_is_not_taken_for_an_earlier_release(
+    etcd1: EtcdCluster, prefix: str
+) -> None:
+    """Found by the chaos suite: a lighthouse cut off from etcd for longer than its lease lost its
+    feature record, published its managers summary again before the record, and meanwhile every
+    other lighthouse suspended step leases ("an earlier release"): changes applied at once, inside
+    promises. What an instance honours is known for its whole life; an instance never seen with a
+    record (a release before records) still suspends them."""
+    from lighthouse.etcd.client import EtcdClient
+    from lighthouse.peers.features import FeatureRecords
+
+    gate = LeaseGate()
+    peers = {"cut-off": "127.0.0.1:1", "old": "127.0.0.1:2"}
+    with EtcdClient(etcd1.endpoints) as client:
+        records = FeatureRecords(client, prefix, "me", "127.0.0.1:3", gate, lambda: dict(peers))
+        record = json.dumps({"level": 4, "features": ["step-leases", "ceilings", "ordered-commits", "runs"]})
+        records._take(f"{records.root}cut-off".encode(), record.encode())
+        records.decide()
+        assert gate.suspended_by == ("127.0.0.1:2",)  # "old" never wrote one: an earlier release
+        del peers["old"]
+        records.decide()
+        assert gate.suspended_by == ()
+        records._take(f"{records.root}cut-off".encode(), None)  # its lease expired: the key is gone
+        records.decide()  # its managers summary is back before its record
+        assert gate.suspended_by == ()

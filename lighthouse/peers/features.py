@@ -37,6 +37,7 @@ FEATURES_DIR = "lighthouses"
 LEVEL = 4
 FEATURES = ("step-leases", "ceilings", "ordered-commits", "runs")
 STEP_LEASES = "step-leases"
+RECORDS_KEPT = 1000  # instances' records remembered after their keys are gone
 RUNS = "runs"
 
 
@@ -66,15 +67,18 @@ class FeatureRecords(EtcdShare):
         self.gate = gate
         self.peers = peers
         self._lock = threading.Lock()
-        self._records: dict[str, dict[str, Any]] = {}  # instance -> its record
+        # instance -> its record, kept once its key is gone: a lighthouse cut off from etcd for
+        # longer than its lease loses the key, and publishes its managers summary again before its
+        # feature record; read as "an earlier release" meanwhile, it suspended everyone's step
+        # leases, and changes applied at once inside promises (the chaos suite). An instance's
+        # release never changes in its life.
+        self._records: dict[str, dict[str, Any]] = {}
         self._written = False
 
     def _take(self, key: bytes, value: bytes | None) -> None:
         instance = key.decode(errors="replace")[len(self.root) :]
         if value is None:
-            with self._lock:
-                self._records.pop(instance, None)
-            return
+            return  # expired or deleted: what that instance honours is still known
         try:
             record = json.loads(value)
             record["features"] = [str(f) for f in record["features"]]
@@ -82,12 +86,13 @@ class FeatureRecords(EtcdShare):
             logger.warning("ignoring a malformed feature record at %r", key)
             return
         with self._lock:
+            self._records.pop(instance, None)
             self._records[instance] = record
+            while len(self._records) > RECORDS_KEPT:  # the oldest lives first
+                del self._records[next(iter(self._records))]
 
     def _load(self) -> int:
         result = self.client.get(self.root, prefix=True)
-        with self._lock:
-            self._records.clear()
         for kv in result.kvs:
             self._take(kv.key, kv.value)
         self.decide()

@@ -97,8 +97,9 @@ LEASE_CEILING = "lease_ceiling/"  # meta key prefix: one key per live lighthouse
 CEILING_FLOOR = "lease_ceiling_floor"  # meta key: the highest ceiling any life of the job stored
 CEILING_LEASE_TTL = 10.0  # seconds a dead life's own ceiling key outlives it (the floor keeps it)
 CEILING_CAS_TRIES = 16  # floor compare-and-swap attempts against other lighthouses' writes
-# A ceiling is stored about a second before the leases need it (``SHARED_CEILING_AHEAD``): a member
-# that hangs gets this long before the write moves to the next, not the client's whole attempt.
+# A ceiling is stored about a second before the leases need it (``SHARED_CEILING_AHEAD``), and a
+# commit holds the grants while it is stored: a member that hangs gets this long before such a
+# write moves to the next, not the client's whole attempt.
 CEILING_ATTEMPT_TIMEOUT = 0.3
 
 
@@ -317,6 +318,19 @@ class EtcdBackend:
         meta: dict[str, str],
         expected_head: int,
         leases: LeaseView | None = None,
+    ) -> None:
+        """A commit holds the job's step-lease grants at their horizon until it is stored: it leaves
+        a member that hangs as soon as a ceiling write does (``CEILING_ATTEMPT_TIMEOUT``)."""
+        with self.client.attempts_within(CEILING_ATTEMPT_TIMEOUT):
+            self._append(job, rows, meta, expected_head, leases)
+
+    def _append(
+        self,
+        job: str,
+        rows: list[Change],
+        meta: dict[str, str],
+        expected_head: int,
+        leases: LeaseView | None,
     ) -> None:
         base = self._job(job)
         head = base + "head"
