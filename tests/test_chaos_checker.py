@@ -419,3 +419,41 @@ def test_a_split_across_an_operators_run_end_is_not_promised() -> None:
     assert "split" not in invariants(h)
     h.ops[-1]["status"] = 409  # refused: no run ended
     assert "split" in invariants(h)
+
+
+def test_steps_served_between_runs_may_have_the_ended_run_s_config_or_the_latest() -> None:
+    """Once a run ended and before the next begins, a step promised to the ended run keeps its
+    config and any other gets the latest (no run is live: a change applies at once); a config that
+    is neither is still caught."""
+    h = clean()
+    ended = dict(RUN1, ended_at=T0 + 29.5, end_version=3, live=False)
+    now = row(4, "patch", {"lr": 0.5}, None, -1, False, T0 + 29.6)  # made at once between runs
+    for lh in h.lighthouses.values():
+        lh["versions"].append(dict(now))
+        lh["runs"] = [ended]
+    late = [
+        {
+            "inc": 1,
+            "group": "g0",
+            "rank": 0,
+            "step": 30,
+            "version": 3,
+            "source": "cache",
+            "config": served(expected_at(30)),
+            "t": T0 + 30.1,
+        },
+        {
+            "inc": 1,
+            "group": "g1",
+            "rank": 0,
+            "step": 31,
+            "version": 4,
+            "source": "cache",
+            "config": served(expected_at(31) | {"lr": 0.5}),
+            "t": T0 + 31.1,
+        },
+    ]
+    h.records += late
+    assert invariants(h) == []
+    late[1]["config"] = served({"lr": 0.7})
+    assert invariants(h) == ["effective"]

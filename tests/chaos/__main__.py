@@ -2,6 +2,7 @@
 
     python -m tests.chaos --seed 7 --seconds 30            # replay one seed (the store is the seed's)
     python -m tests.chaos --runs 30 --seconds 90 --results chaos.json   # soak: new seeds
+    python -m tests.chaos --regressions                    # every seed that once failed
 
 Exit 1 when any run broke an invariant; its folder (under --workdir) is kept with everything the
 checker read and every process's log.
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.chaos.regressions import REGRESSIONS
 from tests.chaos.run import run_seed
 
 
@@ -31,22 +33,30 @@ def main(argv: list[str] | None = None) -> int:
         "--results", type=Path, default=None, help="JSON results file (rewritten after each run)"
     )
     parser.add_argument("--keep", action="store_true", help="keep passing runs' folders too")
+    parser.add_argument(
+        "--regressions",
+        action="store_true",
+        help="replay every seed that once failed (tests/chaos/regressions.py)",
+    )
     args = parser.parse_args(argv)
-    seeds = list(args.seed) + [random.SystemRandom().randrange(1, 2**31) for _ in range(args.runs)]
-    if not seeds:
-        parser.error("give --seed or --runs")
+    plays = [(seed, args.seconds, args.store) for seed in args.seed]
+    plays += [(random.SystemRandom().randrange(1, 2**31), args.seconds, args.store) for _ in range(args.runs)]
+    if args.regressions:
+        plays += [(r.seed, r.seconds, r.store) for r in REGRESSIONS]
+    if not plays:
+        parser.error("give --seed, --runs or --regressions")
     summary: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": []}
     failed = 0
-    for index, seed in enumerate(seeds, 1):
+    for index, (seed, seconds, store) in enumerate(plays, 1):
         began = time.monotonic()
-        result = run_seed(seed, args.seconds, args.workdir / f"seed-{seed}", args.store, args.keep)
+        result = run_seed(seed, seconds, args.workdir / f"seed-{seed}", store, args.keep)
         entry = result.to_json() | {"wall_seconds": round(time.monotonic() - began, 1)}
         summary["runs"].append(entry)
         failed += bool(result.violations)
         faults = sum(result.faults.values())
         ops = sum(result.operations.values())
         print(
-            f"run {index}/{len(seeds)}: seed {seed} ({result.store}): {len(result.violations)} violations, "
+            f"run {index}/{len(plays)}: seed {seed} ({result.store}): {len(result.violations)} violations, "
             f"{faults} faults, {ops} operations, {result.records} records",
             flush=True,
         )

@@ -1,0 +1,55 @@
+"""Seeds that once broke an invariant: the length they ran, their store, and what they found.
+
+Each bug is fixed in the product with a deterministic test of its own (named in the commit);
+the seed stays here so ``python -m tests.chaos --regressions`` replays the whole run it was
+found in. A seed replays its schedule for the same length and commit of ``schedule.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Regression:
+    seed: int
+    seconds: float
+    store: str
+    found: str
+
+
+REGRESSIONS = (
+    Regression(
+        1397581936,
+        90,
+        "etcd",
+        "a lighthouse that read another's run end kept its own promises of that run (changes made "
+        "between runs took effect above the ended run's steps, and the resumed run trained without "
+        "them: test_etcd_lighthouses); two lighthouses each began run 4 (test_etcd_store)",
+    ),
+    Regression(
+        905484450,
+        90,
+        "etcd",
+        "a rank behind its group got a change 181 steps before its effective step (test_step_consistency)",
+    ),
+    Regression(
+        1953042970,
+        90,
+        "etcd",
+        "changes made between runs took effect above the ended run's steps (test_etcd_lighthouses)",
+    ),
+    Regression(
+        4,
+        40,
+        "etcd",
+        "an etcd member stopped on the endpoint in use: every group fell back for steps (test_etcd_client)",
+    ),
+    Regression(
+        481063376,
+        60,
+        "etcd",
+        "a lighthouse cut off from etcd was taken for an earlier release and step leases were "
+        "suspended (test_etcd_store); a commit held the grants on a hung member",
+    ),
+)
