@@ -393,9 +393,17 @@ def test_a_run_ended_through_one_lighthouse_ends_the_other_s_promises_too(
     ended = call(b.url, "POST", "/api/config/runs/end")  # the operator ends it through b
     assert ended.status == 200, ended.body
     poll(lambda: get_json(a.url, "/api/config")["run"] is None, 10, what="a sees the run ended")
+    # The job restarts: a new manager asks before any step (seed 2394: its first fetch stored a
+    # ceiling of the ended run's step, and the change below took effect above it).
+    restarted = procs.manager(a.address, "g1", cache_ttl=1.0)
+    poll(
+        lambda: any(g["replica_id"] == "g1" for g in get_json(a.url, "/api/managers")["managers"]),
+        10,
+        what="the new manager's first fetch",
+    )
     made = change(a.url, "PATCH", {"lr": 0.2})
     assert made.status == 200, made.body
     assert made.json["effective_step"] is None, made.json  # between runs: at once, not above step 149
     # The job resumes from a checkpoint at step 20: it trains the change from its first step.
-    resumed = procs.worker(m.address, group="g0", rank=0, steps=5, first_step=20, step_interval=0.01)
+    resumed = procs.worker(restarted.address, group="g1", rank=0, steps=5, first_step=20, step_interval=0.01)
     assert [r["config"]["lr"] for r in worker_records(resumed)] == ["0.2"] * 5

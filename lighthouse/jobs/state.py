@@ -374,11 +374,13 @@ class LighthouseState:
                 record = self._managers.get(request.status.replica_id or peer)
                 if record is not None:
                     record.ttl = request.lease_seconds
-        if step < 0 <= self.store.current_step:
+        if step < 0 <= self.store.current_step and not self.store.runs.between:
             # A new manager of a job that steps (a group restarting, say): store a ceiling for its
             # first lease now, so its first steps need not wait for a store write. Not for a job
             # that never stepped: a stored ceiling is a possible promise, and would make changes
-            # wait for steps that may never come (a job whose workers ask without a step).
+            # wait for steps that may never come (a job whose workers ask without a step). Nor between
+            # runs: nothing is promised then, and a ceiling of the ended run's step would place the
+            # changes made meanwhile above it (the chaos suite, seed 2394: a job restarting).
             self.store.leases.prepare(self.store.current_step, request.lease_seconds)
         if request.HasField("lease_from_step") and not self._earlier_run(request.status):
             wanted = request.lease_from_step  # a step a worker waits for, beyond those served
