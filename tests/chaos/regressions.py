@@ -52,4 +52,11 @@ REGRESSIONS = (
         "a lighthouse cut off from etcd was taken for an earlier release and step leases were "
         "suspended (test_etcd_store); a commit held the grants on a hung member",
     ),
+    Regression(
+        2394,
+        40,
+        "etcd",
+        "a restarted job's new manager stored a lease ceiling between runs, and a change made then "
+        "took effect above the ended run's steps (test_etcd_lighthouses)",
+    ),
 )
