@@ -160,6 +160,17 @@ def test_a_fallback_is_not_a_split_while_a_fault_explains_it() -> None:
     assert invariants(h) == ["fallback"]  # the lighthouses serve through an election
     h.faults = [{"kind": "lighthouse_stop", "target": "lighthouse0", "start": T0 + 11, "end": T0 + 11.5}]
     assert invariants(h) == []
+    # A job restart explains its new incarnation's first steps for a moment only.
+    r["inc"] = 2
+    run2 = {"number": 2, "start_step": 12, "started_at": T0 + 11.6, "base_version": 3, "run_id": "inc2"}
+    for lh in h.lighthouses.values():
+        lh["runs"] = [dict(RUN1, ended_at=T0 + 11.55, end_version=3, live=False), dict(run2, live=True)]
+    h.faults = [{"kind": "job_resume", "start": T0 + 10, "end": T0 + 11.5, "incarnation": 2}]
+    assert invariants(h) == []
+    h.faults[0]["incarnation"] = 3  # another incarnation's restart
+    assert "fallback" in invariants(h)
+    h.faults[0].update({"incarnation": 2, "start": T0 + 9, "end": T0 + 10})  # 2.1 s after it: too late
+    assert invariants(h) == ["fallback"]
 
 
 def test_a_change_served_before_its_effective_step_is_caught() -> None:

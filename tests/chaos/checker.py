@@ -512,14 +512,27 @@ def resumed_runs(h: History) -> list[Violation]:
 # managers move to another, at the cost of one deadline). The others (an etcd member or its
 # leader, a lighthouse cut from etcd, a full disk, a rank, a job restart) must cost no fallback:
 # the lighthouses serve from memory and the stored lease ceiling carries the leases.
+# A whole job restarting explains its first steps' fallback for one deadline past its restart
+# (``RESTART_GRACE``): its first lease waits for the new run's record and ceiling to be stored,
+# which on a loaded host (and beside commits, which hold grants) may take longer than a worker's
+# deadline (docs/invariants.md says so).
 EXPLAINS_ALL = ("lighthouse_kill", "lighthouse_stop")
 EXPLAINS_GROUP = ("manager_kill", "manager_stop", "manager_cut")
+RESTART = "job_resume"
+RESTART_GRACE = 1.5
 
 
 def _explains(fault: dict[str, Any], group: str) -> bool:
     if fault["kind"] in EXPLAINS_ALL:
         return True
     return fault["kind"] in EXPLAINS_GROUP and str(fault.get("target", "")).startswith(f"manager-{group}")
+
+
+def _window(fault: dict[str, Any]) -> tuple[float, float]:
+    """When a fallback is ``fault``'s doing."""
+    end = fault.get("end", fault["start"])
+    after = RESTART_GRACE if fault["kind"] == RESTART else EXPLAINED_AFTER
+    return fault["start"] - EXPLAINED_BEFORE, end + after
 
 
 def unexplained_fallbacks(h: History) -> list[Violation]:
@@ -529,9 +542,9 @@ def unexplained_fallbacks(h: History) -> list[Violation]:
         if r["source"] != FALLBACK:
             continue
         if any(
-            f["start"] - EXPLAINED_BEFORE <= r["t"] <= f.get("end", f["start"]) + EXPLAINED_AFTER
+            _window(f)[0] <= r["t"] <= _window(f)[1]
             for f in h.faults
-            if _explains(f, r["group"])
+            if _explains(f, r["group"]) or (f["kind"] == RESTART and r["inc"] == f.get("incarnation"))
         ):
             continue
         key = (r["inc"], r["group"])
