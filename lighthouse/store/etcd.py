@@ -521,11 +521,18 @@ class EtcdBackend:
             compare = Compare(base + key, "create", "==", 0)
         else:
             compare = Compare(base + key, "value", "==", expected)
-        with _mapped():
-            result = self.client.txn([compare], [Put(base + k, v) for k, v in items.items()])
-        if result.succeeded and step is not None:
+        # A run's first leases wait for its record (its ceiling is stored after it): urgent.
+        with _mapped(), self.client.attempts_within(CEILING_ATTEMPT_TIMEOUT):
+            result = self.client.txn(
+                [compare], [Put(base + k, v) for k, v in items.items()], [Get(base + key)]
+            )
+        # A retried attempt finds what the first one (timed out, yet applied) wrote: that is ours.
+        stored = result.succeeded or (
+            key in items and bool(result.gets[0]) and result.gets[0][0].value.decode() == items[key]
+        )
+        if stored and step is not None:
             self._queue_step(job, int(step))
-        return bool(result.succeeded)
+        return stored
 
     def add_switches(self, job: str, switches: list[Switch]) -> None:
         with self._lock:
