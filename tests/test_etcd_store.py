@@ -413,3 +413,27 @@ def test_a_lighthouse_whose_feature_record_expired_is_not_taken_for_an_earlier_r
         records._take(f"{records.root}cut-off".encode(), None)  # its lease expired: the key is gone
         records.decide()  # its managers summary is back before its record
         assert gate.suspended_by == ()
+
+
+def test_a_commit_planned_between_runs_plans_again_when_a_run_began_meanwhile(
+    backends: list[EtcdBackend],
+) -> None:
+    """Found by the chaos suite (seed 4 replayed): a lighthouse that had not yet read the run another
+    one began committed a change made "at once" (between runs), 2 ms after that run's first
+    leases were promised: every group went on training the promised config at steps where the
+    history says the change applied. A commit compares the runs record it was planned under."""
+    a, b = (ConfigStore(job="j", backend=x) for x in backends)
+    commit(a, "put", {"lr": 0.1}, source="t")
+    assert a.begin_run(10) is not None
+    a.flush_runs()
+    assert a.end_run("operator") is not None
+    b.reload()
+    assert b.runs.between  # b saw the run end
+    assert a.begin_run(40) is not None
+    a.flush_runs()  # the next run is stored; b has not read it
+    assert b.runs.between
+    plan = commit(b, "patch", {"lr": 0.2}, source="t")
+    # Its first plan (at once, between runs) was refused by the store; it read the run and planned
+    # again in it, ordered after the run's step (a change at once between runs sorts at -1).
+    assert b.runs.live is not None and b.runs.live.start_step == 40
+    assert plan.order_step >= 40, plan

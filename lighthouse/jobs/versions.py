@@ -598,6 +598,8 @@ class ConfigStore:
         self, edits: list[Edit], if_match: int | None, check: Callable[[Plan], None] | None, dry_run: bool
     ) -> Plan:
         expected = self.head
+        if not dry_run:
+            self.flush_runs()  # a run begun here is stored first: the commit compares the stored record
         for _ in range(MAX_COMMIT_RETRIES):
             with self._lock:
                 step = self._current_step
@@ -613,7 +615,7 @@ class ConfigStore:
                     "state_id": self.state_id,
                 }
                 expected = self.head
-                view = LeaseView(self._lease_key, window.view)
+                view = LeaseView(self._lease_key, window.view, self._runs_stored, runs_checked=True)
             try:  # outside the lock: readers and managers' calls never wait for the store
                 self.backend.append(self.job, list(plan.rows), meta, expected_head=expected, leases=view)
             except HeadMoved:

@@ -103,11 +103,16 @@ class JobRecords:
 
 @dataclass(frozen=True)
 class LeaseView:
-    """What a commit assumed of the other lighthouses' lease ceilings: none of them (every
-    ``lease_ceiling*`` meta key but ``own_key``) changed after ``revision``."""
+    """What a commit assumed of the other lighthouses: none of their lease ceilings (every
+    ``lease_ceiling*`` meta key but ``own_key``) changed after ``revision``, nor the runs record."""
 
     own_key: str
     revision: int
+    # The job's runs record as the commit's plan saw it stored (``runs_checked``: compared too, on a
+    # store others write): a change planned between runs applies at once, and one planned within a
+    # run above its promises; another lighthouse's begin or end in between makes it plan again.
+    runs_record: str | None = None
+    runs_checked: bool = False
 
 
 class HeadMoved(Exception):

@@ -96,6 +96,7 @@ FLUSH_TIMEOUT = 2.0  # per call of the background writer, so closing never waits
 LEASE_CEILING = "lease_ceiling/"  # meta key prefix: one key per live lighthouse life
 CEILING_FLOOR = "lease_ceiling_floor"  # meta key: the highest ceiling any life of the job stored
 CEILING_LEASE_TTL = 10.0  # seconds a dead life's own ceiling key outlives it (the floor keeps it)
+RUNS_RECORD = "runs"  # the job's meta key of its runs record (``lighthouse.jobs.runs.RUNS_META``)
 CEILING_CAS_TRIES = 16  # floor compare-and-swap attempts against other lighthouses' writes
 # A ceiling is stored about a second before the leases need it (``SHARED_CEILING_AHEAD``), and a
 # commit holds the grants while it is stored: a member that hangs gets this long before such a
@@ -354,7 +355,7 @@ class EtcdBackend:
             Put(self._index(job), ""),
             *(Put(base + "meta/" + k, v) for k, v in meta.items()),
         ]
-        compares = [compare, *self._ceilings_unchanged(job, leases)]
+        compares = [compare, *self._ceilings_unchanged(job, leases), *self._runs_unchanged(job, leases)]
         try:
             with _mapped():
                 result = self.client.txn(compares, ops, [Get(row_keys[-1]), Get(head)])
@@ -370,10 +371,19 @@ class EtcdBackend:
                 now = current[0].value.decode() if current else "0"
                 raise HeadMoved(
                     f"job {job}: head is {now}, expected {expected_head}, or another lighthouse "
-                    "raised its lease ceiling"
+                    "raised its lease ceiling or began or ended a run"
                 )
         if step is not None:
             self._queue_step(job, int(step))
+
+    def _runs_unchanged(self, job: str, leases: LeaseView | None) -> list[Compare]:
+        """The runs record is still the one the commit was planned under."""
+        if leases is None or not leases.runs_checked:
+            return []
+        key = self._job(job) + "meta/" + RUNS_RECORD
+        if leases.runs_record is None:
+            return [Compare(key, "create", "==", 0)]
+        return [Compare(key, "value", "==", leases.runs_record)]
 
     def _ceilings_unchanged(self, job: str, leases: LeaseView | None) -> list[Compare]:
         """No other lighthouse's lease ceiling of ``job`` changed after ``leases.revision``: every
