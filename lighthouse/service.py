@@ -144,6 +144,10 @@ class LighthouseService:
         state, identity = await self._state(request.job, context)
         peer = context.peer()
         step = state.receive(request, peer, identity=identity)
+        why = self.jobs.cannot_promise(state, step) if step >= 0 else None
+        if why is not None:  # the manager moves to another lighthouse of its list
+            message = f"this lighthouse cannot promise step {step} now ({why}): ask another"
+            await context.abort(grpc.StatusCode.UNAVAILABLE, message)
         reply = await _answer(
             state, request.known_version, request.known_state_id, step, request, peer, context
         )

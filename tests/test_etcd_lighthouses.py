@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from lighthouse.client import LighthouseClient
+from tests.chaos.proxy import Proxy
 from tests.etcd_cluster import EtcdCluster, free_port, make_certs, require_etcd
 from tests.http_util import call, change, get_json, history, live, wait_healthy
 from tests.procs import (
@@ -25,6 +26,7 @@ from tests.procs import (
     records_so_far,
     worker_records,
 )
+from tests.stuck_lighthouse import replica_starting_on
 from tests.threads import CheckedThread
 
 
@@ -407,3 +409,37 @@ def test_a_run_ended_through_one_lighthouse_ends_the_other_s_promises_too(
     # The job resumes from a checkpoint at step 20: it trains the change from its first step.
     resumed = procs.worker(restarted.address, group="g1", rank=0, steps=5, first_step=20, step_interval=0.01)
     assert [r["config"]["lr"] for r in worker_records(resumed)] == ["0.2"] * 5
+
+
+def test_a_lighthouse_cut_off_from_etcd_sends_its_managers_to_another(
+    procs: ProcessPool, etcd1: EtcdCluster
+) -> None:
+    """A lighthouse whose link to etcd drops every byte without a FIN cannot store its lease
+    ceilings: it answered the groups past its promises without a lease, so they stayed on it
+    and trained the fallback for as long as the cut lasted (the chaos suite, lighthouse_etcd_cut).
+    Once a ceiling is overdue it answers UNAVAILABLE, and the managers move to a lighthouse that
+    can promise: the group's steps keep their config."""
+    prefix = f"test-lh/{uuid.uuid4().hex}"
+    link = Proxy(etcd1.endpoints.split(",")[0])
+    try:
+        a = procs.lighthouse(store=f"etcd://{link.address}/{prefix}")
+        b = procs.lighthouse(store=f"etcd://{etcd1.endpoints}/{prefix}")
+        for lh in (a, b):
+            wait_healthy(lh.url)
+        assert change(b.url, "PUT", {"lr": 0.1}).status == 200
+        addresses = f"{a.address},{b.address}"
+        m = procs.manager(addresses, replica_starting_on(addresses, a.address), cache_ttl=0.5)
+        worker = procs.worker(m.address, group="g0", rank=0, steps=1_000_000, step_interval=0.01, wait=False)
+        poll(lambda: len(records_so_far(worker)) > 100, 30, what="the group stepping through a")
+        link.cut()
+        cut_at = len(records_so_far(worker))
+        poll(lambda: len(records_so_far(worker)) > cut_at + 400, 60, what="400 steps after the cut")
+        after = records_so_far(worker)[cut_at:]
+        fallbacks = [r["step"] for r in after if r["source"] == "fallback"]
+        # Before: every step from about a second after the cut on. Now: at most the moment the
+        # ceiling is overdue and the manager moves (one deadline, at 10 ms a step).
+        assert len(fallbacks) <= 100, (len(fallbacks), fallbacks[:5], fallbacks[-5:])
+        assert all(r["source"] != "fallback" for r in after[-200:]), "still on the fallback"
+        worker.stop()
+    finally:
+        link.close()

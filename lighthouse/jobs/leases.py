@@ -134,6 +134,7 @@ class LeaseBook(Generic[T]):
         self.stored = NO_LEASE  # our own ceiling, durably stored
         self.wanted = NO_LEASE  # the ceiling asked of the writer
         self.generation = 0  # moves at every run's begin and end: a ceiling asked before is not ours
+        self.wanted_since = 0.0  # when the writer was last asked for a ceiling while none was wanted
         self._frozen: int | None = None
         self._request_ceiling = request_ceiling
         self.rate = 0.0
@@ -179,7 +180,7 @@ class LeaseBook(Generic[T]):
                     limit = min(limit, self._frozen)
                 headroom = length + math.ceil(self.rate * (self.policy.ceiling_ahead or 0.0))
                 if want > self.wanted - headroom // 2:  # running low: raise ahead of need
-                    self.wanted = want + headroom
+                    self._want(want + headroom)
                     request = True
                 remaining = deadline - time.monotonic()
                 if limit >= step or (remaining <= 0 and not request):
@@ -208,8 +209,20 @@ class LeaseBook(Generic[T]):
             headroom = want - max(step, 0) + math.ceil(self.rate * (self.policy.ceiling_ahead or 0.0))
             if want <= self.wanted - headroom // 2:
                 return
-            self.wanted = want + headroom
+            self._want(want + headroom)
         self._request_ceiling(self)
+
+    def _want(self, ceiling: int) -> None:
+        """Ask the writer for ``ceiling`` (under the lock), noting since when one is wanted."""
+        if self.wanted <= self.stored:
+            self.wanted_since = time.monotonic()
+        self.wanted = ceiling
+
+    def overdue(self, seconds: float) -> bool:
+        """Whether a ceiling has been wanted for longer than ``seconds`` and is still not stored (the
+        store is slow to take it, or cannot: etcd out of reach)."""
+        with self._cond:
+            return self.wanted > self.stored and time.monotonic() - self.wanted_since > seconds
 
     def observe_rate(self, steps_per_second: float) -> None:
         """A group's measured step rate; the job's is its fastest group's, decaying when they slow."""
@@ -265,6 +278,7 @@ class LeaseBook(Generic[T]):
             if generation is not None and generation != self.generation:
                 return
             self.ceiling_writes += 1
+            self.wanted_since = time.monotonic()  # the store takes ceilings: none is overdue
             if ceiling > self.stored:
                 self.stored = ceiling
             if not self._floor_grantable:

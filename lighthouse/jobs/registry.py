@@ -39,6 +39,12 @@ class JobBusy(Exception):
     """The job cannot be deleted now (a manager is live, or a config file defines it)."""
 
 
+# A ceiling wanted for longer than this and still not stored: the store is out of this lighthouse's
+# reach (a ceiling write takes milliseconds), and a group past its promises is better served by
+# another lighthouse on the store than by a lease-less answer here.
+CEILING_OVERDUE = 0.5
+
+
 class JobRegistry:
     def __init__(
         self,
@@ -281,6 +287,18 @@ class JobRegistry:
                 state.check_run()
             except Exception:  # a store that cannot write now: the next look tries again
                 logger.exception("job %s: ending its run failed", state.job)
+
+    def cannot_promise(self, state: LighthouseState, step: int) -> str | None:
+        """Why this lighthouse cannot promise ``step`` of ``state``'s job now while another on the
+        store might (its ceiling cannot be stored: cut off from etcd, say), else None. Its managers
+        are better served by the others: a lease-less answer keeps them here, on the fallback."""
+        leases = state.store.leases
+        if not isinstance(self.backend, SharedBackend) or step <= leases.promisable:
+            return None
+        why = self._ceilings.failing.get(state.job)
+        if why is None and leases.overdue(CEILING_OVERDUE):
+            why = f"its step-lease ceiling is not stored after {CEILING_OVERDUE:g} s"
+        return why
 
     def unpromised(self) -> dict[JobId, str]:
         """Jobs whose groups step past every promise this lighthouse can make, as their step-lease
