@@ -437,3 +437,27 @@ def test_a_commit_planned_between_runs_plans_again_when_a_run_began_meanwhile(
     # again in it, ordered after the run's step (a change at once between runs sorts at -1).
     assert b.runs.live is not None and b.runs.live.start_step == 40
     assert plan.order_step >= 40, plan
+
+
+def test_a_lighthouse_that_did_not_hear_the_groups_does_not_end_their_run(
+    backends: list[EtcdBackend],
+) -> None:
+    """Found by the chaos suite: a lighthouse cut off from etcd saw its managers leave (for the other
+    lighthouse) and ended the run "managers gone" from its stale view, naming a head that missed
+    three versions committed meanwhile. Such an end is refused while the job's stored step shows
+    the groups stepping elsewhere, and whenever the head moved past the one it names."""
+    a, b = (ConfigStore(job="j", backend=x) for x in backends)
+    commit(a, "put", {"lr": 0.1}, source="t")
+    assert a.begin_run(0) is not None
+    a.flush_runs()
+    b.reload()
+    a.advance_step(500)  # the groups step on through a (stored in the background)
+    poll(lambda: backends[1].stored_step("j") >= 500, 5, what="the job's step stored")
+    assert b.end_run("managers gone", idle_only=True) is None
+    assert b.runs.live is not None and b.current_step == 500  # b took the job's step instead
+    commit(a, "patch", {"lr": 0.2}, source="t")  # b has not read it
+    assert b.end_run("operator") is None  # its end names a head the store is past: refused
+    assert b.runs.live is not None
+    b.reload()
+    ended = b.end_run("operator")
+    assert ended is not None and ended.end_version == a.head

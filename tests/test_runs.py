@@ -346,3 +346,28 @@ def test_an_etcd_lighthouse_between_runs_keeps_no_promise_of_the_ended_run(etcd1
     finally:
         store.close()
         backend.close()
+
+
+def test_a_run_begun_before_the_ended_run_s_version_is_stored_serves_its_promises_rebased(
+    tmp_path: Path,
+) -> None:
+    """Found by the chaos suite (an operator's run end on etcd): the run's end stores its record,
+    then commits a version saying its promises hold now; another lighthouse began the next run in
+    between and served the head's state without them (the ended run's config at steps past the
+    resume), while a group that asked after the version came got them: two configs at one step.
+    The head's state is served in the current runs, with or without that version."""
+    store = store_with_ceilings(tmp_path / "state.db")
+    commit(store, "put", {"lr": 0.1}, source="t")
+    assert store.begin_run(0) is not None
+    horizon = train_to(store, 200)
+    promised = commit(store, "patch", {"lr": 0.2}, source="t")  # made now: above the lease
+    assert promised.made_now and promised.effective_step == horizon + 1
+    head = store.head
+    assert store.end_run("operator") is not None  # the record only: the version comes after
+    assert store.begin_run(150) is not None  # the next run, before that version
+    assert store.head == head
+    assert store.resolve(store.head, 150) == {"lr": 0.2}  # as it will be once the version is stored
+    assert store.segments()[0].config == {"lr": 0.2}
+    # The ended run's versions replay as they were served once a newer one is stored.
+    commit(store, "patch", {"other": 1}, source="t")
+    assert store.resolve(head, 150) == {"lr": 0.1}

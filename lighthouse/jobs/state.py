@@ -597,11 +597,11 @@ class LighthouseState:
         self.refresh()
         return run
 
-    def end_run(self, reason: str) -> Run | None:
-        """End the live run (None: none is live): its step leases end, a change made now applies at
-        once, and the changes promised to it apply from the next run's first step."""
+    def end_run(self, reason: str, idle_only: bool = False) -> Run | None:
+        """End the live run (None: none is live, or it goes on): its step leases end, a change made
+        now applies at once, and the changes promised to it apply from the next run's first step."""
         store = self.store
-        run = store.end_run(reason)
+        run = store.end_run(reason, idle_only=idle_only)
         if run is None:
             return None
         logger.info("job %s: run %d ended at step %d (%s)", self.job, run.number, run.end_step, reason)
@@ -650,7 +650,7 @@ class LighthouseState:
         job_moved = self.progress.at if self.progress.at is not None else float("-inf")
         moved = max([self._started_at, self._run_began_at, job_moved, *(r.moved_at for r in records)])
         if now - moved > bound:
-            return self.end_run("managers gone")
+            return self.end_run("managers gone", idle_only=True)
         return None
 
     def runs(self) -> list[dict[str, Any]]:

@@ -684,20 +684,27 @@ class ConfigStore:
         self._queue_runs(items)
         return run
 
-    def end_run(self, reason: str) -> Run | None:
+    def end_run(self, reason: str, idle_only: bool = False) -> Run | None:
         """End the live run (None: none is live, or another lighthouse changed the record first and
         this one follows it now): its step leases end with it, a change made now applies at once
         until the next run begins. Stored before it takes effect here (compare-and-set on the
-        record): a lighthouse never acts on an end the others do not see."""
+        record, and on the head it names): a lighthouse never acts on an end the others do not see.
+
+        ``idle_only`` (no manager stepped here for the run's lease): not while the job's stored
+        step shows its groups stepping through another lighthouse (this one may have been cut off
+        from the store, and they moved on)."""
         try:
             self.flush_runs()  # a begin still queued goes first: the end compares it
+            if idle_only and self._stepped_elsewhere():
+                return None
             with self._runs_write_lock:
                 with self._lock:
                     if self.runs.live is None or self._closed:
                         return None
                     ended = self.runs.end(self._current_step, self.head, reason)
-                    expected = self._runs_stored
-                if not self.backend.replace_meta(self.job, RUNS_META, expected, {RUNS_META: ended.encode()}):
+                    expected, head = self._runs_stored, self.head
+                record = {RUNS_META: ended.encode()}
+                if not self.backend.replace_meta(self.job, RUNS_META, expected, record, head=head):
                     self._follow_stored_runs("end")
                     return None
                 with self._lock:
@@ -762,6 +769,20 @@ class ConfigStore:
                     self._runs_stored = items[RUNS_META]
             else:
                 self._follow_stored_runs("begin")
+
+    def _stepped_elsewhere(self) -> bool:
+        """Whether the job's stored step of the live run is past the one this lighthouse holds
+        (taken then: it is the job's step)."""
+        stored = self.backend.stored_step(self.job)
+        run, step = unpack(stored)
+        with self._lock:
+            if not same_run(run, self.runs.number) or step <= self._current_step:
+                return False
+        self.adopt_step(stored)
+        logger.info(
+            "job %s: its groups step on through another lighthouse (step %d): the run goes on", self.job, step
+        )
+        return True
 
     def _follow_stored_runs(self, what: str) -> None:
         """Another lighthouse changed the runs record first (began or ended a run): take theirs;
@@ -1198,8 +1219,17 @@ class ConfigStore:
         return pending if window.now_step is None else max(window.now_step, pending)
 
     def _effective(self, row: Change, at: int | None = None) -> int | None:
-        """The step ``row`` takes effect at in the current run: a change made now that was promised to
-        an earlier run holds at every step of this one (None), a scheduled change keeps its step."""
+        """The step ``row`` takes effect at in the job's state at version ``at`` (None, or the head:
+        now): a change made now that was promised to an earlier run holds at every step of this one
+        (None), a scheduled change keeps its step.
+
+        The head's state is the one served now, in the current runs: every run that ended counts,
+        also before the version its end commits is stored. Without this, a run another lighthouse
+        began in between served the ended run's promises at the head (not rebased) until that
+        version came, and a group that asked after it got them rebased: two configs at one step
+        (the chaos suite, an operator's run end). An older version replays as it was served."""
+        if at is not None and at >= self.head:
+            at = None
         if row.made_now and self.runs.rebased(row.version, at):
             return None
         return row.effective_step

@@ -185,10 +185,17 @@ class StoreBackend(Protocol):
 
     def set_meta(self, job: str, items: dict[str, str]) -> None: ...
 
-    def replace_meta(self, job: str, key: str, expected: str | None, items: dict[str, str]) -> bool:
+    def replace_meta(
+        self, job: str, key: str, expected: str | None, items: dict[str, str], head: int | None = None
+    ) -> bool:
         """Write ``items`` (``current_step`` as ``set_meta`` does) only if ``key`` still holds
-        ``expected`` (None: no value), in one transaction; False, writing nothing, when it does not
-        (another lighthouse changed it first). What the runs record is written with."""
+        ``expected`` (None: no value), and the job's head is still ``head`` when given, in one
+        transaction; False, writing nothing, when not (another lighthouse changed it first). What
+        the runs record is written with (a run's end names the head it ended at)."""
+        ...
+
+    def stored_step(self, job: str) -> int:
+        """The job's step as stored now (its packed form; -1: none), read from the store."""
         ...
 
     def add_switches(self, job: str, switches: list[Switch]) -> None:

@@ -523,18 +523,27 @@ class EtcdBackend:
             with _mapped():
                 self.client.txn([], [Put(base + k, v) for k, v in items.items()])
 
-    def replace_meta(self, job: str, key: str, expected: str | None, items: dict[str, str]) -> bool:
+    def replace_meta(
+        self, job: str, key: str, expected: str | None, items: dict[str, str], head: int | None = None
+    ) -> bool:
         items = dict(items)
         step = items.pop("current_step", None)
         base = self._job(job) + "meta/"
         if expected is None:
-            compare = Compare(base + key, "create", "==", 0)
+            compares = [Compare(base + key, "create", "==", 0)]
         else:
-            compare = Compare(base + key, "value", "==", expected)
+            compares = [Compare(base + key, "value", "==", expected)]
+        if head is not None:
+            head_key = self._job(job) + "head"
+            compares.append(
+                Compare(head_key, "create", "==", 0)
+                if head == 0
+                else Compare(head_key, "value", "==", str(head))
+            )
         # A run's first leases wait for its record (its ceiling is stored after it): urgent.
         with _mapped(), self.client.attempts_within(CEILING_ATTEMPT_TIMEOUT):
             result = self.client.txn(
-                [compare], [Put(base + k, v) for k, v in items.items()], [Get(base + key)]
+                compares, [Put(base + k, v) for k, v in items.items()], [Get(base + key)]
             )
         # A retried attempt finds what the first one (timed out, yet applied) wrote: that is ours.
         stored = result.succeeded or (
@@ -543,6 +552,11 @@ class EtcdBackend:
         if stored and step is not None:
             self._queue_step(job, int(step))
         return stored
+
+    def stored_step(self, job: str) -> int:
+        with _mapped():
+            kvs = self.client.get(self._job(job) + "meta/current_step").kvs
+        return int(kvs[0].value) if kvs else -1
 
     def add_switches(self, job: str, switches: list[Switch]) -> None:
         with self._lock:

@@ -331,7 +331,10 @@ class SqliteBackend:
                 if not self._closed:
                     self._set_meta(job, items)
 
-    def replace_meta(self, job: str, key: str, expected: str | None, items: dict[str, str]) -> bool:
+    def replace_meta(
+        self, job: str, key: str, expected: str | None, items: dict[str, str], head: int | None = None
+    ) -> bool:
+        # One writer: nothing else changes the record or the head meanwhile; compared all the same.
         items = dict(items)
         step = items.pop("current_step", None)
         with self._lock, self._space_checked():
@@ -342,10 +345,25 @@ class SqliteBackend:
             ).fetchone()
             if (row[0] if row else None) != expected:
                 return False
+            if head is not None:
+                top = self._db.execute(
+                    "SELECT MAX(version) FROM job_versions WHERE job = ?", (job,)
+                ).fetchone()
+                if (top[0] or 0) != head:
+                    return False
             self._set_meta(job, items)
         if step is not None:
             self.set_meta(job, {"current_step": step})
         return True
+
+    def stored_step(self, job: str) -> int:
+        with self._queue_lock:
+            pending = self._pending_steps.get(job, -1)
+        with self._lock:
+            row = self._db.execute(
+                "SELECT value FROM job_meta WHERE job = ? AND key = 'current_step'", (job,)
+            ).fetchone()
+        return max(pending, int(row[0]) if row else -1)
 
     def lease_ceiling_key(self, owner: str) -> str:
         """One key whatever the owner: a single lighthouse writes this database, and each life

@@ -134,29 +134,31 @@ class Model:
         self.ended = [r for r in runs if not r.get("live", r.get("ended_at") is None)]
         self.ends = sorted(r["end_version"] for r in self.ended)
         self.runs = sorted(runs, key=lambda r: r["number"])
-        self._memo: dict[tuple[int, int], dict[str, Any]] = {}
+        self._memo: dict[tuple[int, int, int], dict[str, Any]] = {}
 
     def head_at(self, t: float) -> int:
         """The newest version committed at wall time ``t`` (0: none)."""
         at = bisect.bisect_right(self.created, t)
         return max((r["version"] for r in self.rows[:at]), default=0)
 
-    def heads_for(self, t: float, step: int) -> list[int]:
-        """The job's states a config served at ``t`` for ``step`` may come from: every change
-        committed by then, but none committed after the end of the run the step belongs to (the
-        latest run begun by ``t``; a step below its first one, served meanwhile on an earlier
-        lease, belongs to the run before). Once that run has ended and before the next begins, a
-        step may also get the latest state (no run is live: a change applies at once) unless it
-        was promised to the ended run: either, as long as every group gets the same (``split``)."""
+    def heads_for(self, t: float, step: int) -> list[tuple[int, int]]:
+        """The job's states a config served at ``t`` for ``step`` may come from, each as (head, the
+        run it is served in): every change committed by then, but none committed after the end of
+        the run the step belongs to (the latest run begun by ``t``; a step below its first one,
+        served meanwhile on an earlier lease, belongs to the run before). Once that run has ended
+        and before the next begins, a step may also get the latest state (no run is live: a change
+        applies at once) unless it was promised to the ended run: either, as long as every group
+        gets the same (``split``)."""
         head = self.head_at(t)
         begun = [r for r in self.runs if r["started_at"] <= t]
         if not begun:
-            return [head]
+            return [(head, 0)]
         run = begun[-1]
         if step < run["start_step"] and len(begun) > 1:
             run = begun[-2]
+        number = run["number"]
         heads = []
-        before = [r for r in self.runs if r["number"] < run["number"]]
+        before = [r for r in self.runs if r["number"] < number]
         if (
             before
             and before[-1].get("end_reason", "").startswith(OPERATOR_END)
@@ -164,22 +166,23 @@ class Model:
         ):
             # An operator ended the run before while its groups stepped: a group may still serve
             # what that run promised it (not promised either way: docs/invariants.md).
-            heads.append(min(head, before[-1]["end_version"]))
+            heads.append((min(head, before[-1]["end_version"]), before[-1]["number"]))
         if run.get("ended_at") is None:
-            return [head, *heads]
-        heads.insert(0, min(head, run["end_version"]))
-        if t >= run["ended_at"] and head not in heads:
-            heads.append(head)
-        if run.get("end_reason", "").startswith(OPERATOR_END):
-            heads.append(head)  # ended by the operator: its groups may have the latest at once
+            return [(head, number), *heads]
+        heads.insert(0, (min(head, run["end_version"]), number))
+        if t >= run["ended_at"] or run.get("end_reason", "").startswith(OPERATOR_END):
+            heads.append((head, number + 1))  # after its end: the latest, in the runs after it
         return heads
 
-    def _rebased(self, row: dict[str, Any], head: int) -> bool:
-        return row["made_now"] and any(row["version"] <= run["end_version"] < head for run in self.ended)
+    def _rebased(self, row: dict[str, Any], run: int) -> bool:
+        """A change made now that a run before ``run`` was promised holds at every step of it."""
+        return row["made_now"] and any(
+            r["number"] < run and row["version"] <= r["end_version"] for r in self.ended
+        )
 
-    def config(self, head: int, step: int) -> dict[str, Any]:
-        """The config at ``step`` in the job's state at version ``head``."""
-        key = (head, step)
+    def config(self, head: int, step: int, run: int = 0) -> dict[str, Any]:
+        """The config at ``step`` in the job's state at version ``head``, served in run ``run``."""
+        key = (head, step, run)
         if key in self._memo:
             return self._memo[key]
         rows = [r for r in self.rows if r["version"] <= head]
@@ -188,7 +191,7 @@ class Model:
         for r in rows:
             if r["op"] == "cancel" or r["version"] in cancelled:
                 continue
-            effective = None if self._rebased(r, head) else r["effective_step"]
+            effective = None if self._rebased(r, run) else r["effective_step"]
             if effective is None or effective <= step:
                 epoch = bisect.bisect_left(self.ends, r["version"])
                 applied.append(((epoch, r["order_step"], r["version"]), r))
@@ -425,10 +428,10 @@ def effective_steps(h: History) -> list[Violation]:
         if r["source"] == FALLBACK:
             continue
         heads = model.heads_for(r["t"], r["step"])
-        if any(served_equal(r["config"], model.config(head, r["step"])) for head in heads):
+        if any(served_equal(r["config"], model.config(head, r["step"], run)) for head, run in heads):
             continue
-        head = heads[0]
-        expected = model.config(head, r["step"])
+        head, run = heads[0]
+        expected = model.config(head, r["step"], run)
         key = (r["inc"], r["group"])
         if key in reported:  # one per group and incarnation: the first says it
             continue
