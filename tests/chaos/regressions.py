@@ -62,4 +62,18 @@ REGRESSIONS = (
         "a restarted job's new manager stored a lease ceiling between runs, and a change made then "
         "took effect above the ended run's steps (test_etcd_lighthouses)",
     ),
+    Regression(
+        1009682720,
+        90,
+        "etcd",
+        "after an operator's run end, the next run began on the other lighthouse before the end's "
+        "version was stored: two groups trained the ended run's config, one the rebased (test_runs)",
+    ),
+    Regression(
+        882844416,
+        90,
+        "etcd",
+        "a lighthouse cut off from etcd ended the run for managers gone, naming a stale head "
+        "(test_etcd_store)",
+    ),
 )
