@@ -371,3 +371,32 @@ def test_a_run_begun_before_the_ended_run_s_version_is_stored_serves_its_promise
     # The ended run's versions replay as they were served once a newer one is stored.
     commit(store, "patch", {"other": 1}, source="t")
     assert store.resolve(head, 150) == {"lr": 0.1}
+
+
+def test_a_run_another_lighthouse_began_is_not_ended_before_its_managers_could_be_heard(
+    etcd1: EtcdCluster,
+) -> None:
+    """Found by the chaos soak (seed 1470347390): a lighthouse back from a cut had heard no manager
+    for long (they had moved to the other) and ended, "managers gone", three runs the other
+    lighthouse began, each within 100 ms of its start; the rebasing of each end split the groups.
+    A run gets the whole bound from its start, whichever lighthouse began it."""
+    prefix = f"/test-runs/{uuid.uuid4().hex}"
+    backends = [EtcdBackend(etcd1.endpoints, prefix=prefix) for _ in range(2)]
+    try:
+        a = LighthouseState(ConfigStore(backends[0], lease_policy=LeasePolicy(run_end_after=0.0)))
+        a.change("put", {"lr": 0.1}, source="t")
+        b = LighthouseState(ConfigStore(backends[1], lease_policy=LeasePolicy(run_end_after=0.0)))
+        b._started_at = time.monotonic() - 3600  # b has heard no manager for an hour
+        request = pb.LighthouseConfigRequest(
+            status=pb.ManagerStatus(replica_id="g0", step=10), lease_seconds=0.2, lease_from_step=11
+        )
+        a.receive(request, "peer")  # a's manager steps: a begins run 1
+        assert a.store.runs.live is not None
+        a.store.flush_runs()
+        b.store.reload()
+        assert b.store.runs.live is not None
+        assert b.check_run() is None and b.check_run() is None  # just begun: not b's to end
+        assert b.store.runs.live is not None
+    finally:
+        for backend in backends:
+            backend.close()

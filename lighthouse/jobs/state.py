@@ -649,7 +649,10 @@ class LighthouseState:
         # The job's step moving counts too: on an etcd prefix the groups may talk to other lighthouses.
         job_moved = self.progress.at if self.progress.at is not None else float("-inf")
         moved = max([self._started_at, self._run_began_at, job_moved, *(r.moved_at for r in records)])
-        if now - moved > bound:
+        # A run another lighthouse began (read from the store) gets the whole bound too, from its
+        # start: this one has heard none of its managers yet (the chaos suite: a lighthouse back
+        # from a cut ended three runs the other began, each within 100 ms of its start).
+        if now - moved > bound and time.time() - live.started_at > bound:
             return self.end_run("managers gone", idle_only=True)
         return None
 

@@ -526,8 +526,9 @@ class EtcdBackend:
     def replace_meta(
         self, job: str, key: str, expected: str | None, items: dict[str, str], head: int | None = None
     ) -> bool:
-        items = dict(items)
-        step = items.pop("current_step", None)
+        # A run's step goes with its record (not queued): a lighthouse that reads the new run reads
+        # its step too (``ConfigStore.end_run``'s look at the stored step). Max semantics hold: a
+        # later run's stored step is above every earlier run's (``runs.pack``).
         base = self._job(job) + "meta/"
         if expected is None:
             compares = [Compare(base + key, "create", "==", 0)]
@@ -546,12 +547,9 @@ class EtcdBackend:
                 compares, [Put(base + k, v) for k, v in items.items()], [Get(base + key)]
             )
         # A retried attempt finds what the first one (timed out, yet applied) wrote: that is ours.
-        stored = result.succeeded or (
+        return result.succeeded or (
             key in items and bool(result.gets[0]) and result.gets[0][0].value.decode() == items[key]
         )
-        if stored and step is not None:
-            self._queue_step(job, int(step))
-        return stored
 
     def stored_step(self, job: str) -> int:
         with _mapped():
