@@ -76,4 +76,11 @@ REGRESSIONS = (
         "a lighthouse cut off from etcd ended the run for managers gone, naming a stale head "
         "(test_etcd_store)",
     ),
+    Regression(
+        1470347390,
+        90,
+        "etcd",
+        "a lighthouse back from a cut ended three runs the other had just begun, and the groups split "
+        "(test_runs)",
+    ),
 )
