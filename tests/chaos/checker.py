@@ -511,15 +511,15 @@ def resumed_runs(h: History) -> list[Violation]:
     return out
 
 
-# Faults that explain a fallback, and to whom: a group's own manager's; any lighthouse's (the
-# managers move to another, at the cost of one deadline). The others (an etcd member or its
-# leader, a lighthouse cut from etcd, a full disk, a rank, a job restart) must cost no fallback:
-# the lighthouses serve from memory and the stored lease ceiling carries the leases.
+# Faults that explain a fallback, and to whom: a group's own manager's; any lighthouse's, and a
+# lighthouse cut off from etcd (it cannot promise steps: the managers move to another, at the cost
+# of one deadline). The others (an etcd member or its leader, a full disk, a rank) must cost no
+# fallback: the lighthouses serve from memory and the stored lease ceiling carries the leases.
 # A whole job restarting explains its first steps' fallback for one deadline past its restart
 # (``RESTART_GRACE``): its first lease waits for the new run's record and ceiling to be stored,
 # which on a loaded host (and beside commits, which hold grants) may take longer than a worker's
 # deadline (docs/invariants.md says so).
-EXPLAINS_ALL = ("lighthouse_kill", "lighthouse_stop")
+EXPLAINS_ALL = ("lighthouse_kill", "lighthouse_stop", "lighthouse_etcd_cut")
 EXPLAINS_GROUP = ("manager_kill", "manager_stop", "manager_cut")
 RESTART = "job_resume"
 RESTART_GRACE = 1.5
