@@ -6,6 +6,7 @@ directly (cheap); ``test_runs_procs.py`` runs the real lighthouse, managers and 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -396,6 +397,42 @@ def test_a_run_another_lighthouse_began_is_not_ended_before_its_managers_could_b
         b.store.reload()
         assert b.store.runs.live is not None
         assert b.check_run() is None and b.check_run() is None  # just begun: not b's to end
+        assert b.store.runs.live is not None
+    finally:
+        for backend in backends:
+            backend.close()
+
+
+def test_a_run_whose_groups_step_elsewhere_waits_a_whole_bound_before_the_next_look(
+    etcd1: EtcdCluster,
+) -> None:
+    """Found by the chaos soak (seed 733702840): a lighthouse back from a cut saw the job's stored
+    step ahead of its own and let the run go on, then 60 ms later, the stored step unchanged (the
+    other lighthouse could not store newer ones yet), ended it "managers gone" while its groups
+    stepped, and their leases of the run ended with it: one group trained another config at the
+    next step. Having seen the groups step elsewhere, it waits a whole bound again."""
+    prefix = f"/test-runs/{uuid.uuid4().hex}"
+    backends = [EtcdBackend(etcd1.endpoints, prefix=prefix) for _ in range(2)]
+    try:
+        a = LighthouseState(ConfigStore(backends[0], lease_policy=LeasePolicy(run_end_after=0.0)))
+        a.change("put", {"lr": 0.1}, source="t")
+        request = pb.LighthouseConfigRequest(
+            status=pb.ManagerStatus(replica_id="g0", step=10), lease_seconds=0.2, lease_from_step=11
+        )
+        a.receive(request, "peer")
+        assert a.store.runs.live is not None
+        a.store.flush_runs()
+        b = LighthouseState(ConfigStore(backends[1], lease_policy=LeasePolicy(run_end_after=0.0)))
+        assert b.store.runs.live is not None
+        live = b.store.runs.live
+        b.store.runs = Runs(
+            (dataclasses.replace(live, started_at=live.started_at - 3600),)
+        )  # as after a long cut
+        b._started_at = time.monotonic() - 3600  # b has heard no manager for an hour
+        a.store.advance_step(500)  # the groups step through a, stored in the background
+        poll(lambda: backends[1].stored_step("default") >= 500, 5, what="the job's step stored")
+        assert b.check_run() is None  # stepped elsewhere: the run goes on
+        assert b.check_run() is None  # and the stored step standing still ends nothing at once
         assert b.store.runs.live is not None
     finally:
         for backend in backends:
