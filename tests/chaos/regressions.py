@@ -83,4 +83,11 @@ REGRESSIONS = (
         "a lighthouse back from a cut ended three runs the other had just begun, and the groups split "
         "(test_runs)",
     ),
+    Regression(
+        733702840,
+        90,
+        "etcd",
+        "a lighthouse back from a cut ended the run 60 ms after seeing its groups step elsewhere, and a "
+        "group trained another config at the next step (test_runs)",
+    ),
 )
