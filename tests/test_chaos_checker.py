@@ -117,7 +117,14 @@ def clean() -> History:
         "lighthouse0": {"versions": copy.deepcopy(ROWS), "runs": [dict(RUN1)]},
         "lighthouse1": {"versions": copy.deepcopy(ROWS), "runs": [dict(RUN1)]},
     }
-    h.final = {"acked": T0 + 31, "bound": 15.0, "reached": {"g0-0": T0 + 32, "g1-0": T0 + 32.5}}
+    # The final change: v3 (acknowledged at T0 + 6.6, in effect from step 20), as the checker
+    # reads it from T0 + 25 on: every rank trains it (or a later one) at once.
+    h.final = {
+        "acked": T0 + 25,
+        "bound": 15.0,
+        "answer": {"version": 3},
+        "reached": {"g0-0": None, "g1-0": None},
+    }
     return h
 
 
@@ -347,10 +354,14 @@ def test_a_resumed_run_trains_changes_made_now_from_its_first_step() -> None:
 
 def test_liveness_is_caught() -> None:
     h = clean()
-    h.final["reached"]["g1-0"] = None
-    assert invariants(h) == ["liveness"]
-    h.final["reached"]["g1-0"] = T0 + 31 + 16
-    assert invariants(h) == ["liveness"]
+    h.final["acked"] = T0 + 29.5  # after every record: no rank trained it
+    assert invariants(h) == ["liveness", "liveness"]
+    for group in ("g0", "g1"):  # trained, but 16 s after its acknowledgement
+        h.records.append(dict(record(h, group, 29), step=45, t=T0 + 29.5 + 16))
+    assert invariants(h) == ["liveness", "liveness"]
+    for group in ("g0", "g1"):  # within the bound
+        h.records.append(dict(record(h, group, 29), step=31, t=T0 + 31))
+    assert invariants(h) == []
 
 
 def test_served_values_compare_as_json() -> None:

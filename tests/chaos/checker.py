@@ -19,7 +19,8 @@ Invariants (docs/invariants.md numbers them the same):
 5. ``order``: acknowledged order is effective order (changes made now);
 6. ``resume``: a resumed job begins a run, whose base holds every change acknowledged before it;
 7. ``fallback``: fallback only while a fault explains it (``EXPLAINS_ALL``, ``EXPLAINS_GROUP``);
-8. ``liveness``: after the faults stop, every rank trains the final change within the bound.
+8. ``liveness``: after the faults stop, every rank trains the final change (or a later one) within
+   the bound.
 """
 
 from __future__ import annotations
@@ -567,11 +568,19 @@ def unexplained_fallbacks(h: History) -> list[Violation]:
 
 
 def liveness(h: History) -> list[Violation]:
+    """After the faults, every rank trains the final change, or a change stored after it (a config
+    file edit the lighthouse reads on its restart, say), within the bound of its acknowledgement."""
     final = h.final
     if not final:
         return [Violation("liveness", h.seed, "the run ended before its final change")]
+    version = final["answer"]["version"]
+    reached: dict[str, float | None] = {rank: None for rank in final["reached"]}
+    for r in h.records:
+        key = f"{r['group']}-{r['rank']}"
+        if r["t"] >= final["acked"] and r["version"] >= version and r["source"] != FALLBACK:
+            reached[key] = min(r["t"], reached.get(key) or r["t"])
     out = []
-    for rank, when in sorted(final["reached"].items()):
+    for rank, when in sorted(reached.items()):
         if when is None or when - final["acked"] > final["bound"]:
             late = "never" if when is None else f"after {when - final['acked']:.1f} s"
             out.append(
