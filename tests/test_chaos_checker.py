@@ -178,6 +178,21 @@ def test_a_fallback_is_not_a_split_while_a_fault_explains_it() -> None:
     assert "fallback" in invariants(h)
     h.faults[0].update({"incarnation": 2, "start": T0 + 9, "end": T0 + 10})  # 2.1 s after it: too late
     assert invariants(h) == ["fallback"]
+    # An operator's run end, answered a moment before: the next run's first lease waits for its record.
+    h.ops.append(
+        {
+            "n": 9,
+            "kind": "run_end",
+            "status": 200,
+            "sent": T0 + 11.4,
+            "answered": T0 + 11.5,
+            "answer": {"ended": {}},
+            "request": {},
+        }
+    )
+    assert "fallback" not in invariants(h)
+    h.ops[-1]["status"] = 409  # refused: no run ended, nothing explains it
+    assert "fallback" in invariants(h)
 
 
 def test_a_change_served_before_its_effective_step_is_caught() -> None:

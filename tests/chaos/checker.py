@@ -539,16 +539,28 @@ def _window(fault: dict[str, Any]) -> tuple[float, float]:
     return fault["start"] - EXPLAINED_BEFORE, end + after
 
 
+def _operator_ends_as_faults(h: History) -> list[dict[str, Any]]:
+    """An operator's run end, acknowledged, as a fault window: the groups' leases end with the run and
+    the next run's first lease waits for its record and ceiling (a restart's grace after it)."""
+    return [
+        {"kind": RESTART, "start": op["sent"], "end": op["answered"], "all": True}
+        for op in h.ops
+        if op["kind"] == "run_end" and op.get("status") == 200
+    ]
+
+
 def unexplained_fallbacks(h: History) -> list[Violation]:
     out = []
+    faults = [*h.faults, *_operator_ends_as_faults(h)]
     reported: set[tuple[int, str]] = set()
     for r in sorted(h.records, key=lambda r: r["t"]):
         if r["source"] != FALLBACK:
             continue
         if any(
             _window(f)[0] <= r["t"] <= _window(f)[1]
-            for f in h.faults
-            if _explains(f, r["group"]) or (f["kind"] == RESTART and r["inc"] == f.get("incarnation"))
+            for f in faults
+            if _explains(f, r["group"])
+            or (f["kind"] == RESTART and (f.get("all") or r["inc"] == f.get("incarnation")))
         ):
             continue
         key = (r["inc"], r["group"])
