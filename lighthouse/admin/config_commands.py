@@ -179,6 +179,13 @@ comment_option = click.option("--comment", default=None, help="Why; shown in the
 dry_run_option = click.option(
     "--dry-run", is_flag=True, help="Print what would change (or why it is refused) and store nothing."
 )
+if_match_option = click.option(
+    "--if-match",
+    type=int,
+    default=None,
+    help="Refuse the change unless VERSION is still the latest (`config show -o json`'s version) and the "
+    "change keeps every pending change where VERSION's config has it.",
+)
 allow_type_change_option = click.option(
     "--allow-type-change",
     is_flag=True,
@@ -203,13 +210,7 @@ def show(client: AdminClient, output: str) -> None:
 @click.argument("assignments", nargs=-1, required=True, metavar="KEY=VALUE...")
 @at_step_option
 @comment_option
-@click.option(
-    "--if-match",
-    type=int,
-    default=None,
-    help="Refuse the change unless VERSION is still the latest (`config show -o json`'s version) and the "
-    "change keeps every pending change where VERSION's config has it.",
-)
+@if_match_option
 @dry_run_option
 @allow_type_change_option
 @create_option
@@ -251,13 +252,7 @@ def set_(
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @at_step_option
 @comment_option
-@click.option(
-    "--if-match",
-    type=int,
-    default=None,
-    help="Refuse the change unless VERSION is still the latest (`config show -o json`'s version) and the "
-    "change keeps every pending change where VERSION's config has it.",
-)
+@if_match_option
 @dry_run_option
 @allow_type_change_option
 @create_option

@@ -162,16 +162,9 @@ class Cluster:
         return -1
 
     # ------------------------------------------------------------------ faults
-    def _signal(self, proc: Proc, sig: signal.Signals) -> None:
-        if proc.popen.poll() is None:
-            os.kill(proc.popen.pid, sig)
-            if sig == signal.SIGSTOP:
-                self._stopped.add(proc.popen.pid)
-            elif sig == signal.SIGCONT:
-                self._stopped.discard(proc.popen.pid)
-
     def _kill(self, proc: Proc) -> None:
-        self._signal(proc, signal.SIGKILL)
+        if proc.popen.poll() is None:
+            proc.popen.kill()
         proc.popen.wait(10)
 
     def kill_lighthouse(self, index: int) -> None:

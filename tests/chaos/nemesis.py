@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.cluster import Cluster
+from tests.chaos.cluster import Cluster, Group
 from tests.chaos.schedule import Event
+from tests.procs import ManagerProc
+
+
+def _manager(group: Group) -> ManagerProc:
+    assert group.manager is not None
+    return group.manager
 
 
 class Nemesis:
@@ -27,36 +34,55 @@ class Nemesis:
         entry: dict[str, Any] = {"kind": event.kind, "start": time.time()}
         duration = max(0.0, min(p["duration"], stop_at - time.monotonic()))
         group = c.groups[p["target"] % len(c.groups)]
-        if event.kind == "lighthouse_kill":
-            index = p["target"] % len(c.lighthouses)
-            entry["target"] = f"lighthouse{index}"
-            c.kill_lighthouse(index)
+        lighthouse = p["target"] % len(c.lighthouses)
+        link = (p["target"] // len(c.groups)) % len(group.links)
+        rank = (p["target"] // len(c.groups)) % c.plan.ranks
+        # Each fault: what it hits, how it begins and how it heals (after ``duration``).
+        faults: dict[str, tuple[str, Callable[[], Any], Callable[[Any], Any]]] = {
+            "lighthouse_kill": (
+                f"lighthouse{lighthouse}",
+                lambda: c.kill_lighthouse(lighthouse),
+                lambda _: c.restart_lighthouse(lighthouse),
+            ),
+            "lighthouse_stop": (
+                f"lighthouse{lighthouse}",
+                lambda: c.pause(c.lighthouses[lighthouse]),
+                lambda _: c.resume(c.lighthouses[lighthouse]),
+            ),
+            "manager_kill": (
+                f"manager-{group.name}",
+                lambda: c.kill_manager(group),
+                lambda _: c.restart_manager(group),
+            ),
+            "manager_stop": (
+                f"manager-{group.name}",
+                lambda: c.pause(_manager(group)),
+                lambda _: c.resume(_manager(group)),
+            ),
+            "rank_kill": (
+                f"rank-{group.name}-{rank}",
+                lambda: c.kill_rank(group, rank),
+                lambda resume_at: c.restart_rank(group, rank, resume_at),
+            ),
+            "lighthouse_etcd_cut": (
+                f"lighthouse{lighthouse}-etcd",
+                lambda: c.cut(c.store_links[lighthouse]),
+                lambda _: c.heal_links(c.store_links[lighthouse]),
+            ),
+            "manager_cut": (
+                f"manager-{group.name}-lighthouse{link}",
+                lambda: c.cut([group.links[link]]),
+                lambda _: c.heal_links([group.links[link]]),
+            ),
+            "disk_full": ("lighthouse0-disk", c.fill_disk, lambda filler: filler.unlink()),
+        }
+        if event.kind in faults:
+            entry["target"], begin, heal = faults[event.kind]
+            began = begin()
             time.sleep(duration)
-            c.restart_lighthouse(index)
-        elif event.kind == "lighthouse_stop":
-            index = p["target"] % len(c.lighthouses)
-            entry["target"] = f"lighthouse{index}"
-            c.pause(c.lighthouses[index])
-            time.sleep(duration)
-            c.resume(c.lighthouses[index])
-        elif event.kind == "manager_kill":
-            entry["target"] = f"manager-{group.name}"
-            c.kill_manager(group)
-            time.sleep(duration)
-            c.restart_manager(group)
-        elif event.kind == "manager_stop":
-            entry["target"] = f"manager-{group.name}"
-            assert group.manager is not None
-            c.pause(group.manager)
-            time.sleep(duration)
-            c.resume(group.manager)
-        elif event.kind == "rank_kill":
-            rank = (p["target"] // len(c.groups)) % c.plan.ranks
-            entry["target"] = f"rank-{group.name}-{rank}"
-            resume_at = c.kill_rank(group, rank)
-            time.sleep(duration)
-            c.restart_rank(group, rank, resume_at)
-            entry["resumed_at"] = resume_at
+            heal(began)
+            if event.kind == "rank_kill":
+                entry["resumed_at"] = began
         elif event.kind in ("etcd_member_kill", "etcd_leader_kill", "etcd_member_stop"):
             members = c.etcd_members()
             member = (
@@ -71,23 +97,6 @@ class Nemesis:
                 c.kill_member(member)
                 time.sleep(duration)
                 c.restart_member(member)
-        elif event.kind == "lighthouse_etcd_cut":
-            index = p["target"] % len(c.lighthouses)
-            entry["target"] = f"lighthouse{index}-etcd"
-            c.cut(c.store_links[index])
-            time.sleep(duration)
-            c.heal_links(c.store_links[index])
-        elif event.kind == "manager_cut":
-            index = (p["target"] // len(c.groups)) % len(group.links)
-            entry["target"] = f"manager-{group.name}-lighthouse{index}"
-            c.cut([group.links[index]])
-            time.sleep(duration)
-            c.heal_links([group.links[index]])
-        elif event.kind == "disk_full":
-            entry["target"] = "lighthouse0-disk"
-            filler = c.fill_disk()
-            time.sleep(duration)
-            filler.unlink()
         elif event.kind == "job_resume":
             reached = c.kill_job()
             step = max(0, reached - p["back"])
