@@ -29,6 +29,7 @@ import bisect
 import itertools
 import json
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ class History:
     final: dict[str, Any] = field(default_factory=dict)
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
+def load_jsonl(path: Path) -> list[dict[str, Any]]:
     out = []
     if not path.exists():
         return out
@@ -88,9 +89,9 @@ def load(workdir: Path) -> History:
     plan = json.loads((workdir / "plan.json").read_text())
     history = History(plan["seed"])
     for path in sorted((workdir / "records").glob("*.jsonl")):
-        history.records.extend(_jsonl(path))
-    history.ops = _jsonl(workdir / "ops.jsonl")
-    history.faults = _jsonl(workdir / "faults.jsonl")
+        history.records.extend(load_jsonl(path))
+    history.ops = load_jsonl(workdir / "ops.jsonl")
+    history.faults = load_jsonl(workdir / "faults.jsonl")
     for path in sorted((workdir / "histories").glob("*.json")):
         history.lighthouses[path.stem] = json.loads(path.read_text())
     final = workdir / "final.json"
@@ -98,12 +99,13 @@ def load(workdir: Path) -> History:
     return history
 
 
-def first_time_with_mark(path: Path, mark: str, after: float) -> float | None:
-    """When a rank's records first show ``mark`` at or after ``after`` (None: not yet)."""
-    for record in _jsonl(path):
-        if record["t"] >= after and record["config"].get("mark") == mark and record["source"] != FALLBACK:
-            return float(record["t"])
-    return None
+def first_time_live(records: Iterable[dict[str, Any]], version: int, after: float) -> float | None:
+    """When ``records`` (one rank's) first show ``version`` or a later one, not the fallback, at or
+    after ``after`` (None: not yet): the final change or a change stored after it is live there."""
+    times = [
+        r["t"] for r in records if r["t"] >= after and r["version"] >= version and r["source"] != FALLBACK
+    ]
+    return float(min(times)) if times else None
 
 
 # ---------------------------------------------------------------- the model
@@ -585,12 +587,11 @@ def liveness(h: History) -> list[Violation]:
     final = h.final
     if not final:
         return [Violation("liveness", h.seed, "the run ended before its final change")]
-    version = final["answer"]["version"]
-    reached: dict[str, float | None] = {rank: None for rank in final["reached"]}
+    by_rank: dict[str, list[dict[str, Any]]] = {rank: [] for rank in final["reached"]}
     for r in h.records:
-        key = f"{r['group']}-{r['rank']}"
-        if r["t"] >= final["acked"] and r["version"] >= version and r["source"] != FALLBACK:
-            reached[key] = min(r["t"], reached.get(key) or r["t"])
+        by_rank.setdefault(f"{r['group']}-{r['rank']}", []).append(r)
+    version = final["answer"]["version"]
+    reached = {rank: first_time_live(rs, version, final["acked"]) for rank, rs in by_rank.items()}
     out = []
     for rank, when in sorted(reached.items()):
         if when is None or when - final["acked"] > final["bound"]:

@@ -120,9 +120,8 @@ def _final_change(cluster: Cluster) -> dict[str, Any]:
         for g, r in ranks:
             key = f"{g.name}-{r}"
             if reached[key] is None:
-                reached[key] = checker.first_time_with_mark(
-                    cluster.records / f"{key}.jsonl", FINAL_MARK, acked
-                )
+                records = checker.load_jsonl(cluster.records / f"{key}.jsonl")
+                reached[key] = checker.first_time_live(records, answer["version"], acked)
         time.sleep(0.2)
     return {"acked": acked, "answer": answer, "reached": reached, "bound": LIVENESS_BOUND}
 
