@@ -221,10 +221,46 @@ def _who(records: list[dict[str, Any]]) -> list[str]:
     return sorted({f"{r['group']}/{r['rank']}" for r in records})
 
 
-def _operator_ends(h: History) -> list[int]:
-    """The last versions of runs an operator ended (acknowledged: the runs record names them)."""
-    acked = [op["answer"]["ended"] for op in h.ops if op["kind"] == "run_end" and op.get("status") == 200]
-    return [int(run["end_version"]) for run in acked if run]
+@dataclass(frozen=True)
+class _OperatorEnd:
+    """An acknowledged operator run end and the steps it may split: those its incarnation trained up
+    to ``PROMISES_OUTLIVE`` seconds after its answer (the ended run's steps, and the leases past
+    them), per incarnation."""
+
+    end_version: int
+    sent: float
+    through: dict[int, int]
+
+
+def _operator_ends(h: History) -> list[_OperatorEnd]:
+    ends = []
+    for op in h.ops:
+        if op["kind"] != "run_end" or op.get("status") != 200 or not op["answer"].get("ended"):
+            continue
+        until = op["answered"] + PROMISES_OUTLIVE
+        through: dict[int, int] = {}
+        for r in h.records:
+            if r["t"] <= until:
+                through[r["inc"]] = max(through.get(r["inc"], -1), r["step"])
+        ends.append(_OperatorEnd(int(op["answer"]["ended"]["end_version"]), op["sent"], through))
+    return ends
+
+
+def _split_by_operator_end(
+    ends: list[_OperatorEnd], inc: int, step: int, records: list[dict[str, Any]]
+) -> bool:
+    """Whether an operator's end explains a split at (inc, step): one side trained a config of the
+    ended run (a version up to its last), one side trained after the end, and the step is one
+    the incarnation reached by the time the ended run's leases ran out. A group behind the others
+    (stopped, say) trains those steps later with the config as the operator left it, whichever
+    version that is: not promised (docs/invariants.md)."""
+    oldest = min(r["version"] for r in records)
+    return any(
+        step <= end.through.get(inc, -1)
+        and oldest <= end.end_version
+        and any(r["t"] >= end.sent for r in records)
+        for end in ends
+    )
 
 
 def split_steps(h: History) -> list[Violation]:
@@ -232,13 +268,12 @@ def split_steps(h: History) -> list[Violation]:
     for r in h.records:
         if r["source"] != FALLBACK:
             seen[(r["inc"], r["step"])][_canon(r["config"])].append(r)
-    ended = _operator_ends(h)
+    ends = _operator_ends(h)
     out = []
     for (inc, step), configs in sorted(seen.items()):
-        versions = [r["version"] for rs in configs.values() for r in rs]
-        if any(min(versions) <= end <= max(versions) for end in ended):
-            continue  # the operator ended the run in between: its promises ended with it (not promised)
-        if len(configs) > 1:
+        if len(configs) > 1 and not _split_by_operator_end(
+            ends, inc, step, [r for rs in configs.values() for r in rs]
+        ):
             who = "; ".join(
                 f"{_who(rs)} v{sorted({r['version'] for r in rs})} {c}" for c, rs in configs.items()
             )
