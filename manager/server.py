@@ -51,9 +51,13 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL = 1.0
 FINAL_REPORTS = 4  # heartbeats at shutdown, at most, to hand over the metrics still held
 STREAM_END_WAIT = 1.0  # seconds to wait for a reset stream to end before looking again
-# Answers in a row without a lease for the group's step after which its steps past the lease get the
-# fallback at once: two waits of the lighthouse for its ceiling (half the deadline each), one deadline.
+# Answers in a row without a lease for the group's step, and for at least REFUSAL_BUDGET of the
+# lighthouse deadline, after which its steps past the lease get the fallback at once. Counted in
+# time too: with several lighthouses a call's first try is hedged at a quarter of the deadline, so
+# a lighthouse waits an eighth of it for its ceiling, and two refusals were a quarter (a ceiling
+# write slower than that at a run's first steps on a busy etcd gave the fallback: seed 1079626280).
 REFUSALS_SETTLE = 2
+REFUSAL_BUDGET = 0.5
 EARLIER_LEASES_KEPT = 8  # replaced leases kept for ranks behind their group (``_below_snapshot``)
 
 
@@ -148,9 +152,8 @@ class ManagerServer:
         self._step_wanted = -1  # a step a worker waits for, beyond the lease (asked of the lighthouse)
         self._renew_at = 0  # the step from which the background loop renews the lease
         self._refused_at: float | None = None  # a fetch for the group's step got no lease (None: one came)
-        self._refusals = (
-            0  # such answers in a row: from REFUSALS_SETTLE on, steps past the lease wait no more
-        )
+        self._refusals = 0  # such answers in a row: see REFUSALS_SETTLE
+        self._refusing_since = 0.0  # when the first of them came
         self._renew = threading.Event()  # wakes the background loop: a lease to renew, or stop
         self.steps_past_lease = 0
         self._past_lease_count = itertools.count(1)
@@ -295,11 +298,15 @@ class ManagerServer:
             # steps wanted in the run before, and with them this one if it came while in flight.
             if step > self._step_wanted:
                 self._step_wanted = step
-            # The lighthouse answered the group's step without a lease, again: no wait brings one now
-            # (the background loop asks again each backoff), so a refusal costs one deadline, not one
-            # a step. Once is not enough: a ceiling write slower than the lighthouse's wait for it
-            # (a busy disk) is stored by the next answer, and the step gets its lease, not the fallback.
-            return self._refusals >= REFUSALS_SETTLE
+            # The lighthouse answered the group's step without a lease, again and for half a deadline:
+            # no wait brings one now (the background loop asks again each backoff), so refusals cost
+            # half a deadline, not one a step. Once is not enough: a ceiling write slower than the
+            # lighthouse's wait for it (a busy disk or etcd) is stored by a later answer, and the step
+            # gets its lease, not the fallback.
+            return (
+                self._refusals >= REFUSALS_SETTLE
+                and time.monotonic() - self._refusing_since >= REFUSAL_BUDGET * self.lighthouse_timeout
+            )
 
         answer = self._cache.renew(settled)
         lease = self._lease
@@ -432,6 +439,8 @@ class ManagerServer:
                 # Asked for the group's step, in the state the request was made in: the lighthouse
                 # cannot promise it now. Not judged on a push, whose lease is for its last request.
                 self._refused_at = time.monotonic()
+                if not self._refusals:
+                    self._refusing_since = self._refused_at
                 self._refusals += 1
         return snapshot
 

@@ -28,6 +28,7 @@ from tests.procs import (
 )
 from tests.stuck_lighthouse import replica_starting_on
 from tests.threads import CheckedThread
+from worker_client import ManagerClient
 
 
 def store_url(cluster: EtcdCluster) -> str:
@@ -409,6 +410,39 @@ def test_a_run_ended_through_one_lighthouse_ends_the_other_s_promises_too(
     # The job resumes from a checkpoint at step 20: it trains the change from its first step.
     resumed = procs.worker(restarted.address, group="g1", rank=0, steps=5, first_step=20, step_interval=0.01)
     assert [r["config"]["lr"] for r in worker_records(resumed)] == ["0.2"] * 5
+
+
+def test_a_ceiling_write_slower_than_a_hedged_try_still_gives_the_step_its_lease(
+    procs: ProcessPool, tmp_path: Path
+) -> None:
+    """Found by the chaos suite (seed 1079626280, steps 9-13 of a job's first run): a manager of
+    two lighthouses hedges its first try at a quarter of its deadline, so a lighthouse waits an
+    eighth of it for the ceiling a step needs; two such refusals gave the step the fallback after
+    0.25 s while etcd took 0.3 s to store the ceiling. The manager waits half its deadline now."""
+    require_etcd()
+    with EtcdCluster(tmp_path / "etcd", size=1) as cluster:
+        a, b = lighthouses(procs, store_url(cluster))
+        assert change(a.url, "PUT", {"lr": 0.1}).status == 200
+        m = procs.manager(f"{a.address},{b.address}", "g0", cache_ttl=1.0, lighthouse_timeout=1.0)
+        client = ManagerClient(m.address, timeout=5.0)
+        first = client.get_config(step=0)
+        assert first.source != "fallback" and dict(first) == {"lr": "0.1"}, first
+        assert get_json(a.url, "/api/config")["lease_horizon"] < 40  # step 40 needs a new ceiling
+        etcd = cluster.members[0].popen
+        assert etcd is not None
+        etcd.send_signal(signal.SIGSTOP)  # etcd hangs: no ceiling is stored for 0.35 s
+        resume = threading.Timer(0.35, etcd.send_signal, (signal.SIGCONT,))
+        resume.start()
+        try:
+            began = time.monotonic()
+            answer = client.get_config(step=40)
+            waited = time.monotonic() - began
+        finally:
+            resume.join()
+            etcd.send_signal(signal.SIGCONT)
+        assert answer.source != "fallback" and dict(answer) == {"lr": "0.1"}, (answer.source, waited)
+        assert waited >= 0.3, waited  # it waited for the ceiling stored after etcd came back
+        client.close()
 
 
 def test_a_lighthouse_cut_off_from_etcd_sends_its_managers_to_another(

@@ -90,4 +90,19 @@ REGRESSIONS = (
         "a lighthouse back from a cut ended the run 60 ms after seeing its groups step elsewhere, and a "
         "group trained another config at the next step (test_runs)",
     ),
+    Regression(
+        1079626280,
+        90,
+        "etcd",
+        "at a job's first steps a manager of two lighthouses gave a group the fallback after two "
+        "refusals of 0.125 s each, before etcd stored the ceiling (test_etcd_lighthouses)",
+    ),
+    Regression(
+        23194112,
+        90,
+        "etcd",
+        "an operator ended the live run while a stopped group was behind: it trained the ended run's "
+        "steps on the config as the operator left it (not promised; the checker's exception was keyed "
+        "on versions and missed it: test_chaos_checker)",
+    ),
 )
