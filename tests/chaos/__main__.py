@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         ops = sum(result.operations.values())
         print(
             f"run {index}/{len(plays)}: seed {seed} ({result.store}): {len(result.violations)} violations, "
-            f"{faults} faults, {ops} operations, {result.records} records",
+            f"{faults} faults, {ops} operations, {result.records} records, "
+            f"{result.guard_rollbacks} guard rollbacks",
             flush=True,
         )
         for violation in result.violations[:20]:
@@ -83,6 +84,7 @@ def _totals(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "faults_by_kind": faults,
         "operations_by_kind": ops,
         "records": sum(r["records"] for r in runs),
+        "guard_rollbacks": sum(r.get("guard_rollbacks", 0) for r in runs),
     }
 
 

@@ -38,6 +38,7 @@ FALLBACK = "fallback"
 EXPLAINED_AFTER = 5.0  # seconds after a fault heals during which a fallback is still its doing
 EXPLAINED_BEFORE = 0.5  # and before it began (the fault log is written as it is injected)
 OPERATOR_END = "ended by"  # a run's end_reason when an operator ended it (POST .../runs/end)
+MADE_NOW = ("patch", "put", "patch_if_match", "guard")  # the operator's changes made now ("guard": guarded)
 PROMISES_OUTLIVE = 3.0  # seconds after an operator's end during which a group may serve its leases
 
 
@@ -357,10 +358,7 @@ def acknowledged_in_history(h: History) -> list[Violation]:
                     problems.append(f"op {row['op']} != {answer['op']}")
                 if row["effective_step"] != answer["effective_step"]:
                     problems.append(f"effective_step {row['effective_step']} != {answer['effective_step']}")
-                if (
-                    op["kind"] in ("patch", "put", "patch_if_match", "scheduled")
-                    and row["change"] != request["body"]
-                ):
+                if op["kind"] in (*MADE_NOW, "scheduled") and row["change"] != request["body"]:
                     problems.append(f"change {row['change']} != {request['body']}")
                 if op["kind"] == "cancel" and row["change"] != {"version": request["target"]}:
                     problems.append(f"cancel of {row['change']} != {request['target']}")
@@ -405,7 +403,7 @@ def acknowledged_order(h: History) -> list[Violation]:
         op
         for op in h.ops
         if op.get("status") == 200
-        and op["kind"] in ("patch", "put", "patch_if_match")
+        and op["kind"] in MADE_NOW
         and not op["answer"].get("scheduled")
         and op["answer"]["version"] not in cancelled  # withdrawn (a rollback): no order to keep
     ]

@@ -64,6 +64,11 @@ class Nemesis:
                 lambda: c.kill_rank(group, rank),
                 lambda resume_at: c.restart_rank(group, rank, resume_at),
             ),
+            "rank_stop": (  # a rank that hangs, then catches up with its group at full speed
+                f"rank-{group.name}-{rank}",
+                lambda: c.pause(group.ranks[rank]),
+                lambda _: c.resume(group.ranks[rank]),
+            ),
             "lighthouse_etcd_cut": (
                 f"lighthouse{lighthouse}-etcd",
                 lambda: c.cut(c.store_links[lighthouse]),

@@ -19,6 +19,8 @@ from tests.chaos.schedule import Event
 from tests.http_util import HttpResult, call
 
 TIMEOUT = 5.0
+GUARD = "guard=loss:1.5&guard_steps=150&guard_window=5"
+GUARD_REGRESSES = 3.0
 
 
 class Operator:
@@ -83,12 +85,19 @@ class Operator:
             tmp.write_text(json.dumps(body))
             tmp.replace(self.cluster.config_file)
             request = {"method": "FILE", "body": body}
+        elif kind == "guard":
+            # A change made now, guarded by the loss it sets: 3x the baseline regresses (the guard
+            # must roll it back, a change made now of its own), 1x passes.
+            scale = GUARD_REGRESSES if p["pick"] < 0.75 else 1.0
+            request = {"method": "PATCH", "body": {"loss_scale": scale, "mark": mark}, "guard": GUARD}
         elif kind == "run_end":
             request = {"method": "POST", "path": "api/config/runs/end"}
         if request and request["method"] != "FILE":
             path = request.get("path", "api/config")
             if "effective_step" in request:
                 path += f"?effective_step={request['effective_step']}"
+            if "guard" in request:
+                path += f"?{request['guard']}"
             headers = {"If-Match": str(request["if_match"])} if "if_match" in request else None
             sent = time.time()
             res = self._call(url, request["method"], path, request.get("body"), headers=headers)

@@ -5,7 +5,8 @@ the groups stay in step as the replica groups of one job do. Calls
 ``ManagerClient.get_config(step=N)`` at the start of every step, as a training script does, and
 appends one JSON line per step to ``--out`` (flushed, so a SIGKILL loses at most the step being
 written): the job incarnation, group, rank, step, the version and source it was served, the
-config and the wall time. The checker reads nothing else of it.
+config and the wall time. The checker reads nothing else of it. Each step also reports a
+``loss`` (see ``loss``) for the guards the operator sets.
 """
 
 from __future__ import annotations
@@ -15,6 +16,15 @@ import json
 import time
 
 from worker_client import ManagerClient
+
+
+def loss(config: dict[str, str]) -> float:
+    """The loss this rank reports for a step: 1 times the config's ``loss_scale`` (the operator's
+    guarded changes set it: above the guard's factor, the guard must roll the change back)."""
+    try:
+        return float(config.get("loss_scale", "1"))
+    except ValueError:
+        return 1.0
 
 
 def main() -> None:
@@ -48,6 +58,7 @@ def main() -> None:
                 "elapsed": round(time.monotonic() - started, 4),
             }
             out.write(json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n")
+            client.report(step, loss=loss(cfg))
             step += 1
             # The job's clock, not this rank's: every group's step N is due at the same moment, and a
             # rank that fell behind (a stall, a restart) catches up at full speed, as one healed by

@@ -2,7 +2,10 @@
 
 Each bug is fixed in the product with a deterministic test of its own (named in the commit);
 the seed stays here so ``python -m tests.chaos --regressions`` replays the whole run it was
-found in. A seed replays its schedule for the same length and commit of ``schedule.py``.
+found in. A seed replays its schedule for the same length and commit of ``schedule.py``; a kind
+of fault or change added there (rank SIGSTOP and guarded changes came after every seed below)
+draws every seed's schedule anew, so these replay other schedules now: still runs that once broke
+something, no longer the same ones.
 """
 
 from __future__ import annotations

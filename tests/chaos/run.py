@@ -24,6 +24,7 @@ from tests.chaos.schedule import Plan, plan
 
 INITIAL = {"lr": 0.01, "sync_every": 50, "mark": "init"}
 FINAL_MARK = "final"
+GUARD_AUTHOR = "guard"  # the author of a guard's rollback
 LIVENESS_BOUND = 15.0  # seconds from the final change's acknowledgement to every rank training it
 
 
@@ -36,6 +37,7 @@ class Result:
     faults: dict[str, int] = field(default_factory=dict)
     operations: dict[str, int] = field(default_factory=dict)
     records: int = 0
+    guard_rollbacks: int = 0  # versions the guards made (the operator's guarded changes that regressed)
     violations: list[checker.Violation] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -46,6 +48,7 @@ class Result:
             "faults": self.faults,
             "operations": self.operations,
             "records": self.records,
+            "guard_rollbacks": self.guard_rollbacks,
             "violations": [str(v) for v in self.violations],
             "kept": str(self.workdir) if self.workdir.exists() else None,
         }
@@ -136,6 +139,8 @@ def run_seed(
     result = Result(seed, the_plan.store, seconds, workdir)
     result.violations = checker.check(history)
     result.records = len(history.records)
+    rows = next(iter(history.lighthouses.values()), {}).get("versions", [])
+    result.guard_rollbacks = sum(row.get("author") == GUARD_AUTHOR for row in rows)
     for fault in history.faults:
         result.faults[fault["kind"]] = result.faults.get(fault["kind"], 0) + 1
     for op in history.ops:

@@ -24,6 +24,7 @@ FAULTS: dict[str, tuple[str, ...]] = {
         "manager_kill",
         "manager_stop",
         "rank_kill",
+        "rank_stop",
         "etcd_member_kill",
         "etcd_leader_kill",
         "etcd_member_stop",
@@ -37,6 +38,7 @@ FAULTS: dict[str, tuple[str, ...]] = {
         "manager_kill",
         "manager_stop",
         "rank_kill",
+        "rank_stop",
         "manager_cut",
         "disk_full",
         "job_resume",
@@ -53,6 +55,7 @@ CHANGES: dict[str, int] = {
     "rollback": 6,
     "file_reload": 5,  # SQLite: the config file, watched by the lighthouse
     "run_end": 2,
+    "guard": 4,  # a change guarded by the ranks' loss, which it may make regress (rolled back)
 }
 
 
