@@ -174,3 +174,27 @@ def test_manager_killed_worker_falls_back_within_its_deadline(procs: ProcessPool
     warnings = [line for line in w.stderr().splitlines() if "unavailable" in line]
     assert len(warnings) == 1, warnings
     assert m.address in warnings[0]
+
+
+@pytest.mark.slow
+def test_a_worker_frozen_during_its_call_asks_again_and_trains_no_fallback(procs: ProcessPool) -> None:
+    """Found by the chaos suite (rank SIGSTOP): a rank frozen in the middle of its call woke up past
+    the call's deadline and trained that step on the fallback while its group trained the config.
+    A call that fails after twice its deadline did not wait that long: it is asked once more."""
+    lh = procs.lighthouse(CONFIG, http_bind="off")
+    m = procs.manager(lh.address, "g0", cache_ttl=TTL)
+    w = long_worker(procs, m.address, timeout=1.0)
+    wait_for(w, is_good, 20, "the config before the fault")
+    m.signal(signal.SIGSTOP)  # the worker's next call waits for the manager...
+    time.sleep(0.4)
+    frozen_at = time.time()
+    w.signal(signal.SIGSTOP)  # ...and the worker freezes in the middle of it
+    time.sleep(2.5)  # its call's deadline passes while it stands still
+    w.signal(signal.SIGCONT)  # it wakes first: its call has failed, the manager still hangs
+    time.sleep(0.3)
+    m.signal(signal.SIGCONT)
+    after = wait_count(w, lambda r: r["t"] > frozen_at, 20, 20)
+    woke = after[0]
+    assert woke["elapsed"] > 2.5, woke  # the call frozen mid-way: it outlived its deadline
+    assert is_good(woke), woke  # asked again once awake: the config, not the fallback
+    assert all(is_good(r) for r in after), [r for r in after if not is_good(r)][:3]

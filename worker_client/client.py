@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 5.0
 MAX_STRIDE = 16  # largest step increment the prefetcher follows
+# A call that fails after this many deadlines did not wait that long: its process stood still (it is
+# asked once more, see ``get_config``). gRPC ends a call at its deadline, a little later on a busy host.
+FROZEN_AFTER = 2.0
 CLOSE_FLUSH_TIMEOUT = 2.0  # close() sends the reports still waiting, within this (or the client's) deadline
 
 _Request = pb.ManagerConfigRequest
@@ -319,27 +322,25 @@ class ManagerClient:
                 "this ManagerClient was created before fork(); create one in the child", strict
             )
         deadline = seconds(timeout, self.timeout)
+        began = time.monotonic()
         try:
             future = (
                 prefetch.in_flight.get(step)
                 if prefetch is not None and step is not None and not peek
                 else None
             )
-            if future is not None:  # the prefetch of this very step is on its way: wait for it
-                raw = future.result(timeout=deadline)
-            else:
-                request = _Request(group_rank=self.group_rank, peek=peek)
-                if step is not None:
-                    request.step = step
-                if not peek:
-                    self._reports.drain_into(request)
-                try:
-                    raw = self._call(request, timeout=deadline)
-                except grpc.RpcError:
-                    self._reports.failed(request)
-                    raise
+            raw = future.result(timeout=deadline) if future is not None else self._ask(step, peek, deadline)
         except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError) as exc:
-            return self._unavailable(_describe(exc, self.tls is not None), strict)
+            if time.monotonic() - began <= FROZEN_AFTER * deadline:
+                return self._unavailable(_describe(exc, self.tls is not None), strict)
+            # The call failed long after its deadline: this process stood still meanwhile (SIGSTOP, a
+            # paused VM, a long swap), and its deadline passed while it did; the manager may have
+            # answered all along. Ask once more, for one deadline, rather than train the step on the
+            # fallback while the group's other ranks train its config (the chaos suite's rank_stop).
+            try:
+                raw = self._ask(step, peek, deadline)
+            except grpc.RpcError as again:
+                return self._unavailable(_describe(again, self.tls is not None), strict)
         if self._outage_logged:
             logger.info("config manager %s reachable again", self.addr)
             self._outage_logged = False
@@ -347,6 +348,20 @@ class ManagerClient:
         if self._changes is not None and not peek:
             self._changes.seen(config)
         return self._unconfirmed(config) if strict and config.source in UNCONFIRMED else config
+
+    def _ask(self, step: int | None, peek: bool, deadline: float) -> bytes:
+        """One call to the manager for ``step``, carrying the rank's reports (kept on a failure)."""
+        request = _Request(group_rank=self.group_rank, peek=peek)
+        if step is not None:
+            request.step = step
+        if not peek:
+            self._reports.drain_into(request)
+        try:
+            raw: bytes = self._call(request, timeout=deadline)
+        except grpc.RpcError:
+            self._reports.failed(request)
+            raise
+        return raw
 
     def _unconfirmed(self, config: Config) -> Config:
         """A strict call answered with a config the lighthouse did not confirm: raise."""
