@@ -38,9 +38,11 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 5.0
 MAX_STRIDE = 16  # largest step increment the prefetcher follows
-# A call that fails after this many deadlines did not wait that long: its process stood still (it is
-# asked once more, see ``get_config``). gRPC ends a call at its deadline, a little later on a busy host.
-FROZEN_AFTER = 2.0
+# A call that fails this many seconds past its deadline was not failed at its deadline: its process
+# stood still meanwhile (gRPC ends a call at its deadline, a little later on a busy host). It is asked
+# once more, for at most FROZEN_RETRY seconds (see ``get_config``).
+FROZEN_LATE = 0.2
+FROZEN_RETRY = 0.5
 CLOSE_FLUSH_TIMEOUT = 2.0  # close() sends the reports still waiting, within this (or the client's) deadline
 
 _Request = pb.ManagerConfigRequest
@@ -331,14 +333,14 @@ class ManagerClient:
             )
             raw = future.result(timeout=deadline) if future is not None else self._ask(step, peek, deadline)
         except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError) as exc:
-            if time.monotonic() - began <= FROZEN_AFTER * deadline:
+            if time.monotonic() - began <= deadline + FROZEN_LATE:
                 return self._unavailable(_describe(exc, self.tls is not None), strict)
-            # The call failed long after its deadline: this process stood still meanwhile (SIGSTOP, a
-            # paused VM, a long swap), and its deadline passed while it did; the manager may have
-            # answered all along. Ask once more, for one deadline, rather than train the step on the
-            # fallback while the group's other ranks train its config (the chaos suite's rank_stop).
+            # The call failed well after its deadline: this process stood still meanwhile (SIGSTOP, a
+            # paused VM, a long swap) and its deadline passed while it did; the manager's answer may be
+            # waiting, unread. Ask once more, briefly, rather than train the step on the fallback while
+            # the group's other ranks train its config (the chaos suite's rank_stop).
             try:
-                raw = self._ask(step, peek, deadline)
+                raw = self._ask(step, peek, min(deadline, FROZEN_RETRY))
             except grpc.RpcError as again:
                 return self._unavailable(_describe(again, self.tls is not None), strict)
         if self._outage_logged:
