@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         plays += [(r.seed, r.seconds, r.store) for r in REGRESSIONS]
     if not plays:
         parser.error("give --seed, --runs or --regressions")
-    summary: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": []}
+    summary: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": _commit(),
+        "runs": [],
+    }
     failed = 0
     for index, (seed, seconds, store) in enumerate(plays, 1):
         began = time.monotonic()
@@ -67,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
             summary.update(_totals(summary["runs"]))
             args.results.write_text(json.dumps(summary, indent=1) + "\n")
     return 1 if failed else 0
+
+
+def _commit() -> str | None:
+    """The commit of the checkout the runs play (None: not a git checkout)."""
+    root = Path(__file__).resolve().parent.parent.parent
+    done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def _totals(runs: list[dict[str, Any]]) -> dict[str, Any]:
