@@ -72,9 +72,14 @@ def sample_load(stop: threading.Event, into: list[float]) -> None:
             return
 
 
+# Spins until its parent is gone: a hunt ended by SIGTERM (its ``finally`` never runs) leaves no
+# busy process behind to load the machine for whatever runs next.
+BUSY_LOOP = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass"
+
+
 def busy_loops(count: int) -> list[subprocess.Popen[bytes]]:
     """CPU load beside the suite: ``count`` processes spinning at normal priority."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(count)]
 
 
 def at_a_terminal() -> None:

@@ -131,7 +131,10 @@ def test_prefetch_keeps_the_deadline_when_the_manager_hangs(procs: ProcessPool) 
         prefetcher = client._prefetch
         assert prefetcher is not None
         # Steps fetched (or asked for) before the manager froze may still answer from memory:
-        # three ahead, more for short steps (AHEAD_SECONDS of them).
+        # three ahead, more for short steps (AHEAD_SECONDS of them). Read once the replies that
+        # came before the stop are taken: a reply's callback leaves ``in_flight`` before it enters
+        # ``ready`` (a loaded host, 2 busy processes, caught the step in neither).
+        time.sleep(0.2)
         held = max({19} | set(prefetcher.ready) | set(prefetcher.in_flight))
         try:
             for step in range(20, held + 1):
