@@ -14,12 +14,26 @@ from typing import Any
 
 from tests.chaos.cluster import Cluster, Group
 from tests.chaos.schedule import Event
-from tests.procs import ManagerProc
+from tests.procs import ManagerProc, Proc
+
+# A fault: what it hits, how it begins, and how it heals (given what ``begin`` returned).
+Fault = tuple[str, Callable[[], Any], Callable[[Any], Any]]
 
 
 def _manager(group: Group) -> ManagerProc:
     assert group.manager is not None
     return group.manager
+
+
+def _stopping(c: Cluster, target: str, proc: Callable[[], Proc]) -> Fault:
+    """SIGSTOP of ``proc()`` (looked up as the fault begins), healed by SIGCONT of that process."""
+
+    def begin() -> Proc:
+        stopped = proc()
+        c.pause(stopped)
+        return stopped
+
+    return (target, begin, c.resume)
 
 
 class Nemesis:
@@ -37,38 +51,27 @@ class Nemesis:
         lighthouse = p["target"] % len(c.lighthouses)
         link = (p["target"] // len(c.groups)) % len(group.links)
         rank = (p["target"] // len(c.groups)) % c.plan.ranks
-        # Each fault: what it hits, how it begins and how it heals (after ``duration``).
-        faults: dict[str, tuple[str, Callable[[], Any], Callable[[Any], Any]]] = {
+        # Each fault, healed after ``duration``.
+        faults: dict[str, Fault] = {
             "lighthouse_kill": (
                 f"lighthouse{lighthouse}",
                 lambda: c.kill_lighthouse(lighthouse),
                 lambda _: c.restart_lighthouse(lighthouse),
             ),
-            "lighthouse_stop": (
-                f"lighthouse{lighthouse}",
-                lambda: c.pause(c.lighthouses[lighthouse]),
-                lambda _: c.resume(c.lighthouses[lighthouse]),
-            ),
+            "lighthouse_stop": _stopping(c, f"lighthouse{lighthouse}", lambda: c.lighthouses[lighthouse]),
             "manager_kill": (
                 f"manager-{group.name}",
                 lambda: c.kill_manager(group),
                 lambda _: c.restart_manager(group),
             ),
-            "manager_stop": (
-                f"manager-{group.name}",
-                lambda: c.pause(_manager(group)),
-                lambda _: c.resume(_manager(group)),
-            ),
+            "manager_stop": _stopping(c, f"manager-{group.name}", lambda: _manager(group)),
             "rank_kill": (
                 f"rank-{group.name}-{rank}",
                 lambda: c.kill_rank(group, rank),
                 lambda resume_at: c.restart_rank(group, rank, resume_at),
             ),
-            "rank_stop": (  # a rank that hangs, then catches up with its group at full speed
-                f"rank-{group.name}-{rank}",
-                lambda: c.pause(group.ranks[rank]),
-                lambda _: c.resume(group.ranks[rank]),
-            ),
+            # A rank that hangs, then catches up with its group at full speed.
+            "rank_stop": _stopping(c, f"rank-{group.name}-{rank}", lambda: group.ranks[rank]),
             "lighthouse_etcd_cut": (
                 f"lighthouse{lighthouse}-etcd",
                 lambda: c.cut(c.store_links[lighthouse]),

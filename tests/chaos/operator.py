@@ -93,11 +93,9 @@ class Operator:
         elif kind == "run_end":
             request = {"method": "POST", "path": "api/config/runs/end"}
         if request and request["method"] != "FILE":
-            path = request.get("path", "api/config")
-            if "effective_step" in request:
-                path += f"?effective_step={request['effective_step']}"
-            if "guard" in request:
-                path += f"?{request['guard']}"
+            query = [f"effective_step={request['effective_step']}"] if "effective_step" in request else []
+            query += [request["guard"]] if "guard" in request else []
+            path = request.get("path", "api/config") + ("?" + "&".join(query) if query else "")
             headers = {"If-Match": str(request["if_match"])} if "if_match" in request else None
             sent = time.time()
             res = self._call(url, request["method"], path, request.get("body"), headers=headers)
