@@ -15,7 +15,9 @@ def test_the_hunt_counts_each_failure_and_exits_1(tmp_path: Path) -> None:
     sample.write_text("def test_ok():\n    pass\n\n\ndef test_bad():\n    assert False\n")
     hunt = [sys.executable, "-m", "tests.flake_hunt", "--runs", "2", "--keep", str(tmp_path / "work")]
     done = subprocess.run(
-        [*hunt, "--", "-p", "no:cacheprovider", str(sample)],
+        # --rootdir: test ids relative to the sample's folder, wherever the clone and the temporary
+        # folder lie (a clone under /tmp once named it pytest-of-root/.../test_sample.py).
+        [*hunt, "--", "-p", "no:cacheprovider", "--rootdir", str(sample.parent), str(sample)],
         cwd=ROOT,
         capture_output=True,
         text=True,
