@@ -5,8 +5,6 @@ in every group (issue 29)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -14,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests import old_release
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import call, get_json, history, live, wait_healthy
 from tests.ordering import (
@@ -25,36 +24,13 @@ from tests.ordering import (
     spread,
     stepping_groups,
 )
-from tests.procs import ROOT, LighthouseProc, Proc, ProcessPool, poll, records_so_far
-
-OLD_RELEASE = "9e6485e"  # the last release before step leases: flat lighthouse/*.py files
-
-
-def old_release(tmp_path: Path) -> Path:
-    """That release's tree, from this checkout's history."""
-    found = subprocess.run(
-        ["git", "-C", str(ROOT), "cat-file", "-e", f"{OLD_RELEASE}^{{commit}}"], capture_output=True
-    )
-    if found.returncode != 0:
-        pytest.fail(
-            f"commit {OLD_RELEASE} (the release before step leases) is not in this clone: "
-            "fetch the full history (git fetch --unshallow) to run the rolling-upgrade tests"
-        )
-    tree = tmp_path / f"release-{OLD_RELEASE}"
-    tree.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", OLD_RELEASE], capture_output=True, check=True
-    )
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-    return tree
+from tests.procs import LighthouseProc, Proc, ProcessPool, poll, records_so_far
 
 
 def old_lighthouse(procs: ProcessPool, tree: Path, store: str, bind: str = "127.0.0.1:0") -> LighthouseProc:
-    """``lighthouse serve`` of the old release (-P: this checkout's lighthouse is not importable)."""
-    args = [sys.executable, "-P", "-m", "lighthouse", "serve", "--bind", bind, "--http-bind", "127.0.0.1:0"]
-    proc: LighthouseProc = procs.spawn(
-        [*args, "--store", store], "old-lighthouse", LighthouseProc, env={"PYTHONPATH": str(tree)}
-    )
+    """``lighthouse serve`` of the old release."""
+    args = old_release.lighthouse_command(bind, "127.0.0.1:0", store)
+    proc: LighthouseProc = procs.spawn(args, "old-lighthouse", LighthouseProc, env=old_release.env(tree))
     proc.address = proc.readline()
     proc.url = proc.readline()
     wait_healthy(proc.url)
@@ -169,7 +145,7 @@ def test_rolling_upgrade_from_the_release_before_step_leases_both_ways(
     """Old A first, then this release's B; A upgraded. Then the reverse order, on the same prefix:
     this release leasing on both, a lighthouse C of the old release joins and managers talk to it
     (a host brought back with the old release), changes through C and B; C upgraded."""
-    tree = old_release(tmp_path)
+    tree = old_release.install(tmp_path)
     store = f"etcd://{etcd1.endpoints}/test-upgrade/{uuid.uuid4().hex}"
     a = old_lighthouse(procs, tree, store)
     b = procs.lighthouse(store=store)

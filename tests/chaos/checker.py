@@ -10,9 +10,12 @@ histories hold every change the operator saw acknowledged, exactly as acknowledg
 Invariants (docs/invariants.md numbers them the same):
 1. ``split``: every rank of every group trains the same config at a (job incarnation, step),
    unless it was told fallback, or an operator ended the run in between (a run's step leases
-   end with it: a group behind the others trains the config as the operator left it);
+   end with it: a group behind the others trains the config as the operator left it); while a
+   lighthouse of the release before step leases is on the prefix, within each group only (no
+   lease is granted: the groups switch within a TTL of each other);
 2. ``effective``: each served config is the one the committed changes give at its step (a change
-   is in effect from its effective step on, in every group, and not before);
+   is in effect from its effective step on, in every group, and not before); with the old release
+   on the prefix, one they gave at that step at any moment since it came (docs/invariants.md);
 3. ``lost``: every acknowledged change is in every lighthouse's history, as acknowledged; a
    refused one is in none;
 4. ``version``: a version names one config at a step, wherever it is served;
@@ -40,6 +43,8 @@ EXPLAINED_BEFORE = 0.5  # and before it began (the fault log is written as it is
 OPERATOR_END = "ended by"  # a run's end_reason when an operator ended it (POST .../runs/end)
 MADE_NOW = ("patch", "put", "patch_if_match", "guard")  # the operator's changes made now ("guard": guarded)
 PROMISES_OUTLIVE = 3.0  # seconds after an operator's end during which a group may serve its leases
+MIXED = "old_release"  # a lighthouse of the release before step leases on the prefix
+MIXED_AFTER = 8.0  # seconds it is still seen after it dies (its etcd lease: 5 s) and the TTLs after
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,12 @@ class Model:
         """The newest version committed at wall time ``t`` (0: none)."""
         at = bisect.bisect_right(self.created, t)
         return max((r["version"] for r in self.rows[:at]), default=0)
+
+    def heads_between(self, since: float, t: float) -> list[int]:
+        """Every head the job had from ``since`` to ``t``."""
+        first = bisect.bisect_right(self.created, since)
+        last = bisect.bisect_right(self.created, t)
+        return sorted({self.head_at(since), *(self.head_at(c) for c in self.created[first:last])})
 
     def heads_for(self, t: float, step: int) -> list[tuple[int, int]]:
         """The job's states a config served at ``t`` for ``step`` may come from, each as (head, the
@@ -264,16 +275,51 @@ def _split_by_operator_end(
     )
 
 
+def _mixed_windows(h: History) -> list[tuple[float, float]]:
+    """When a lighthouse of the release before step leases was on the prefix, or still seen."""
+    return [
+        (f["start"] - EXPLAINED_BEFORE, f.get("end", f["start"]) + MIXED_AFTER)
+        for f in h.faults
+        if f["kind"] == MIXED
+    ]
+
+
+def _in(windows: list[tuple[float, float]], t: float) -> bool:
+    return any(a <= t <= b for a, b in windows)
+
+
+def _mixed_since(windows: list[tuple[float, float]], t: float) -> float | None:
+    """When the old release came, if ``t`` is in one of its windows (None: it is not)."""
+    return min((a for a, b in windows if a <= t <= b), default=None)
+
+
+def _split_between_groups_while_mixed(
+    windows: list[tuple[float, float]], records: list[dict[str, Any]]
+) -> bool:
+    """Whether a split is only between groups, served while no step lease was granted (an old
+    release on the prefix): every group agrees within itself (its manager pins a step's answer)."""
+    if not all(_in(windows, r["t"]) for r in records):
+        return False
+    per_group: dict[str, set[str]] = defaultdict(set)
+    for r in records:
+        per_group[r["group"]].add(_canon(r["config"]))
+    return all(len(configs) == 1 for configs in per_group.values())
+
+
 def split_steps(h: History) -> list[Violation]:
     seen: dict[tuple[int, int], dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in h.records:
         if r["source"] != FALLBACK:
             seen[(r["inc"], r["step"])][_canon(r["config"])].append(r)
     ends = _operator_ends(h)
+    mixed = _mixed_windows(h)
     out = []
     for (inc, step), configs in sorted(seen.items()):
-        if len(configs) > 1 and not _split_by_operator_end(
-            ends, inc, step, [r for rs in configs.values() for r in rs]
+        records = [r for rs in configs.values() for r in rs]
+        if (
+            len(configs) > 1
+            and not _split_by_operator_end(ends, inc, step, records)
+            and not _split_between_groups_while_mixed(mixed, records)
         ):
             who = "; ".join(
                 f"{_who(rs)} v{sorted({r['version'] for r in rs})} {c}" for c, rs in configs.items()
@@ -458,12 +504,17 @@ def effective_steps(h: History) -> list[Violation]:
     if not names:
         return []
     model = Model(h.lighthouses[names[0]]["versions"], _runs(h))
+    mixed = _mixed_windows(h)
     out = []
     reported: set[tuple[int, str]] = set()
     for r in sorted(h.records, key=lambda r: r["t"]):
         if r["source"] == FALLBACK:
             continue
         heads = model.heads_for(r["t"], r["step"])
+        since = _mixed_since(mixed, r["t"])
+        if since is not None:  # no lease: any state of the job since the old release came, in any run
+            runs = {run for _, run in heads} | {x["number"] for x in model.runs if x["started_at"] <= r["t"]}
+            heads += [(head, run) for head in model.heads_between(since, r["t"]) for run in sorted(runs)]
         if any(served_equal(r["config"], model.config(head, r["step"], run)) for head, run in heads):
             continue
         head, run = heads[0]
@@ -555,7 +606,7 @@ def resumed_runs(h: History) -> list[Violation]:
 # (``RESTART_GRACE``): its first lease waits for the new run's record and ceiling to be stored,
 # which on a loaded host (and beside commits, which hold grants) may take longer than a worker's
 # deadline (docs/invariants.md says so).
-EXPLAINS_ALL = ("lighthouse_kill", "lighthouse_stop", "lighthouse_etcd_cut")
+EXPLAINS_ALL = ("lighthouse_kill", "lighthouse_stop", "lighthouse_etcd_cut", MIXED)
 EXPLAINS_GROUP = ("manager_kill", "manager_stop", "manager_cut")
 RESTART = "job_resume"
 RESTART_GRACE = 1.5

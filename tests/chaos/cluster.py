@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests import old_release
 from tests.chaos.proxy import Proxy
 from tests.chaos.schedule import Plan
 from tests.etcd_cluster import EtcdCluster, Member
@@ -60,6 +61,7 @@ class Cluster:
         self._stopped: set[int] = set()  # pids stopped with SIGSTOP, continued by ``close`` at the latest
         self.store_links: list[list[Proxy]] = []  # each lighthouse's links to the etcd members
         self.disk: Path | None = None  # SQLite: the small tmpfs holding the state directory
+        self.rolled_back: int | None = None  # the lighthouse running the release before step leases
 
     # ------------------------------------------------------------------ start
     def start(self, initial: dict[str, Any]) -> None:
@@ -91,9 +93,16 @@ class Cluster:
         endpoints = ",".join(p.address for p in self.store_links[index])
         return ["--store", f"etcd://{endpoints}/chaos{self.plan.seed}"]
 
-    def _lighthouse(self, bind: str, http_bind: str, store: list[str]) -> LighthouseProc:
-        args = lighthouse_command(bind, http_bind, *store, "--config", str(self.config_file))
-        proc: LighthouseProc = self.pool.spawn(args, "lighthouse", LighthouseProc)
+    def _lighthouse(self, bind: str, http_bind: str, store: list[str], old: bool = False) -> LighthouseProc:
+        """This release's lighthouse, or (``old``) the release before step leases, which reads no
+        config file."""
+        if old:
+            args = old_release.lighthouse_command(bind, http_bind, store[-1])
+            env = old_release.env(old_release.install(self.workdir))
+            proc: LighthouseProc = self.pool.spawn(args, "old-lighthouse", LighthouseProc, env=env)
+        else:
+            args = lighthouse_command(bind, http_bind, *store, "--config", str(self.config_file))
+            proc = self.pool.spawn(args, "lighthouse", LighthouseProc)
         proc.address = proc.readline()
         proc.url = proc.readline()
         return proc
@@ -143,7 +152,12 @@ class Cluster:
 
     # ------------------------------------------------------------------ state
     def url(self, index: int) -> str:
-        return self.lighthouses[index % len(self.lighthouses)].url
+        """Lighthouse ``index``'s HTTP API; while it runs the old release, the other one's (an
+        operator edits through this release: docs/stores-and-ha.md, mixed releases)."""
+        index %= len(self.lighthouses)
+        if index == self.rolled_back:
+            index = (index + 1) % len(self.lighthouses)
+        return self.lighthouses[index].url
 
     def last_step(self, group: Group, rank: int) -> int:
         """The last step ``rank`` of ``group`` recorded (-1: none)."""
@@ -170,12 +184,28 @@ class Cluster:
     def kill_lighthouse(self, index: int) -> None:
         self._kill(self.lighthouses[index])
 
-    def restart_lighthouse(self, index: int) -> None:
-        old = self.lighthouses[index]
-        http_bind = old.url.split("://", 1)[-1].rstrip("/")
+    def restart_lighthouse(self, index: int, old: bool = False) -> None:
+        """Lighthouse ``index`` back on its ports (``old``: with the release before step leases)."""
+        was = self.lighthouses[index]
+        http_bind = was.url.split("://", 1)[-1].rstrip("/")
         self.lighthouses[index] = self._retry(
-            lambda: self._lighthouse(old.address, http_bind, self._store(index)), "lighthouse"
+            lambda: self._lighthouse(was.address, http_bind, self._store(index), old), "lighthouse"
         )
+
+    def roll_back_lighthouse(self, index: int, group: Group) -> None:
+        """Lighthouse ``index``'s host killed and brought back with the release before step leases,
+        on its ports, and ``group``'s manager cut off from the others: it talks to the old one."""
+        self.kill_lighthouse(index)
+        self.restart_lighthouse(index, old=True)
+        self.rolled_back = index
+        self.cut([link for i, link in enumerate(group.links) if i != index])
+
+    def upgrade_lighthouse(self, index: int, group: Group) -> None:
+        """The rolled-back lighthouse killed and brought back with this release; ``group`` healed."""
+        self.kill_lighthouse(index)
+        self.rolled_back = None
+        self.restart_lighthouse(index)
+        self.heal_links(group.links)
 
     def pause(self, proc: Proc | Member) -> None:
         pid = proc.popen.pid if proc.popen is not None else None

@@ -58,6 +58,14 @@ class Nemesis:
                 lambda: c.kill_lighthouse(lighthouse),
                 lambda _: c.restart_lighthouse(lighthouse),
             ),
+            # A host rolled back to the release before step leases, then upgraded again; one group's
+            # manager cut off from the other lighthouses meanwhile, so that it talks to the old one
+            # (an old release no manager talks to is not seen: docs/stores-and-ha.md).
+            "old_release": (
+                f"lighthouse{lighthouse}-old-release-{group.name}",
+                lambda: c.roll_back_lighthouse(lighthouse, group),
+                lambda _: c.upgrade_lighthouse(lighthouse, group),
+            ),
             "lighthouse_stop": _stopping(c, f"lighthouse{lighthouse}", lambda: c.lighthouses[lighthouse]),
             "manager_kill": (
                 f"manager-{group.name}",

@@ -31,6 +31,7 @@ FAULTS: dict[str, tuple[str, ...]] = {
         "lighthouse_etcd_cut",
         "manager_cut",
         "job_resume",
+        "old_release",  # a lighthouse's host rolled back to the release before step leases
     ),
     "sqlite": (
         "lighthouse_kill",
@@ -112,7 +113,12 @@ def plan(seed: int, seconds: float, store: str | None = None) -> Plan:
     t = rng.uniform(2.0, 4.0)
     while t < seconds - 4.0:
         kind = faults[rng.randrange(len(faults))]
-        duration = rng.uniform(0.5, 3.0) if kind.endswith("kill") else rng.uniform(0.5, 7.0)
+        if kind.endswith("kill"):
+            duration = rng.uniform(0.5, 3.0)
+        elif kind == "old_release":  # long enough, mostly, for the others to see it and suspend leases
+            duration = rng.uniform(3.0, 12.0)
+        else:
+            duration = rng.uniform(0.5, 7.0)
         target = rng.randrange(64)  # modulo the number of candidates when the fault happens
         params = {"target": target, "duration": round(duration, 3), "back": rng.randrange(20, 400)}
         events.append(Event(round(t, 3), "nemesis", kind, params))
