@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from protos import lighthouse_config_pb2 as pb
 from protos.aio_server import AioServer
 from protos.job_ids import JobId
 from protos.probes import Probes
-from protos.rpc import DEFAULT_LIGHTHOUSE_PORT, LIGHTHOUSE_SERVICE, dialable_address
+from protos.rpc import DEFAULT_LIGHTHOUSE_PORT, LIGHTHOUSE_SERVICE, LIGHTHOUSE_STORE_HEALTH, dialable_address
 from protos.tls import ServerCertificates, ServerTLS
 
 logger = logging.getLogger(__name__)
@@ -128,8 +129,10 @@ class LighthouseServer:
         self._guards: GuardWatch | None = None
         self._health_stop = threading.Event()
         self._health_thread: threading.Thread | None = None
-        # SERVING from the end of start-up (every job loaded, the dashboard up) until shutdown starts.
-        self._probes = Probes(LIGHTHOUSE_SERVICE)
+        self._store_thread: threading.Thread | None = None
+        # SERVING from the end of start-up (every job loaded, the dashboard up) until shutdown starts;
+        # the store's own name apart (``_watch_store``).
+        self._probes = Probes(LIGHTHOUSE_SERVICE, parts=(LIGHTHOUSE_STORE_HEALTH,))
         self.jobs = JobRegistry(
             backend if backend is not None else SqliteBackend(store_path),
             history_limit=history_limit,
@@ -225,6 +228,8 @@ class LighthouseServer:
         self._probes.set_serving(True)
         self._health_thread = threading.Thread(target=self._watch_health, name="health", daemon=True)
         self._health_thread.start()
+        self._store_thread = threading.Thread(target=self._watch_store, name="store-health", daemon=True)
+        self._store_thread.start()
         logger.info(
             "lighthouse serving %d job(s) on %s%s",
             len(self.jobs.names()),
@@ -246,6 +251,35 @@ class LighthouseServer:
                     logger.info("SERVING: step leases are promised again")
             stuck = now
             self._probes.set_serving(not stuck)
+
+    def _watch_store(self) -> None:
+        """``lighthouse.store``: NOT_SERVING while the store could not commit a write (the backend's
+        ``write_problem``: etcd without quorum, unreachable or out of space, a full disk under
+        SQLite). For alerts, not routing: a lighthouse without its store still serves every config
+        it holds, so the whole stays SERVING unless ``_watch_health``'s rule says otherwise. A
+        thread of its own: a look at a hung etcd (up to 0.5 s) never delays the runs' checks."""
+        problem = self._look_at_store("")  # at once: the store's name starts NOT_SERVING
+        pause = HEALTH_CHECK
+        while not self._health_stop.wait(pause):
+            began = time.monotonic()
+            problem = self._look_at_store(problem)
+            pause = max(0.0, HEALTH_CHECK - (time.monotonic() - began))
+
+    def _look_at_store(self, before: str | None) -> str | None:
+        """Whether the store can take a write now (the problem, None when it can), told to the
+        ``lighthouse.store`` health and logged when it changed from ``before`` ("": none yet)."""
+        try:
+            problem = self.jobs.backend.write_problem()
+        except Exception as exc:  # a look that went wrong says the store is not known writable
+            logger.exception("the look at the store failed")
+            problem = f"the look at the store failed: {exc}"
+        if (problem is None) != (before is None):
+            if problem is not None:
+                logger.warning("%s NOT_SERVING: %s", LIGHTHOUSE_STORE_HEALTH, problem)
+            elif before:
+                logger.info("%s SERVING: the store takes writes again", LIGHTHOUSE_STORE_HEALTH)
+        self._probes.set_part_serving(LIGHTHOUSE_STORE_HEALTH, problem is None)
+        return problem
 
     def _start_peers(self) -> None:
         """On a store shared by several lighthouses (etcd), share the managers table and the reported
@@ -301,9 +335,10 @@ class LighthouseServer:
     def shutdown(self, grace: float | None = 1.0) -> None:
         """Stop serving and close the store; safe to call twice."""
         self._health_stop.set()
-        if self._health_thread is not None:
-            self._health_thread.join(timeout=5)
-            self._health_thread = None
+        for thread in (self._health_thread, self._store_thread):
+            if thread is not None:
+                thread.join(timeout=5)
+        self._health_thread = self._store_thread = None
         self._probes.shutdown()  # health watchers hear NOT_SERVING before the port closes
         while self._watchers:
             self._watchers.pop().stop()

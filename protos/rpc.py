@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # only servers load the probes' packages, never a worker
 
 LIGHTHOUSE_SERVICE = "lighthouse_config.LighthouseService"
 MANAGER_SERVICE = "lighthouse_config.ManagerService"
+# A gRPC health name of the lighthouse's alone (no service answers under it): whether its store can
+# take writes now. For alerts and dashboards, never for routing (``lighthouse.server``).
+LIGHTHOUSE_STORE_HEALTH = "lighthouse.store"
 LIGHTHOUSE_GET_CONFIG = f"/{LIGHTHOUSE_SERVICE}/GetConfig"
 LIGHTHOUSE_HEARTBEAT = f"/{LIGHTHOUSE_SERVICE}/Heartbeat"
 LIGHTHOUSE_WATCH = f"/{LIGHTHOUSE_SERVICE}/WatchConfig"

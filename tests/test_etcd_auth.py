@@ -14,6 +14,7 @@ import pytest
 from lighthouse.etcd.client import EtcdClient
 from protos.etcd import auth_pb2, rpc_pb2
 from protos.tls import TLSConfig
+from tests.chaos.proxy import Proxy
 from tests.etcd_cluster import EtcdCluster, Member, make_certs, require_etcd
 from tests.http_util import change, live, wait_healthy
 from tests.procs import LighthouseProc, ProcessPool, poll
@@ -86,16 +87,23 @@ def test_lighthouses_log_in_and_outlive_their_tokens(tmp_path: Path, procs: Proc
         login = ["--store-user", USER, "--store-password-file", str(password_file(tmp_path))]
         login += ["--log-level", "debug"]  # each login to etcd logged
         member = cluster.members[0]
+        # Each lighthouse reaches etcd through a link the test can cut: one in touch with etcd uses
+        # its token every second (the look at its store's health), so only one cut off outlives it.
+        links = [Proxy(member.endpoint) for _ in range(2)]
         try:
-            a, b = (procs.lighthouse(store=store, extra=login) for _ in range(2))
+            a, b = (
+                procs.lighthouse(store=f"etcd://{link.address}{PREFIX}/job", extra=login) for link in links
+            )
             for lh in (a, b):
                 wait_healthy(lh.url)
             edit_everywhere(a.url, b.url, 1)
             before = [logins(a), logins(b)]
             assert min(before) >= 1, before
-            # Idle past the tokens' TTL: etcd drops the token each lighthouse used last (it logs each
+            # Cut off past the tokens' TTL: etcd drops the token each lighthouse used last (it logs each
             # token it drops; the ones it dropped before were refused and replaced already).
             gone = etcd_tokens(member, "deleted a simple token")
+            for link in links:
+                link.cut()
 
             def dropped() -> set[str]:
                 tokens = etcd_tokens(member, "deleted a simple token") - gone
@@ -104,6 +112,8 @@ def test_lighthouses_log_in_and_outlive_their_tokens(tmp_path: Path, procs: Proc
             expired = poll(
                 dropped, TOKEN_TTL + 15, interval=0.1, what="etcd dropping both lighthouses' tokens"
             )
+            for link in links:
+                link.heal()
             edit_everywhere(a.url, b.url, 2)
             # Each lighthouse came with its expired token, was refused, and logged in again.
             refused = etcd_tokens(member, "invalid auth token")
@@ -119,6 +129,8 @@ def test_lighthouses_log_in_and_outlive_their_tokens(tmp_path: Path, procs: Proc
             assert live(b.url)["config"]["after_restart"] == 1
         finally:
             procs.stop_all()  # before etcd stops
+            for link in links:
+                link.close()
 
         # A wrong password (here from the environment) stops the lighthouse at start, in one line.
         wrong = procs.spawn(

@@ -114,12 +114,21 @@ class EtcdClient(Lease, Watcher):
 
     # -- cluster ---------------------------------------------------------------
 
-    def status(self, endpoint: int, *, timeout: timedelta | float | None = None) -> rpc_pb2.StatusResponse:
-        """The Maintenance.Status of one endpoint (by index), without failover."""
+    def status(
+        self, endpoint: int | None = None, *, timeout: timedelta | float | None = None
+    ) -> rpc_pb2.StatusResponse:
+        """The Maintenance.Status of one endpoint (by index), without failover; None: of the endpoint
+        in use, failing over as every call does."""
+        request = rpc_pb2.StatusRequest()
+        if endpoint is None:
+            answer: rpc_pb2.StatusResponse = self._call(
+                lambda s, t: s.maintenance.Status(request, timeout=t), timeout
+            )
+            return answer
         stubs = self._stubs_for(endpoint)
         t = seconds(timeout, self.timeout)
         try:
-            reply: rpc_pb2.StatusResponse = stubs.maintenance.Status(rpc_pb2.StatusRequest(), timeout=t)
+            reply: rpc_pb2.StatusResponse = stubs.maintenance.Status(request, timeout=t)
         except grpc.RpcError as exc:
             raise EtcdUnavailable(
                 f"etcd endpoint {self.endpoints[endpoint]} cannot be reached: {exc}"

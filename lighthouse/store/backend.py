@@ -174,6 +174,11 @@ class StoreBackend(Protocol):
         """Why writes fail for lack of space now (None: they do not): health shows it."""
         ...
 
+    def write_problem(self) -> str | None:
+        """Why a write could not commit now (None: it could), from one cheap look bounded well under
+        a second that writes nothing: the store's gRPC health (``lighthouse.store``) shows it."""
+        ...
+
     def lease_ceiling_key(self, owner: str) -> str:
         """The meta key holding the lease ceiling of lighthouse ``owner`` (one per process life)."""
         ...

@@ -39,6 +39,13 @@ closes, expiring ``CEILING_LEASE_TTL`` after it died), and every write of it als
 job's one floor key (compare-and-swap, in the same transaction), which outlives every life: a
 restarted lighthouse, and its peers, read every promise any life made from the floor. Keys an
 older release left without a lease are folded into the floor when a job is loaded.
+
+Whether etcd can take a write now (``write_problem``, the lighthouse's ``lighthouse.store``
+health, looked at each second) is known without writing: a linearizable read of one key needs
+the quorum a commit needs (the leader confirms its leadership with a majority, through its read
+index), and the Status of the member that answered lists the cluster's alarms (NOSPACE past
+``--quota-backend-bytes``, CORRUPT) and a missing leader, each of which refuses every write. The
+look is bounded (``PROBE_TIMEOUT``) and leaves a hung member after ``PROBE_ATTEMPT`` for the next.
 """
 
 from __future__ import annotations
@@ -102,6 +109,10 @@ CEILING_CAS_TRIES = 16  # floor compare-and-swap attempts against other lighthou
 # commit holds the grants while it is stored: a member that hangs gets this long before such a
 # write moves to the next, not the client's whole attempt.
 CEILING_ATTEMPT_TIMEOUT = 0.3
+# ``write_problem``: the whole look, and each member's part of it.
+PROBE_TIMEOUT = 0.5
+PROBE_ATTEMPT = 0.2
+PROBE_KEY = "write-probe"  # under the prefix (where an RBAC role lets the lighthouse read); never written
 
 
 def _num(n: int) -> str:
@@ -402,6 +413,22 @@ class EtcdBackend:
 
     def space_problem(self) -> str | None:
         return self._space_problem
+
+    def write_problem(self) -> str | None:
+        """A linearizable read (a quorum answers), then the answering member's alarms (see the module's
+        docstring), within ``PROBE_TIMEOUT``."""
+        deadline = time.monotonic() + PROBE_TIMEOUT
+        try:
+            with self.client.attempts_within(PROBE_ATTEMPT), _mapped():
+                self.client.get(f"{self.prefix}/{PROBE_KEY}", keys_only=True, timeout=PROBE_TIMEOUT)
+                status = self.client.status(timeout=max(0.05, deadline - time.monotonic()))
+        except StoreUnavailable as exc:
+            return str(exc)
+        except EtcdError as exc:
+            return f"etcd refused the look at its quorum: {exc.details}"
+        if status.errors:
+            return f"etcd refuses writes: {'; '.join(error.strip() for error in status.errors)}"
+        return None
 
     def lease_ceiling_key(self, owner: str) -> str:
         return LEASE_CEILING + owner

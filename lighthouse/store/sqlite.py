@@ -251,6 +251,10 @@ class SqliteBackend:
         self._space_problem = None
         return None
 
+    def write_problem(self) -> str | None:
+        """A local file has no quorum to lose: only space (``space_problem``) stops its writes."""
+        return self.space_problem()
+
     @contextmanager
     def _space_checked(self) -> Iterator[None]:
         """A write: one refused for lack of space raises StoreFull (the transaction rolled back)."""
