@@ -296,6 +296,7 @@ class LighthouseServer:
                 self.jobs.lease_gate,
                 self._peers.instances,
             )
+            self.jobs.peer_lighthouses = self._features.live_peers
             try:  # before the managers summary: the others must never take this one for an earlier release
                 self._features.publish()
             except (EtcdError, EtcdUnavailable) as exc:

@@ -133,6 +133,9 @@ def test_full_disk_refuses_edits_and_keeps_training(procs: ProcessPool, small_di
             assert record["source"] != "fallback", record
             assert record["config"] == {"lr": "0.1"}, record
     assert refused >= 2 and len(seen) > 10, (refused, len(seen))
+    # Each refused edit counted, for the StoreCannotWrite alert (deploy/prometheus).
+    body = call(lh.url, "GET", "metrics").body.decode()
+    assert f'lighthouse_store_write_failures_total{{job="default",reason="no_space"}} {refused}\n' in body
     # The leases went on past what was stored before: the ceiling was raised on the full disk.
     assert metric(lh.url, "lighthouse_lease_ceiling_writes_total") > writes_before
     assert health(lh.url)["store"] == "full"
@@ -220,11 +223,15 @@ def test_not_serving_while_no_lease_can_be_promised(procs: ProcessPool, tmp_path
                 break
         else:
             raise AssertionError("the worker ended before it ran past its promises")
+        # The lighthouse, alive, hears the manager say so: the ManagersServedFallback alert's gauge.
+        poll(lambda: metric(lh.url, "lighthouse_managers_fallback") == 1, 30, 0.1, "the fallback heard of")
+        assert metric(lh.url, "lighthouse_managers") == 1
         cluster.start_member(member)
         poll(lambda: grpc_health(lh.address) == "SERVING", 30, interval=0.2, what="SERVING again")
         # The manager is SERVING once a lighthouse gave it a config again: from then on its
         # workers get that config, not the fallback.
         poll(lambda: grpc_health(mgr.address) == "SERVING", 30, interval=0.1, what="manager SERVING")
+        poll(lambda: metric(lh.url, "lighthouse_managers_fallback") == 0, 30, 0.1, "the fallback over")
         back_at = time.time()
         for record in records:  # the first step the worker asked for once the store was back
             if record["t"] - record["elapsed"] > back_at:

@@ -24,7 +24,16 @@ import pytest
 
 from tests.helpers_lighthouse import run_cli, start_lighthouse
 from tests.http_util import get_json, history, live, wait_healthy
-from tests.procs import LighthouseProc, ManagerProc, Proc, ProcessPool, poll, records_so_far, wait_ready
+from tests.procs import (
+    LighthouseProc,
+    ManagerProc,
+    Proc,
+    ProcessPool,
+    metric,
+    poll,
+    records_so_far,
+    wait_ready,
+)
 from tests.worker_proc import known_loss
 
 GROUPS, RANKS = 2, 2
@@ -169,7 +178,9 @@ def _lr_at(records: list[dict[str, Any]], group: int, rank: int, since: int) -> 
 
 @pytest.mark.slow
 def test_a_guarded_change_whose_loss_triples_is_rolled_back(job: Job) -> None:
+    rollbacks = metric(job.lighthouse.url, "lighthouse_guard_rollbacks_total")
     version, guard = job.hot_change_rolled_back()
+    assert metric(job.lighthouse.url, "lighthouse_guard_rollbacks_total") == rollbacks + 1  # the alert's
     rollback = guard["rollback_version"]
     newest = history(job.lighthouse.url)[0]
     assert newest["version"] == rollback and newest["author"] == "guard" and newest["source"] == "guard"
@@ -203,9 +214,11 @@ def test_every_group_switches_back_at_the_same_step(job: Job) -> None:
 
 def test_a_guarded_change_whose_loss_stays_flat_passes(job: Job) -> None:
     job.calm(40)
+    rollbacks = metric(job.lighthouse.url, "lighthouse_guard_rollbacks_total")
     version = job.set("batch_size=64", "--guard", "loss:1.5", "--guard-steps", "40")
     guard = job.decided(version)
     assert guard["status"] == "passed", guard
+    assert metric(job.lighthouse.url, "lighthouse_guard_rollbacks_total") == rollbacks
     assert history(job.lighthouse.url)[0]["version"] == version  # nothing rolled back
     assert live(job.lighthouse.url)["config"]["batch_size"] == 64
 

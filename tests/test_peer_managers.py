@@ -311,6 +311,9 @@ def test_lighthouses_on_one_etcd_prefix_list_every_manager(
 ) -> None:
     store = f"etcd://{cluster.endpoints}{prefix}"
     (addr_a, url_a), (addr_b, url_b) = serve_on_etcd(procs, store), serve_on_etcd(procs, store)
+    # Each sees the other by its feature record, before any manager (the LighthousePeerMissing alert's).
+    for url in (url_a, url_b):
+        poll(lambda u=url: "\nlighthouse_peers 1\n" in call(u, "GET", "/metrics").body.decode(), 15.0)
     procs.manager(addr_a, "g0")
     procs.manager(addr_b, "g1")
     # Jobs are made by an operator (an anonymous manager naming an unknown job creates nothing).
@@ -332,7 +335,10 @@ def test_lighthouses_on_one_etcd_prefix_list_every_manager(
     metrics_a = call(url_a, "GET", "/metrics").body.decode()
     assert 'replica_id="g0"' in metrics_a and 'replica_id="g1"' not in metrics_a
     assert 'lighthouse_managers{job="default"} 1' in metrics_a
+    assert "\nlighthouse_peers 1\n" in metrics_a  # lh-b, once
 
     b = next(p for p in procs.procs if p.name == "lighthouse" and p.seen[0] == addr_b)
     b.popen.kill()  # SIGKILL: its lease expires; its managers leave lh-a's table with it
     poll(lambda: listed(url_a) == {"g0": addr_a}, 15.0, what="lh-b's managers gone from lh-a")
+    alone = "\nlighthouse_peers 0\n"
+    poll(lambda: alone in call(url_a, "GET", "/metrics").body.decode(), 15.0, what="lh-a sees no peer")

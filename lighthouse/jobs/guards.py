@@ -174,6 +174,7 @@ class JobGuards:
         self._change = change
         self._lock = threading.Lock()  # one evaluation or change of this job's guards at a time
         self._guards: dict[int, dict[str, Any]] = {}
+        self.rollbacks = 0  # guards this lighthouse found regressed and rolled back (or tried to)
         self.reload()
 
     def reload(self) -> None:
@@ -285,6 +286,7 @@ class JobGuards:
                 if plan is None:
                     reason += " (nothing left to roll back: every key was changed again since)"
             done = None if plan is None else (plan.version, plan.row.effective_step)
+            self.rollbacks += 1  # decided here (a lighthouse that finds it in the history does not count it)
         rollback_version, rollback_step = done if done is not None else (None, None)
         self._save(
             {

@@ -63,6 +63,8 @@ class JobRegistry:
         self._lease_policy = lease_policy or LeasePolicy()
         self.owner = uuid.uuid4().hex  # this lighthouse life, owner of its step-lease ceilings
         self.lease_gate = LeaseGate()  # shut while an earlier release shares the store (peers.features)
+        # The other lighthouses live on the store (instance ids): on etcd, peers.features says which.
+        self.peer_lighthouses: Callable[[], set[str]] = set
         self._ceilings = CeilingWriter(
             self._save_ceiling, retry=(HeadMoved,), unavailable=(StoreUnavailable,)
         )

@@ -104,6 +104,7 @@ class ManagerRecord:
     steps_past_lease: int = 0  # steps it served without a confirmed config (it reports them)
     past_lease: bool = False  # at its last report: at a step past its lease
     past_lease_at: float = float("-inf")  # when a report last showed more steps served past the lease
+    fallback: bool = False  # at its last report: its workers get the fallback (no version, or past the lease)
     rate: float = 0.0  # its steps per second: samples over RATE_WINDOW or more of its reports, smoothed
     rate_anchor: tuple[int, float] = (-1, 0.0)  # (step, time) the rate is measured from
     anchor_at_front: bool = False  # its step at the anchor was at the job's front
@@ -136,6 +137,7 @@ class ManagerRecord:
             "lease_through_step": self.lease_through,
             "past_lease": self.past_lease or now - self.past_lease_at < PAST_LEASE_SHOWN,
             "steps_past_lease": self.steps_past_lease,
+            "fallback": self.fallback,
             "ttl_s": self.ttl,
             "identity": self.identity,
         }
@@ -278,6 +280,7 @@ class LighthouseState:
         self.on_served: Callable[[], None] | None = None
         self.watch_messages = 0  # requests received on push streams
         self.open_streams = 0  # push streams of this job's managers open now
+        self.late_switches = 0  # changes groups took up after their effective step (store.late_switches)
         self._watch_message_count = itertools.count(1)
         self._snapshot = self._build_snapshot()
         store.leases.publish(self._snapshot, self._snapshot.version)
@@ -473,6 +476,7 @@ class LighthouseState:
                 logger.info("manager %s (%s) joined", replica_id, status.address or peer)
             record.identity = identity
             record.address = status.address or peer
+            served_before = record.live_version or record.version  # 0 for a new record: not known
             record.version = status.version
             record.live_version = status.live_version
             record.pending = (
@@ -499,6 +503,9 @@ class LighthouseState:
             if status.steps_past_lease > record.steps_past_lease:
                 record.past_lease_at = now
             record.steps_past_lease = status.steps_past_lease
+            # Version 0 is served only as the fallback; a step past the lease got it (or, serving stale,
+            # the last good config): what a step past the lease gets while the lighthouse grants none.
+            record.fallback = status.version == 0 or record.past_lease
             if plausible:
                 record.trained = True
                 if status.step > last_step:
@@ -540,9 +547,15 @@ class LighthouseState:
         if (status.metrics or status.metrics_dropped) and trained:  # none: it trained no step here
             self.series.take_status(replica_id, status)
         if status.switches:
-            self.store.record_switches(
-                replica_id, [(s.version, s.step, s.previous_step) for s in status.switches]
-            )
+            switches = [(s.version, s.step, s.previous_step) for s in status.switches]
+            self.store.record_switches(replica_id, switches)
+            late = self.store.late_switches(served_before, switches)
+            if late:
+                logger.warning(
+                    "job %s: manager %s took up %d change(s) after their step", self.job, replica_id, late
+                )
+                with self._lock:
+                    self.late_switches += late
         if plausible and self.store.advance_step(status.step):
             self._step_moved()
         return status.step if plausible else -1

@@ -52,6 +52,7 @@ from lighthouse.store.backend import (
     LeaseView,
     SharedBackend,
     StoreBackend,
+    StoreFull,
     StoreUnavailable,
     Switch,
 )
@@ -278,6 +279,8 @@ class ConfigStore:
         # without quorum makes edits wait, not the managers' calls.
         self._commit_lock = threading.Lock()
         self._closed = False
+        # Commits the store refused (nothing stored), by reason: no_space (HTTP 507), unavailable (503).
+        self.write_failures = {"no_space": 0, "unavailable": 0}
         self._current_step = -1  # the job's step never goes down within a run, also across reloads
         self._stored_step = -1  # the highest step of this run read from the store (``_order_now``)
         self.runs = Runs()  # the job's runs (see ``runs``); read from the store in ``_take``
@@ -621,6 +624,10 @@ class ConfigStore:
             except HeadMoved:
                 self.reload()  # another lighthouse committed first: plan again after it
                 continue
+            except StoreUnavailable as exc:
+                with self._lock:
+                    self.write_failures["no_space" if isinstance(exc, StoreFull) else "unavailable"] += 1
+                raise
             with self._lock:
                 self._meta.update(meta)
                 head = self.head  # past plan.version when a reload (the watch) brought them in already
@@ -817,6 +824,24 @@ class ConfigStore:
         rows: list[Switch] = [(replica_id, v, s, p) for v, s, p in switches]
         if rows:
             self.backend.add_switches(self.job, rows)
+
+    def late_switches(self, before: int, switches: list[tuple[int, int, int]]) -> int:
+        """How many changes a group took up after their effective step with ``switches`` (its newly
+        reported ones: version, step, previous step), having served ``before`` until them (0: not
+        known, none counted); the rule ``scheduled()``'s late groups follow."""
+        if before <= 0 or not switches:
+            return 0
+        top = max(version for version, _, _ in switches)
+        records = [("", version, step, previous) for version, step, previous in switches]
+        with self._lock:
+            start = bisect.bisect_right(self._rows, before, key=lambda r: r.version)
+            end = bisect.bisect_right(self._rows, top, key=lambda r: r.version)
+            taken = [
+                r
+                for r in self._rows[start:end]
+                if r.effective_step is not None and r.version not in self._cancelled
+            ]
+        return sum(bool(self._late_groups(row, records)) for row in taken)
 
     def served_at(self, step: int) -> dict[str, int]:
         """For each group, the version it served at ``step`` (from its reported switches)."""

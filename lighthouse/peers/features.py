@@ -73,11 +73,14 @@ class FeatureRecords(EtcdShare):
         # leases, and changes applied at once inside promises (the chaos suite). An instance's
         # release never changes in its life.
         self._records: dict[str, dict[str, Any]] = {}
+        self._live: set[str] = set()  # the other instances whose record's key is there now
         self._written = False
 
     def _take(self, key: bytes, value: bytes | None) -> None:
         instance = key.decode(errors="replace")[len(self.root) :]
         if value is None:
+            with self._lock:
+                self._live.discard(instance)
             return  # expired or deleted: what that instance honours is still known
         try:
             record = json.loads(value)
@@ -86,6 +89,8 @@ class FeatureRecords(EtcdShare):
             logger.warning("ignoring a malformed feature record at %r", key)
             return
         with self._lock:
+            if instance != self.instance_id:
+                self._live.add(instance)
             self._records.pop(instance, None)
             self._records[instance] = record
             while len(self._records) > RECORDS_KEPT:  # the oldest lives first
@@ -93,6 +98,8 @@ class FeatureRecords(EtcdShare):
 
     def _load(self) -> int:
         result = self.client.get(self.root, prefix=True)
+        with self._lock:
+            self._live.clear()
         for kv in result.kvs:
             self._take(kv.key, kv.value)
         self.decide()
@@ -114,6 +121,13 @@ class FeatureRecords(EtcdShare):
             value = json.dumps(record, separators=(",", ":"))
             self._written = self._txn([Put(f"{self.root}{self.instance_id}", value, lease=lease)])
         self.decide()
+
+    def live_peers(self) -> set[str]:
+        """The other lighthouses live on the prefix (by instance): those whose feature record's key is
+        there, and those of an earlier release that publish managers but no record."""
+        with self._lock:
+            live = set(self._live)
+        return live | set(self.peers())
 
     def decide(self) -> None:
         """Shut the gate while a live lighthouse does not honour step leases; open it once none is."""

@@ -25,6 +25,7 @@ from typing import Any
 from lighthouse.config.values import MAX_JSON_DEPTH
 from lighthouse.jobs.guards import GuardSpec, JobGuards
 from lighthouse.jobs.registry import JobRegistry
+from lighthouse.jobs.stall import gone_after
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.timeline import DEFAULT_SEGMENTS, timeline
 from lighthouse.jobs.versions import ConfigStore, HistoryPage, NotFound, Plan
@@ -411,6 +412,23 @@ class AdminApi:
             "Managers ever heard from by this lighthouse.",
             lambda st: len(local[st.job]),
         )
+        wall = time.time()
+        # Heard from lately: within the bound after which a job counts them gone (lighthouse.jobs.stall).
+        heard = {job: [m for m in ms if wall - m["seen_at"] <= gone_after(m)] for job, ms in local.items()}
+        job_metric(
+            "lighthouse_managers_fallback",
+            "gauge",
+            "Managers heard from lately whose last report said their workers get the fallback: no "
+            "config from a lighthouse, or steps past the step lease (with --serve-stale, the last good one).",
+            lambda st: sum(m["fallback"] for m in heard[st.job]),
+        )
+        job_metric(
+            "lighthouse_managers_polling",
+            "gauge",
+            "Managers heard from lately without an open push stream: they poll, so a change reaches "
+            "them within their cache TTL, not at once.",
+            lambda st: sum(m["mode"] == "poll" for m in heard[st.job]),
+        )
         job_metric(
             "lighthouse_config_file_error",
             "gauge",
@@ -453,7 +471,31 @@ class AdminApi:
             "Step-lease ceilings this lighthouse stored (the store writes leases cost).",
             lambda st: st.store.leases.ceiling_writes,
         )
-        wall = time.time()
+        job_metric(
+            "lighthouse_late_switches_total",
+            "counter",
+            "Changes a replica group took up after their effective step (it trained steps of the change "
+            "on the config before), as this lighthouse heard the group's switches.",
+            lambda st: st.late_switches,
+        )
+        job_metric(
+            "lighthouse_guard_rollbacks_total",
+            "counter",
+            "Guards this lighthouse found regressed, each rolling its change back "
+            "(`lighthouse config guards` says how it went).",
+            lambda st: st.guards.rollbacks,
+        )
+        metric(
+            "lighthouse_store_write_failures_total",
+            "counter",
+            "Changes the store refused to commit (nothing stored), by reason: no_space (answered 507) "
+            "or unavailable (no etcd quorum, 503).",
+            [
+                (f'{{job="{_label(st.job)}",reason="{reason}"}}', count)
+                for st in states
+                for reason, count in sorted(st.store.write_failures.items())
+            ],
+        )
         per_manager = [
             (f'{{job="{_label(st.job)}",replica_id="{_label(m["replica_id"])}"}}', m)
             for st in states
@@ -470,6 +512,13 @@ class AdminApi:
             "gauge",
             "Seconds since each manager was last heard from.",
             [(labels, round(max(0.0, wall - m["seen_at"]), 3)) for labels, m in per_manager],
+        )
+        metric(
+            "lighthouse_manager_steps_past_lease_total",
+            "counter",
+            "Steps each manager's workers asked for past its step lease that got no confirmed config "
+            "(the fallback, or with --serve-stale the last good one), as the manager reports them.",
+            [(labels, m["steps_past_lease"]) for labels, m in per_manager],
         )
         # What training reports: each metric at its newest step (NaN when none of its values was finite).
         last = [
@@ -494,6 +543,12 @@ class AdminApi:
             "gauge",
             "1 while a lighthouse on the store that does not honour step leases is live: none are granted.",
             [("", int(self.jobs.lease_gate.suspended))],
+        )
+        metric(
+            "lighthouse_peers",
+            "gauge",
+            "Other lighthouses live on this lighthouse's etcd prefix (0 on SQLite).",
+            [("", len(self.jobs.peer_lighthouses()))],
         )
         body = ("\n".join(lines) + "\n").encode()
         return Response(200, body, METRICS_TYPE, {"Cache-Control": "no-store"})
