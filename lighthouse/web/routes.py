@@ -40,6 +40,7 @@ from lighthouse.web.messages import (
     json_response,
     parse_int,
 )
+from lighthouse.web.ofrep import FLAGS_PATH, OfrepApi
 from protos.job_ids import DEFAULT_JOB, check_job_id
 from protos.limits import FOREVER
 
@@ -95,6 +96,7 @@ class AdminApi:
         self.jobs = jobs
         self._torchft = torchft
         self.access = Access(admin_token, job_tokens)
+        self.ofrep = OfrepApi(jobs, self.check_read)
         self._allowed_hosts = {h.lower() for h in allowed_hosts} | _own_names()
         self.assets = load_assets()
         self._waiting = threading.BoundedSemaphore(MAX_WAITING_REQUESTS)
@@ -125,6 +127,9 @@ class AdminApi:
             (r"/api/metrics", {"GET": self.training_metrics}),
             (r"/api/config/guards", {"GET": self.guards}),
             (r"/api/config/guards/([^/]+)", {"DELETE": self.cancel_guard}),
+            # OFREP (OpenFeature's remote evaluation): reads that POST their context (see ``ofrep``)
+            (re.escape(FLAGS_PATH), {"POST": self.ofrep.evaluate_flags}),
+            (re.escape(FLAGS_PATH) + "/(.+)", {"POST": self.ofrep.evaluate_flag}),
         ]
         self.routes = [Route(re.compile(p), m) for p, m in table]
         self._job_routes = [
@@ -134,8 +139,8 @@ class AdminApi:
         self._job_pages[list(PAGES).index("/config")].methods["PUT"] = self.put_config_form
 
     def dispatch(self, req: Request) -> Response:
-        if req.method in ("GET", "HEAD") and req.path != "/healthz" and not self.access.valid(_bearer(req)):
-            self._check_host(req, "this lighthouse does not answer")  # a token is what a rebound page lacks
+        if req.method in ("GET", "HEAD") and req.path != "/healthz":
+            self.check_read(req)
         routes = self.routes
         prefixed = _JOB_PREFIX.fullmatch(req.path)
         if prefixed is not None:
@@ -185,6 +190,11 @@ class AdminApi:
             req.reply_headers[TOKEN_HEADER] = "not-needed"  # said, not silently accepted
         credential = self.access.check(req.job, token, admin_only=admin_only)
         return author_of(req.headers.get("X-Author", ""), credential)
+
+    def check_read(self, req: Request) -> None:
+        """A read: under an allowed Host, or with a token of this lighthouse (what a rebound page lacks)."""
+        if not self.access.valid(_bearer(req)):
+            self._check_host(req, "this lighthouse does not answer")
 
     def _check_host(self, req: Request, refused: str, remedy: str = "") -> None:
         """Only under a Host this lighthouse answers to (its names, IP literals, --allowed-host).
