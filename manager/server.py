@@ -86,8 +86,15 @@ def run_era(state_id: str) -> tuple[str, int]:
 
 
 def _older_run(state_id: str, than: str) -> bool:
-    """Whether ``state_id`` names an earlier era of the same job state than ``than``."""
+    """Whether ``state_id`` names an earlier era of the same job state than ``than``. An answer of
+    no era (a lighthouse that knows no runs, or one from before the job's first run began) is older
+    only than the first run's era, the only one such an answer can cross: past it, no era means a
+    release before runs on the prefix (runs wait for it to go), whose answers are the job's config
+    now. Held as older, they were all dropped as "from before the job's current run" while the
+    TTL counted them as contact: a group on it served its last config for as long as it lasted."""
     (base, era), (other, later) = run_era(state_id), run_era(than)
+    if era == 0 and later > 1:
+        return False
     return base == other and era < later
 
 

@@ -5,6 +5,7 @@ in every group (issue 29)."""
 
 from __future__ import annotations
 
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -16,6 +17,7 @@ from tests import old_release
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import call, get_json, history, live, wait_healthy
 from tests.ordering import (
+    CACHE_TTL,
     Record,
     check_acknowledged_order,
     make_change,
@@ -159,3 +161,43 @@ def test_rolling_upgrade_from_the_release_before_step_leases_both_ways(
     joining = {g: f"{c.address},{b.address}" for g in ("g4", "g5")}
     workers |= stepping_groups(procs, joining, first_step=live(b.url)["current_step"])
     roll(procs, c, b, workers, store, first=200, times=2)
+
+
+@pytest.mark.slow
+def test_a_manager_moved_onto_the_old_release_after_runs_began_serves_its_changes(
+    procs: ProcessPool, etcd1: EtcdCluster, tmp_path: Path
+) -> None:
+    """The chaos suite's old-release fault (seeds 1910554750, 7622960): a job whose runs began and
+    ended (its served state in run era 3), a group's manager moved onto a lighthouse of the old
+    release (its own lighthouse gone). The old release knows no runs, so its answers carry no era:
+    they were taken for answers from before the job's current run and dropped while counting as
+    contact, and the group trained its last config for as long as the old release served it. Now
+    every change made through this release reaches it within a TTL or two."""
+    tree = old_release.install(tmp_path)
+    store = f"etcd://{etcd1.endpoints}/test-upgrade/{uuid.uuid4().hex}"
+    a, b = procs.lighthouse(store=store), procs.lighthouse(store=store)
+    old = old_lighthouse(procs, tree, store)  # its port, for the manager's list: it comes back later
+    assert old.stop() == 0, old.stderr()
+    for lh in (a, b):
+        wait_healthy(lh.url)
+    make_change(b, 0)
+    manager = procs.manager(f"{a.address},{old.address}", "g0", cache_ttl=CACHE_TTL, extra=["--run-id", "r1"])
+    workers = {
+        "g0": procs.worker(manager.address, group="g0", rank=0, steps=100_000, step_interval=0.01, wait=False)
+    }
+    poll(lambda: (live(b.url).get("run") or {}).get("number") == 1, 20, what="run 1 begun")
+    assert call(b.url, "POST", "api/config/runs/end").status == 200
+    poll(lambda: (live(b.url).get("run") or {}).get("number") == 2, 20, what="run 2 begun")
+    old = old_lighthouse(procs, tree, store, bind=old.address)  # a host rolled back to the old release
+    a.signal(signal.SIGKILL)  # the group's manager moves onto it, the other lighthouse in its list
+    wait_suspended(b, old)
+    for n in range(1, 6):
+        make_change(b, n)
+        poll(
+            lambda n=n: records_so_far(workers["g0"])[-1]["config"].get("n") == str(n),
+            5,
+            interval=0.05,
+            what=f"change {n} trained by the group on the old release",
+        )
+        served = records_so_far(workers["g0"])[-1]
+        assert served["source"] != "fallback", served
