@@ -309,6 +309,12 @@ class LighthouseClient:
                 future.cancel()
         raise error
 
+    def move_on(self) -> None:
+        """Call the next lighthouse first from now on: the current one answered, but with nothing
+        the caller can use (a manager's, from a release that knows no runs of its job)."""
+        if len(self._endpoints) > 1:
+            self._use((self._current + 1) % len(self._endpoints))
+
     def _use(self, index: int) -> None:
         """Call the lighthouse that answered first from now on."""
         if index != self._current:

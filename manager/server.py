@@ -86,15 +86,8 @@ def run_era(state_id: str) -> tuple[str, int]:
 
 
 def _older_run(state_id: str, than: str) -> bool:
-    """Whether ``state_id`` names an earlier era of the same job state than ``than``. An answer of
-    no era (a lighthouse that knows no runs, or one from before the job's first run began) is older
-    only than the first run's era, the only one such an answer can cross: past it, no era means a
-    release before runs on the prefix (runs wait for it to go), whose answers are the job's config
-    now. Held as older, they were all dropped as "from before the job's current run" while the
-    TTL counted them as contact: a group on it served its last config for as long as it lasted."""
+    """Whether ``state_id`` names an earlier era of the same job state than ``than``."""
     (base, era), (other, later) = run_era(state_id), run_era(than)
-    if era == 0 and later > 1:
-        return False
     return base == other and era < later
 
 
@@ -148,6 +141,7 @@ class ManagerServer:
             token=lighthouse_token,
         )
         self._instance_id = ""
+        self._era_began = time.monotonic()  # when the held snapshot's run era began here (``_knows_no_runs``)
         self._lighthouse_step = -1  # the job's step as the lighthouse knows it
         self._last_contact = float("-inf")  # last call to the lighthouse, answered or not
         self._last_answer = float("-inf")  # last call the lighthouse answered
@@ -432,6 +426,13 @@ class ManagerServer:
             reply = self._lighthouse.fetch(request, timeout=self.lighthouse_timeout)
         except grpc.RpcError as exc:
             raise FetchFailed(explain_rpc_error(exc, self._lighthouse.tls is not None)) from None
+        if self._knows_no_runs(reply, self._cache.good or held):
+            lighthouse = self._lighthouse.current
+            self._lighthouse.move_on()
+            raise FetchFailed(
+                f"lighthouse {lighthouse} knows no runs (a release before them) and the job's runs "
+                "began: its answers would be another config than the job's; asking the next one"
+            )
         self._acked(request.status)
         with self._take_lock:
             before = self._cache.good or held
@@ -547,6 +548,18 @@ class ManagerServer:
             self._renew_at = base + max(1, (granted - base + 1) // 2)
             self._refused_at, self._refusals = None, 0
 
+    def _knows_no_runs(self, reply: pb.LighthouseConfigResponse, held: Snapshot | None) -> bool:
+        """Whether ``reply`` comes from a lighthouse of a release before runs (its state id has no
+        run era) while the job's runs began: past a run's first step such a lighthouse reads steps
+        and promises as no run (a packed step as a step, a change an ended run was promised at its
+        old step), and in the first one it cannot tell its answers from before it. An answer of no
+        era crosses the first run's begin only within two deadlines of it (a fetch in flight then)."""
+        if held is None or reply.not_modified or not reply.state_id:
+            return False
+        (base, era), (held_base, held_era) = run_era(reply.state_id), run_era(held.state_id)
+        crossing = time.monotonic() - self._era_began < 2 * self.lighthouse_timeout
+        return era == 0 and held_era > 0 and base == held_base and not (held_era == 1 and crossing)
+
     def _take_reply(self, reply: pb.LighthouseConfigResponse, held: Snapshot | None) -> Snapshot:
         """The snapshot to serve after ``reply`` (the held one when not modified or older)."""
         self._last_contact = self._last_answer = time.monotonic()
@@ -568,6 +581,8 @@ class ManagerServer:
                 held.version,
             )
             return held
+        if held is None or run_era(fresh.state_id)[1] > run_era(held.state_id)[1]:
+            self._era_began = time.monotonic()
         if held is not None and _older_run(held.state_id, fresh.state_id):
             # A run of the job ended or began: the steps pinned were the run before's (a resume
             # from a checkpoint asks for them again and must get the new run's config).

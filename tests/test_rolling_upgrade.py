@@ -164,15 +164,19 @@ def test_rolling_upgrade_from_the_release_before_step_leases_both_ways(
 
 
 @pytest.mark.slow
-def test_a_manager_moved_onto_the_old_release_after_runs_began_serves_its_changes(
+def test_a_manager_never_serves_a_release_that_knows_no_runs_once_the_job_s_runs_began(
     procs: ProcessPool, etcd1: EtcdCluster, tmp_path: Path
 ) -> None:
-    """The chaos suite's old-release fault (seeds 1910554750, 7622960): a job whose runs began and
-    ended (its served state in run era 3), a group's manager moved onto a lighthouse of the old
-    release (its own lighthouse gone). The old release knows no runs, so its answers carry no era:
-    they were taken for answers from before the job's current run and dropped while counting as
-    contact, and the group trained its last config for as long as the old release served it. Now
-    every change made through this release reaches it within a TTL or two."""
+    """The chaos suite's old-release fault (seeds 1910554750, 7622960, 712775808): a job whose run
+    1 ended and run 2 began, a group's manager moved onto a lighthouse of the release before runs
+    (its other lighthouse gone). That release's answers carry no run era and, past a job's first
+    run, are another config than the job's (it reads a packed step as a step); the manager took
+    them for answers from before the job's current run, kept its snapshot and counted them as
+    contact, so the group trained its last config as "cache" for as long as the old one lasted (up
+    to 8.4 s), and serving them instead gave one version two configs at a step. Now the manager
+    refuses them and moves on: with no other lighthouse its workers get the fallback (a fault
+    they are told of), never a config the job does not have; once a lighthouse of this release is
+    back, every change reaches the group."""
     tree = old_release.install(tmp_path)
     store = f"etcd://{etcd1.endpoints}/test-upgrade/{uuid.uuid4().hex}"
     a, b = procs.lighthouse(store=store), procs.lighthouse(store=store)
@@ -182,22 +186,31 @@ def test_a_manager_moved_onto_the_old_release_after_runs_began_serves_its_change
         wait_healthy(lh.url)
     make_change(b, 0)
     manager = procs.manager(f"{a.address},{old.address}", "g0", cache_ttl=CACHE_TTL, extra=["--run-id", "r1"])
-    workers = {
-        "g0": procs.worker(manager.address, group="g0", rank=0, steps=100_000, step_interval=0.01, wait=False)
-    }
+    worker = procs.worker(manager.address, group="g0", rank=0, steps=100_000, step_interval=0.01, wait=False)
     poll(lambda: (live(b.url).get("run") or {}).get("number") == 1, 20, what="run 1 begun")
     assert call(b.url, "POST", "api/config/runs/end").status == 200
     poll(lambda: (live(b.url).get("run") or {}).get("number") == 2, 20, what="run 2 begun")
     old = old_lighthouse(procs, tree, store, bind=old.address)  # a host rolled back to the old release
-    a.signal(signal.SIGKILL)  # the group's manager moves onto it, the other lighthouse in its list
-    wait_suspended(b, old)
-    for n in range(1, 6):
+    a.signal(signal.SIGKILL)  # the manager's only other lighthouse: the old release
+    a.wait(10)
+    make_change(b, 1)
+    changed = time.time()
+    time.sleep(CACHE_TTL + 4.5)
+    # From a TTL and two deadlines after the change on: the change, or the fallback; never the
+    # config before it served as fresh.
+    late = [r for r in records_so_far(worker) if r["t"] > changed + CACHE_TTL + 2.5]
+    assert late, "the worker stopped stepping"
+    assert all(r["source"] == "fallback" or r["config"].get("n") == "1" for r in late), [
+        (r["step"], r["source"], r["config"]) for r in late if r["config"].get("n") != "1"
+    ][:5]
+    assert any(r["source"] == "fallback" for r in late)  # the old release was all it could reach
+    assert "knows no runs" in manager.stderr(), manager.stderr()  # it answered, and was refused
+    a = procs.restart_lighthouse(a, store=store)  # this release back on the first lighthouse's port
+    for n in range(2, 5):
         make_change(b, n)
         poll(
-            lambda n=n: records_so_far(workers["g0"])[-1]["config"].get("n") == str(n),
-            5,
+            lambda n=n: records_so_far(worker)[-1]["config"].get("n") == str(n),
+            10,
             interval=0.05,
-            what=f"change {n} trained by the group on the old release",
+            what=f"change {n} trained by the group",
         )
-        served = records_so_far(workers["g0"])[-1]
-        assert served["source"] != "fallback", served

@@ -15,7 +15,7 @@ Invariants (docs/invariants.md numbers them the same):
    lease is granted: the groups switch within a TTL of each other);
 2. ``effective``: each served config is the one the committed changes give at its step (a change
    is in effect from its effective step on, in every group, and not before); with the old release
-   on the prefix, one they gave at that step at any moment since it came (docs/invariants.md);
+   on the prefix, one they gave at that step up to ``MIXED_STALE`` seconds before (docs/invariants.md);
 3. ``lost``: every acknowledged change is in every lighthouse's history, as acknowledged; a
    refused one is in none;
 4. ``version``: a version names one config at a step, wherever it is served;
@@ -45,6 +45,7 @@ MADE_NOW = ("patch", "put", "patch_if_match", "guard")  # the operator's changes
 PROMISES_OUTLIVE = 3.0  # seconds after an operator's end during which a group may serve its leases
 MIXED = "old_release"  # a lighthouse of the release before step leases on the prefix
 MIXED_AFTER = 8.0  # seconds it is still seen after it dies (its etcd lease: 5 s) and the TTLs after
+MIXED_STALE = 3.0  # how old a state a group may serve meanwhile: a TTL, a deadline, a slow host
 
 
 @dataclass(frozen=True)
@@ -512,9 +513,10 @@ def effective_steps(h: History) -> list[Violation]:
             continue
         heads = model.heads_for(r["t"], r["step"])
         since = _mixed_since(mixed, r["t"])
-        if since is not None:  # no lease: any state of the job since the old release came, in any run
+        if since is not None:  # no lease: a state of the job of the last MIXED_STALE seconds, in any run
             runs = {run for _, run in heads} | {x["number"] for x in model.runs if x["started_at"] <= r["t"]}
-            heads += [(head, run) for head in model.heads_between(since, r["t"]) for run in sorted(runs)]
+            states = model.heads_between(max(since, r["t"] - MIXED_STALE), r["t"])
+            heads += [(head, run) for head in states for run in sorted(runs)]
         if any(served_equal(r["config"], model.config(head, r["step"], run)) for head, run in heads):
             continue
         head, run = heads[0]

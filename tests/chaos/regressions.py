@@ -3,9 +3,10 @@
 Each bug is fixed in the product with a deterministic test of its own (named in the commit);
 the seed stays here so ``python -m tests.chaos --regressions`` replays the whole run it was
 found in. A seed replays its schedule for the same length and commit of ``schedule.py``; a kind
-of fault or change added there (rank SIGSTOP and guarded changes came after every seed below)
-draws every seed's schedule anew, so these replay other schedules now: still runs that once broke
-something, no longer the same ones.
+of fault or change added there (rank SIGSTOP and guarded changes came after the seeds before
+1354943445, a lighthouse rolled back to the old release after all but the last two) draws every
+seed's schedule anew, so these replay other schedules now: still runs that once broke something,
+no longer the same ones.
 """
 
 from __future__ import annotations
@@ -121,5 +122,21 @@ REGRESSIONS = (
         "sqlite",
         "a rank SIGSTOPped 2 ms into its call for 1.7 s trained the step on the fallback: a call "
         "failed under twice its deadline was not asked again (test_faults)",
+    ),
+    Regression(
+        1910554750,
+        60,
+        "etcd",
+        "a group whose manager moved onto a lighthouse of the release before step leases, once the "
+        "job's runs began, trained its last config as fresh while the old release lasted: its "
+        "answers, of no run era, were dropped as older but counted as contact (test_rolling_upgrade)",
+    ),
+    Regression(7622960, 60, "etcd", "the same, 8.4 s, in the job's second incarnation"),
+    Regression(
+        712775808,
+        60,
+        "etcd",
+        "the same, found by a first fix that served the old release's answers: one version named "
+        "two configs at a step (past a job's first run it reads a packed step as a step)",
     ),
 )
