@@ -1,13 +1,15 @@
 """The lighthouse's ``lighthouse.store`` gRPC health, asked with grpc's own health stub (what
-``grpc_health_probe -service lighthouse.store`` does) of a real ``lighthouse serve``: on a real etcd it
-turns NOT_SERVING while the lighthouse's link to etcd is cut (a silent partition) and SERVING again
-once healed, and likewise while etcd's NOSPACE alarm is raised (when an edit gets 507), while the
-lighthouse as a whole stays SERVING and serves its config throughout; on SQLite it is SERVING."""
+``grpc_health_probe -service lighthouse.store`` does) of a real ``lighthouse serve``: on a real etcd
+it turns NOT_SERVING while the lighthouse's link to etcd is cut (a silent partition) or etcd is
+stopped, and SERVING again once healed, and likewise while etcd's NOSPACE alarm is raised (when an
+edit gets 507), while the lighthouse as a whole stays SERVING and serves its config throughout; on
+SQLite it is SERVING."""
 
 from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import grpc
 import pytest
@@ -50,10 +52,23 @@ def watch(address: str, service: str, seen: list[str], channel: grpc.Channel) ->
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fault", ["link cut", "etcd stopped"])
 def test_the_store_health_follows_etcd_while_the_lighthouse_keeps_serving(
-    procs: ProcessPool, etcd1: EtcdCluster
+    procs: ProcessPool, tmp_path: Path, fault: str
 ) -> None:
-    link = Proxy(etcd1.endpoints.split(",")[0])
+    """The lighthouse's link to etcd cut without a FIN, or its etcd (one member) killed and started
+    again on its data: the same health either way."""
+    etcd = EtcdCluster(tmp_path / "etcd", size=1).start()
+    link = Proxy(etcd.endpoints.split(",")[0])
+    member = etcd.members[0]
+    begin, end = (
+        (link.cut, link.heal)
+        if fault == "link cut"
+        else (
+            lambda: etcd.kill(member),
+            lambda: etcd.start_member(member),
+        )
+    )
     channels: list[grpc.Channel] = []
     threads: list[CheckedThread] = []
     try:
@@ -72,7 +87,7 @@ def test_the_store_health_follows_etcd_while_the_lighthouse_keeps_serving(
             threads[-1].start()
         poll(lambda: whole == ["SERVING"] and store == ["SERVING"], 10, what="both watches' first status")
 
-        link.cut()
+        begin()
         poll(lambda: store[-1] == "NOT_SERVING", TOLD_WITHIN, what="the store NOT_SERVING")
         # The lighthouse itself: still SERVING, and still serving its config from memory.
         assert check(lh.address) == check(lh.address, LIGHTHOUSE_SERVICE) == "SERVING"
@@ -84,7 +99,7 @@ def test_the_store_health_follows_etcd_while_the_lighthouse_keeps_serving(
         assert get_json(lh.url, "/api/config")["config"] == {"lr": 0.25}
         assert LIGHTHOUSE_STORE_HEALTH + " NOT_SERVING" in lh.stderr()  # said why, once
 
-        link.heal()
+        end()
         poll(lambda: store[-1] == "SERVING", TOLD_WITHIN, what="the store SERVING again")
         assert check(lh.address, LIGHTHOUSE_STORE_HEALTH) == "SERVING"
         assert whole == ["SERVING"], whole  # never NOT_SERVING while the store was cut off
@@ -93,6 +108,7 @@ def test_the_store_health_follows_etcd_while_the_lighthouse_keeps_serving(
         for channel in channels:
             channel.close()
         link.close()
+        etcd.stop()
     for thread in threads:
         thread.check(10)
 
