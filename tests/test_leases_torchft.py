@@ -57,6 +57,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 CHANGES = 40
 STEPS = 520
 STEP_TIME = 0.03
+# A run outlives any stall of the groups: under a CPU load of 18 a group stood 8 s inside torchft's
+# quorum (a gRPC ping timeout), the 5 s default ended the run ("managers gone") and the stop,
+# rebased onto the next run as documented, came at another step than its reply named. These
+# tests are about switch steps within one run; run ends have their own (test_runs*.py).
+ONE_RUN = ["--run-end-after", "120"]
 Record = dict[str, Any]
 
 
@@ -323,6 +328,7 @@ def test_one_lighthouse_serves_quorum_and_config_through_a_group_killed_and_heal
         "500",
         "--heartbeat-timeout-ms",
         "1000",
+        *ONE_RUN,
     ]
     lh = procs.lighthouse({"lr": 0.01, "momentum": 0.0}, extra=torchft)
     wait_healthy(lh.url)
@@ -382,7 +388,7 @@ def test_the_same_with_the_lighthouse_sigkilled_and_restarted_on_its_state(
     procs: ProcessPool, tmp_path: Path
 ) -> None:
     config, state = tmp_path / "config.json", tmp_path / "state"
-    extra = ["--lease-ceiling-ahead", "2"]  # so the changes after the restart land within the run
+    extra = ["--lease-ceiling-ahead", "2", *ONE_RUN]  # so the changes after the restart land within the run
     lh = procs.lighthouse({"lr": 0.01, "momentum": 0.0}, config_path=config, state_dir=state, extra=extra)
     wait_healthy(lh.url)
     holder: list[LighthouseProc] = [lh]
@@ -417,8 +423,10 @@ def test_the_same_with_two_lighthouses_on_one_etcd_prefix(
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"lr": 0.01, "momentum": 0.0}))
     store = f"etcd://{etcd1.endpoints}/torchft-leases/{uuid.uuid4().hex}"
-    a = procs.lighthouse(store=store, config_path=config)  # the file is a's; edits go through both
-    b = procs.lighthouse(store=store)
+    a = procs.lighthouse(
+        store=store, config_path=config, extra=ONE_RUN
+    )  # the file is a's; edits go through both
+    b = procs.lighthouse(store=store, extra=ONE_RUN)
     for lh in (a, b):
         wait_healthy(lh.url)
     poll(lambda: call(b.url, "GET", "/api/config")["version"] >= 1, 10, what="b serving the file's version")
