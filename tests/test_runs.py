@@ -7,6 +7,7 @@ directly (cheap); ``test_runs_procs.py`` runs the real lighthouse, managers and 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from lighthouse.jobs.leases import LeaseBook, LeasePolicy
-from lighthouse.jobs.runs import Runs, pack, unpack
+from lighthouse.jobs.runs import RUNS_META, Runs, pack, unpack
 from lighthouse.jobs.state import RUN_END_MARGIN, RUN_END_TTLS, LighthouseState
 from lighthouse.jobs.versions import ConfigStore, NotCancellable, StepPromised
 from lighthouse.store.etcd import EtcdBackend
@@ -437,3 +438,64 @@ def test_a_run_whose_groups_step_elsewhere_waits_a_whole_bound_before_the_next_l
     finally:
         for backend in backends:
             backend.close()
+
+
+class SlowRunsRecord(SqliteBackend):
+    """A store that holds each write of the runs record until ``release`` (an etcd answering slowly):
+    the window in which the lighthouse's watch may re-read the store under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = threading.Event()
+        self.release = threading.Event()
+
+    def replace_meta(
+        self, job: str, key: str, expected: str | None, items: dict[str, str], head: int | None = None
+    ) -> bool:
+        if key == RUNS_META and not self.release.is_set():
+            self.writing.set()
+            assert self.release.wait(10), "the runs record's write was never let through"
+        return super().replace_meta(job, key, expected, items, head)
+
+
+def test_a_re_read_of_the_store_while_the_begun_run_is_written_keeps_the_run_and_its_promises() -> None:
+    """Chaos seed 434906234: a lighthouse began a run and granted its groups leases while the run's
+    record was still being written; its watch re-read the store then (another lighthouse's commit)
+    and took the stored record, the run before. Its runs went back to the ended one, its promises
+    with them (a new run for its leases), and a change made through it right after applied at once,
+    under the steps it had just promised: two groups trained another config than the third. A
+    re-read keeps the run this lighthouse began until its record is stored, and then reads it."""
+    backend = SlowRunsRecord()
+    holder: list[ConfigStore] = []
+
+    def write(book: LeaseBook[Any]) -> None:
+        holder[0].save_lease_ceiling(book.wanted, book.served_version)
+        book.ceiling_stored(book.wanted)
+
+    store = ConfigStore(backend, request_ceiling=write)
+    holder.append(store)
+    store.leases.publish("snapshot", store.head)
+    try:
+        commit(store, "put", {"lr": 1}, source="t")
+        run = store.begin_run(100)  # its record is written on a thread: held in the write
+        assert run is not None and backend.writing.wait(5)
+        generation, era = store.leases.generation, store.served_state_id
+        store.reload()  # the watch, while the record is in flight
+        assert store.runs.live is not None and store.runs.live.number == run.number
+        assert (store.leases.generation, store.served_state_id) == (generation, era)
+        backend.release.set()
+
+        def stored() -> Runs:
+            return Runs.decode(backend.load(store.job).meta.get(RUNS_META), -1)
+
+        poll(lambda: stored().live == run, 5, what="the run's record stored")
+        _, horizon = store.leases.grant(100, 1.0)  # promised within the run, and kept:
+        store.reload()
+        promised = store.leases.horizon
+        assert promised >= horizon >= 100
+        made = commit(store, "patch", {"lr": 2}, source="t")  # a change made now lands above them
+        assert made.effective_step == promised + 1, (made, promised)
+    finally:
+        backend.release.set()
+        store.close()
+        backend.close()

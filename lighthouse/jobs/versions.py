@@ -285,6 +285,7 @@ class ConfigStore:
         self._stored_step = -1  # the highest step of this run read from the store (``_order_now``)
         self.runs = Runs()  # the job's runs (see ``runs``); read from the store in ``_take``
         self._runs_pending: dict[str, str] = {}  # the runs record to store (``_queue_runs``)
+        self._runs_writing = False  # ``flush_runs`` is writing it (taken off the queue, not stored yet)
         # The runs record as stored when this lighthouse last read or wrote it: every write of the
         # record compares it (another lighthouse's begin or end first: follow theirs, not ours).
         self._runs_stored: str | None = None
@@ -324,8 +325,12 @@ class ConfigStore:
         stored_run, stored_step = unpack(int(meta.get("current_step", "-1")))
         runs = Runs.decode(meta.get(RUNS_META), stored_step if stored_run == 0 else -1)
         with self._runs_queue_lock:
-            if self._runs_pending and runs.number <= self.runs.number:
-                runs = self.runs  # ours, not stored yet: its write compares what it was based on
+            if (self._runs_pending or self._runs_writing) and runs.number <= self.runs.number:
+                # Ours, not stored yet (queued, or being written): its write compares what it was
+                # based on. Taken from the store while in flight, the run this lighthouse began
+                # went back to the ended one here, its leases with it (new_run), and a change made
+                # meanwhile applied at once under the promises just made (chaos seed 434906234).
+                runs = self.runs
             else:
                 self._runs_stored = meta.get(RUNS_META)
         if runs.number != self.runs.number:  # another lighthouse began a run: its step starts over
@@ -758,23 +763,28 @@ class ConfigStore:
         with self._runs_write_lock:
             with self._runs_queue_lock:
                 items, self._runs_pending = self._runs_pending, {}
+                self._runs_writing = bool(items)  # a re-read of the store keeps ours until stored
             if not items:
                 return
-            with self._lock:
-                if self._closed:
-                    return
-                items[RUNS_META] = self.runs.encode()  # the newest, whichever call queued it
-                expected = self._runs_stored
             try:
-                stored = self.backend.replace_meta(self.job, RUNS_META, expected, items)
-            except BaseException:
-                with self._runs_queue_lock:
-                    self._runs_pending = {**items, **self._runs_pending}
-                raise
-            if stored:
                 with self._lock:
-                    self._runs_stored = items[RUNS_META]
-            else:
+                    if self._closed:
+                        return
+                    items[RUNS_META] = self.runs.encode()  # the newest, whichever call queued it
+                    expected = self._runs_stored
+                try:
+                    stored = self.backend.replace_meta(self.job, RUNS_META, expected, items)
+                except BaseException:
+                    with self._runs_queue_lock:
+                        self._runs_pending = {**items, **self._runs_pending}
+                    raise
+                if stored:
+                    with self._lock:
+                        self._runs_stored = items[RUNS_META]
+            finally:
+                with self._runs_queue_lock:
+                    self._runs_writing = False
+            if not stored:
                 self._follow_stored_runs("begin")
 
     def _stepped_elsewhere(self) -> bool:
