@@ -26,6 +26,7 @@ from protos import lighthouse_config_pb2 as pb
 from tests.etcd_cluster import EtcdCluster
 from tests.procs import poll
 from tests.store_edits import commit
+from tests.threads import CheckedThread
 
 
 def store_with_ceilings(path: Path | None = None, backend: EtcdBackend | None = None) -> ConfigStore:
@@ -499,3 +500,50 @@ def test_a_re_read_of_the_store_while_the_begun_run_is_written_keeps_the_run_and
         backend.release.set()
         store.close()
         backend.close()
+
+
+def test_a_lease_asked_in_a_run_and_waiting_for_its_ceiling_across_the_run_s_end_promises_nothing() -> None:
+    """Chaos seed 403984614: a lighthouse back from a cut from etcd answered a manager of the live
+    run; its lease waited for a ceiling (the store had been out of reach) and the operator ended the
+    run meanwhile. The grant asked for a ceiling again after the end, got it stored, and promised
+    steps to no run: the horizon it left placed a change made between runs above them (effective
+    at step 2188), and the resumed run, begun at 1996, trained without it until there. A grant
+    that waits across a run's end or begin promises nothing, and nothing is wanted for it."""
+    asked: list[LeaseBook[Any]] = []  # the ceiling writer's queue: stored below, by hand
+    store = ConfigStore(SqliteBackend(), request_ceiling=asked.append)
+    state = LighthouseState(store)
+    try:
+        state.change("put", {"lr": 1}, source="t")
+        assert store.begin_run(0) is not None
+        store.flush_runs()
+        store.advance_step(5)
+        request = pb.LighthouseConfigRequest(status=pb.ManagerStatus(replica_id="g0", step=5))
+        replies: list[tuple[bytes, int] | None] = []
+        thread = CheckedThread(lambda: replies.append(state.answer(0, "", 5, request, "g0", wait=5.0)))
+        thread.start()
+        poll(lambda: asked, 5, what="the grant waiting for its ceiling")
+        assert state.end_run("the operator") is not None
+
+        def write() -> None:  # what the ceiling writer does with each book asked of it
+            for book in list(asked):
+                ceiling, generation = book.wanted, book.generation
+                if ceiling > book.stored:
+                    store.save_lease_ceiling(ceiling, book.served_version)
+                    book.ceiling_stored(ceiling, generation)
+
+        deadline = time.monotonic() + 3
+        while thread.is_alive() and time.monotonic() < deadline:
+            write()
+            time.sleep(0.01)
+        thread.check(timeout=5)
+        (reply,) = replies
+        assert reply is not None
+        answered = pb.LighthouseConfigResponse.FromString(reply[0])
+        assert answered.stable_through_step == -1, answered.stable_through_step
+        write()
+        assert store.leases.horizon == -1  # nothing promised between runs
+        made = commit(store, "patch", {"lr": 2}, source="t")
+        assert made.effective_step is None and store.live() == {"lr": 2}  # at once, between runs
+    finally:
+        store.close()
+        store.backend.close()

@@ -158,12 +158,17 @@ class LeaseBook(Generic[T]):
         """The highest step this lighthouse may promise without another ceiling write."""
         return max(self.stored, self.floor) if self._floor_grantable else self.stored
 
-    def grant(self, step: int, seconds: float, wait: float = 0.0) -> tuple[T, int]:
+    def grant(
+        self, step: int, seconds: float, wait: float = 0.0, generation: int | None = None
+    ) -> tuple[T, int]:
         """The served snapshot and the horizon promised with it to a group at ``step``.
 
         NO_LEASE when no promise can cover ``step`` within ``wait`` seconds (the ceiling is not
         stored yet, or a commit is under way and the group is past every promise), and while
-        the gate suspends leases.
+        the gate suspends leases. ``generation``: the one the caller saw a run live in; once a
+        run ended or began since (a grant may wait for its ceiling across one), nothing is
+        promised: a ceiling asked after it would be one of no run, and the horizon it gave
+        would place changes made between runs above steps nobody may hold.
         """
         if self.gate.suspended:
             with self._cond:
@@ -175,6 +180,10 @@ class LeaseBook(Generic[T]):
         request = False
         while True:
             with self._cond:
+                if generation is not None and generation != self.generation:
+                    horizon, served = NO_LEASE, self._served  # the run it was asked in is over
+                    request = False
+                    break
                 limit = self.promisable
                 if self._frozen is not None:
                     limit = min(limit, self._frozen)
@@ -199,13 +208,16 @@ class LeaseBook(Generic[T]):
         assert served is not None, "publish() before grant()"
         return served, horizon
 
-    def prepare(self, step: int, seconds: float) -> None:
+    def prepare(self, step: int, seconds: float, generation: int | None = None) -> None:
         """A manager without steps yet (it just started): store a ceiling covering its first lease
-        now, so that its workers' first steps do not wait for a store write."""
+        now, so that its workers' first steps do not wait for a store write. ``generation``: as
+        for ``grant`` (not once the run it was asked in is over)."""
         if self.gate.suspended:  # no promise to cover: grants wait for the gate to open
             return
         want = max(step, 0) + self.policy.length(self.rate, seconds)
         with self._cond:
+            if generation is not None and generation != self.generation:
+                return
             headroom = want - max(step, 0) + math.ceil(self.rate * (self.policy.ceiling_ahead or 0.0))
             if want <= self.wanted - headroom // 2:
                 return
@@ -288,9 +300,12 @@ class LeaseBook(Generic[T]):
                 self.floor = max(self.floor, ceiling)
             self._cond.notify_all()
 
-    def raise_floor(self, ceiling: int, view: int) -> None:
-        """Another lighthouse (or an earlier life) stored ``ceiling``, seen at store revision ``view``."""
+    def raise_floor(self, ceiling: int, view: int, generation: int | None = None) -> None:
+        """Another lighthouse (or an earlier life) stored ``ceiling``, seen at store revision ``view``;
+        ``generation``: as for ``grant`` (a ceiling of a run that is over bounds nothing)."""
         with self._cond:
+            if generation is not None and generation != self.generation:
+                return
             self.floor = max(self.floor, ceiling)
             self.view = max(self.view, view)
             self._cond.notify_all()

@@ -112,11 +112,12 @@ class JobRegistry:
         state = self._states.get(job)
         if state is not None and key != self.backend.lease_ceiling_key(self.owner):
             run, step = unpack(ceiling)
+            generation = state.store.leases.generation  # before the look at the runs (see ``grant``)
             runs = state.store.runs
             # Another run's promises ended with it; between runs, so did the ended run's (a ceiling
             # of it stored late would place changes made now above steps nobody holds a lease for).
             if same_run(run, runs.number) and not runs.between:
-                state.store.leases.raise_floor(step, revision)
+                state.store.leases.raise_floor(step, revision, generation)
 
     def _save_ceiling(self, job: JobId, ceiling: int, served_version: int) -> None:
         state = self._states.get(job)

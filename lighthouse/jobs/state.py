@@ -377,6 +377,7 @@ class LighthouseState:
                 record = self._managers.get(request.status.replica_id or peer)
                 if record is not None:
                     record.ttl = request.lease_seconds
+        generation = self.store.leases.generation  # before the look at the runs (see ``grant``)
         if step < 0 <= self.store.current_step and not self.store.runs.between:
             # A new manager of a job that steps (a group restarting, say): store a ceiling for its
             # first lease now, so its first steps need not wait for a store write. Not for a job
@@ -384,7 +385,7 @@ class LighthouseState:
             # wait for steps that may never come (a job whose workers ask without a step). Nor between
             # runs: nothing is promised then, and a ceiling of the ended run's step would place the
             # changes made meanwhile above it (the chaos suite, seed 2394: a job restarting).
-            self.store.leases.prepare(self.store.current_step, request.lease_seconds)
+            self.store.leases.prepare(self.store.current_step, request.lease_seconds, generation)
         if request.HasField("lease_from_step") and not self._earlier_run(request.status):
             wanted = request.lease_from_step  # a step a worker waits for, beyond those served
             if 0 <= wanted <= max(step, self.store.current_step, 0) + MAX_STEP_LEAP:
@@ -404,8 +405,11 @@ class LighthouseState:
         ``step`` (-1: none), and the version it carries. None when that lease needs a wait (the
         job's first ceiling write, a commit under way) and ``wait`` is 0: an event loop asks again
         from a thread."""
+        # The generation first, then the runs: a run's end after this look makes the grant promise
+        # nothing, even when it waited for its ceiling across the end (chaos seed 403984614).
+        generation = self.store.leases.generation
         if step >= 0 and not self.store.runs.between:  # no run is live: nothing to promise to
-            snap, horizon = self.store.leases.grant(step, request.lease_seconds, wait)
+            snap, horizon = self.store.leases.grant(step, request.lease_seconds, wait, generation)
             if horizon == NO_LEASE and wait == 0.0 and not self.store.leases.gate.suspended:
                 return None  # suspended: no wait brings a lease
             self._note_lease(request.status.replica_id or peer, horizon)

@@ -148,4 +148,12 @@ REGRESSIONS = (
         "its promises with it, and a change and a rollback made through it applied at once: two "
         "groups trained steps 4094-4108 on another config than the third (test_runs)",
     ),
+    Regression(
+        403984614,
+        90,
+        "etcd",
+        "a lease asked of a lighthouse back from a cut waited for its ceiling across the operator's "
+        "end of the run, asked again and promised steps to no run: a change made before the next run "
+        "began took effect at step 2188 in it, not from its first step, 1996 (test_runs)",
+    ),
 )
