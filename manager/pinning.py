@@ -68,6 +68,35 @@ class StepPins:
                 self._evict(step - self.window)
             return reply
 
+    def run_changed(self, run_start: int | None, served_between: bool) -> None:
+        """A run of the job ended (``run_start`` None, or a lighthouse that does not name where a run
+        began) or began at ``run_start``: forget the steps pinned that are the new run's.
+
+        A run's end forgets every pin: a resume from a checkpoint may follow, and asks for those
+        steps again in the next run. A run's begin at step R forgets the pins from R on (the new
+        run's steps), from R + 1 on when the steps before were ``served_between`` the runs (no run
+        live, leases suspended: the run began at the step the manager reported, served already).
+        The steps below stay pinned: a rank behind its group replays them as the group trained
+        them (chaos seed 216499858: a rank restarted 200 steps behind its group, after a run had
+        begun, got the new run's config for steps its group-mate had trained with another)."""
+        if run_start is None:
+            self.clear()
+        else:
+            self.drop_from(run_start + 1 if served_between else run_start)
+
+    def drop_from(self, step: int) -> None:
+        """Forget the pins of ``step`` and later (a run of the job began there: those steps are its
+        own, a resume from a checkpoint asks for them again); the ones below stay, what the group
+        trained them with (a rank behind its group replays them so). The switches not reported
+        yet stay."""
+        with self._lock:
+            for pinned in [s for s in self._pins if s >= step]:
+                del self._pins[pinned]
+            self._order = deque(s for s in self._order if s < step)
+            self.max_step = max(self._pins, default=-1)
+            self._max_version = -1  # not known below: the next step pinned records its version
+            self._leap = None
+
     def clear(self) -> None:
         """Forget every pin (a new run of the job: its steps start over, maybe lower); the switches
         not reported yet stay."""

@@ -584,9 +584,7 @@ class ManagerServer:
         if held is None or run_era(fresh.state_id)[1] > run_era(held.state_id)[1]:
             self._era_began = time.monotonic()
         if held is not None and _older_run(held.state_id, fresh.state_id):
-            # A run of the job ended or began: the steps pinned were the run before's (a resume
-            # from a checkpoint asks for them again and must get the new run's config).
-            self._pins.clear()
+            self._unpin_for(reply, held)
             self._step_wanted = -1  # and the step a worker waited for, too
         if held is not None and held.state_id != fresh.state_id:
             self._refused_at, self._refusals = None, 0  # a refusal in the state before: ask anew
@@ -599,6 +597,13 @@ class ManagerServer:
         elif held is None or fresh.version != held.version:
             logger.info("serving config version %d", fresh.version)
         return fresh
+
+    def _unpin_for(self, reply: pb.LighthouseConfigResponse, held: Snapshot) -> None:
+        """A run of the job ended or began (``reply`` is of a later era than ``held``): forget the
+        steps pinned that are the new run's (``StepPins.run_changed``)."""
+        held_era = run_era(held.state_id)[1]
+        start = reply.run_start_step if reply.HasField("run_start_step") else None
+        self._pins.run_changed(start, served_between=held_era > 0 and held_era % 2 == 0)
 
     def _refresh_loop(self) -> None:
         """With a live push stream, report and renew on it; else refresh just before the cache

@@ -126,7 +126,7 @@ class ConfigSegment(_message.Message):
     def __init__(self, from_step: _Optional[int] = ..., config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., author: _Optional[str] = ..., comment: _Optional[str] = ...) -> None: ...
 
 class LighthouseConfigResponse(_message.Message):
-    __slots__ = ("config_data", "version", "not_modified", "instance_id", "state_id", "segments", "current_step", "stable_through_step", "keepalive_ms")
+    __slots__ = ("config_data", "version", "not_modified", "instance_id", "state_id", "segments", "current_step", "stable_through_step", "keepalive_ms", "run_start_step")
     class ConfigDataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,7 @@ class LighthouseConfigResponse(_message.Message):
     CURRENT_STEP_FIELD_NUMBER: _ClassVar[int]
     STABLE_THROUGH_STEP_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_MS_FIELD_NUMBER: _ClassVar[int]
+    RUN_START_STEP_FIELD_NUMBER: _ClassVar[int]
     config_data: _containers.ScalarMap[str, str]
     version: int
     not_modified: bool
@@ -152,7 +153,8 @@ class LighthouseConfigResponse(_message.Message):
     current_step: int
     stable_through_step: int
     keepalive_ms: int
-    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., not_modified: _Optional[bool] = ..., instance_id: _Optional[str] = ..., state_id: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[ConfigSegment, _Mapping]]] = ..., current_step: _Optional[int] = ..., stable_through_step: _Optional[int] = ..., keepalive_ms: _Optional[int] = ...) -> None: ...
+    run_start_step: int
+    def __init__(self, config_data: _Optional[_Mapping[str, str]] = ..., version: _Optional[int] = ..., not_modified: _Optional[bool] = ..., instance_id: _Optional[str] = ..., state_id: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[ConfigSegment, _Mapping]]] = ..., current_step: _Optional[int] = ..., stable_through_step: _Optional[int] = ..., keepalive_ms: _Optional[int] = ..., run_start_step: _Optional[int] = ...) -> None: ...
 
 class LighthouseHeartbeatRequest(_message.Message):
     __slots__ = ("status",)

@@ -48,6 +48,43 @@ def test_pins_are_per_step() -> None:
     assert pins.max_step == 2
 
 
+def test_a_run_begun_at_a_step_drops_the_pins_from_it_on_and_keeps_those_below() -> None:
+    """A run begins at step 5: what the group trained below it stays pinned (a rank behind replays
+    it so), the steps from 5 on are the new run's (a resume asks for them again)."""
+    pins = StepPins()
+    for step in range(10):
+        pins.pin(step, snap(1), b"old %d" % step)
+    pins.drop_from(5)
+    assert [pins.get(s) for s in range(10)] == [b"old %d" % s for s in range(5)] + [None] * 5
+    assert pins.max_step == 4 and len(pins) == 5
+    assert pins.pin(5, snap(2), b"new 5") == b"new 5"  # the new run's first step pins anew
+    assert pins.pin(7, snap(2), b"new 7") == b"new 7" and pins.max_step == 7
+    pins.drop_from(0)  # a resume from step 0: nothing stays
+    assert pins.max_step == -1 and len(pins) == 0 and pins.get(3) is None
+
+
+@pytest.mark.parametrize(
+    ("run_start", "served_between", "kept"),
+    [
+        (None, False, []),  # a run ended: a resume may follow, every pin goes
+        (None, True, []),
+        (5, False, [0, 1, 2, 3, 4]),  # a run began at 5 (seen from the run before): its steps go
+        (5, True, [0, 1, 2, 3, 4, 5]),  # ... at the step reported between runs, served already
+        (20, False, list(range(10))),  # above every pin: all stay
+        (0, False, []),  # a resume from step 0
+    ],
+)
+def test_a_run_s_end_or_begin_forgets_the_pins_of_the_new_run_s_steps(
+    run_start: int | None, served_between: bool, kept: list[int]
+) -> None:
+    pins = StepPins()
+    for step in range(10):
+        pins.pin(step, snap(1), b"%d" % step)
+    pins.run_changed(run_start, served_between)
+    assert [s for s in range(10) if pins.get(s) is not None] == kept
+    assert pins.max_step == (kept[-1] if kept else -1)
+
+
 def test_concurrent_pins_for_one_step_agree() -> None:
     pins = StepPins()
     barrier = threading.Barrier(16)

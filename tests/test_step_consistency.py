@@ -164,7 +164,10 @@ def test_a_step_promised_to_a_group_cannot_be_scheduled_and_every_group_switches
     procs: ProcessPool,
 ) -> None:
     ranks, steps = 4, 300
-    lh = procs.lighthouse({"lr": 0.1, "sync_every": 10})
+    # One run throughout: the workers stand still (SIGSTOP) while the operator schedules, and on a
+    # loaded host that may take longer than the default 5 s after which a paused job's run ends (its
+    # leases with it: the refusal below would not come). Run ends have their own tests (test_runs*).
+    lh = procs.lighthouse({"lr": 0.1, "sync_every": 10}, extra=["--run-end-after", "120"])
     wait_healthy(lh.url)
     m_a = procs.manager(lh.address, "gA", cache_ttl=0.1)
     m_b = procs.manager(lh.address, "gB", cache_ttl=0.1)
@@ -442,6 +445,58 @@ def test_a_reply_cropped_above_a_groups_promised_steps_does_not_replace_its_prom
             assert past["lr"] == ("0.1" if past.step < 10 else "0.2"), past
     finally:
         behind.shutdown()
+
+
+def test_a_rank_behind_its_group_replays_the_steps_before_a_new_run_as_its_group_trained_them(
+    procs: ProcessPool,
+) -> None:
+    """Chaos seed 216499858: a rank restarted 200 steps behind its group after a run had begun, and
+    its manager had dropped every pin at the begin: the rank got the new run's config for steps its
+    group-mate had trained with another. A run begun at step R drops the pins from R on (its own
+    steps: a resume asks for them again) and keeps those below; a run's end drops them all (a
+    resume from a checkpoint may follow)."""
+    from manager.server import ManagerServer
+    from protos.rpc import LIGHTHOUSE_GET_CONFIG, make_channel
+    from worker_client import ManagerClient
+
+    lh = procs.lighthouse({"lr": 0.1}, extra=["--run-end-after", "60"])
+    wait_healthy(lh.url)
+    manager = ManagerServer(lh.address, "127.0.0.1:0", "g0", cache_ttl=60.0, push=False)
+    try:
+        with ManagerClient(manager.address(), timeout=5, group_rank=0) as ahead:
+            trained = {step: ahead.get_config(step=step)["lr"] for step in range(40)}  # run 1
+        assert set(trained.values()) == {"0.1"}
+        assert call(lh.url, "POST", "/api/config/runs/end")["ended"]["number"] == 1
+        assert call(lh.url, "PATCH", "/api/config", {"lr": 0.2})["effective_step"] is None  # at once
+        # Another group resumes at step 45 and begins run 2 there; this manager hears of it at its
+        # next step (it polls: it never saw the end), from the lighthouse's answer.
+        other = pb.LighthouseConfigRequest(
+            status=pb.ManagerStatus(replica_id="g1", step=45), lease_from_step=45
+        )
+        with make_channel(lh.address) as channel:
+            begun = pb.LighthouseConfigResponse.FromString(
+                channel.unary_unary(LIGHTHOUSE_GET_CONFIG)(other.SerializeToString(), timeout=5)
+            )
+        assert begun.HasField("run_start_step") and begun.run_start_step == 45, begun
+        with ManagerClient(manager.address(), timeout=5, group_rank=0) as ahead:
+            assert ahead.get_config(step=45)["lr"] == "0.2"  # the new run, from its first step
+        with ManagerClient(manager.address(), timeout=5, group_rank=1) as behind:
+            replayed = {step: behind.get_config(step=step)["lr"] for step in range(10, 40)}
+        assert replayed == {step: trained[step] for step in range(10, 40)}, replayed
+        # A run's end (no run begun: no first step named) drops every pin: a resume may follow.
+        assert call(lh.url, "POST", "/api/config/runs/end")["ended"]["number"] == 2
+        with make_channel(lh.address) as channel:
+            ended = pb.LighthouseConfigResponse.FromString(
+                channel.unary_unary(LIGHTHOUSE_GET_CONFIG)(
+                    pb.LighthouseConfigRequest().SerializeToString(), timeout=5
+                )
+            )
+        assert not ended.HasField("run_start_step")
+        manager._pushed(ended)  # as the push stream hands it over
+        with ManagerClient(manager.address(), timeout=5, group_rank=1) as resumed:
+            assert resumed.get_config(step=20)["lr"] == "0.2"  # not the pin of run 1
+    finally:
+        manager.shutdown()
 
 
 # ------------------------------------------------- edge cases of scheduling

@@ -173,6 +173,7 @@ class ServedReplies:
     state_id: str = ""
     # The first step the full reply covers (-1: all of them, from step 0).
     full_from: int = -1
+    run_start_step: int | None = None  # the live run's first step (None: no run is live)
     _from: dict[int, bytes] = field(default_factory=dict, repr=False)  # reply_from's, by segment
 
     def reply_from(self, step: int) -> bytes:
@@ -189,6 +190,8 @@ class ServedReplies:
         if cached is None:
             reply = config_reply(self.config, self.segments[first:], self.version)
             reply.instance_id, reply.state_id = self.instance_id, self.state_id
+            if self.run_start_step is not None:
+                reply.run_start_step = self.run_start_step
             cached = self._from[first] = reply.SerializeToString()
         return cached
 
@@ -316,8 +319,10 @@ class LighthouseState:
         named = used[0].version not in (0, version) or used[0].author not in ("", "-") or used[0].comment
         scheduled = len(used) > 1 or encode_config(used[0].config) != live or bool(named)
         reply = config_reply(live, used if scheduled else (), version)
-        state_id = store.served_state_id
+        state_id, run_start = store.served_run()
         reply.instance_id, reply.state_id = self.instance_id, state_id
+        if run_start is not None:
+            reply.run_start_step = run_start
         not_modified = pb.LighthouseConfigResponse(
             version=version, not_modified=True, instance_id=self.instance_id, state_id=state_id
         )
@@ -330,6 +335,7 @@ class LighthouseState:
             self.instance_id,
             state_id,
             full_from=used[0].from_step if first else -1,
+            run_start_step=run_start,
         )
 
     def refresh(self) -> None:

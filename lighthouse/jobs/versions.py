@@ -408,8 +408,15 @@ class ConfigStore:
         """The state id managers are served: the job's, with the run era once runs began. A new
         one when a run ends or begins makes every manager drop the leases it holds (they were
         promises to the run before) and take the snapshot it is sent, at the same version."""
-        era = self.runs.era
-        return self.state_id if era == 0 else f"{self.state_id}-r{era}"
+        return self.served_run()[0]
+
+    def served_run(self) -> tuple[str, int | None]:
+        """``served_state_id`` and the live run's first step (None: no run is live), from one look
+        at the runs: a manager that sees a run begin keeps its pins below that step."""
+        runs = self.runs
+        live = runs.live
+        state_id = self.state_id if runs.era == 0 else f"{self.state_id}-r{runs.era}"
+        return state_id, (live.start_step if live is not None else None)
 
     @property
     def current_step(self) -> int:
