@@ -468,8 +468,9 @@ def test_a_rank_behind_its_group_replays_the_steps_before_a_new_run_as_its_group
         assert set(trained.values()) == {"0.1"}
         assert call(lh.url, "POST", "/api/config/runs/end")["ended"]["number"] == 1
         assert call(lh.url, "PATCH", "/api/config", {"lr": 0.2})["effective_step"] is None  # at once
-        # Another group resumes at step 45 and begins run 2 there; this manager hears of it at its
-        # next step (it polls: it never saw the end), from the lighthouse's answer.
+        # Another group resumes at step 45 and begins run 2 there; this manager, which never saw the
+        # end (it polls), hears of it with the lighthouse's answer, handed over as a push stream does
+        # (at its next step it would renew only past the lease it holds: a length that varies).
         other = pb.LighthouseConfigRequest(
             status=pb.ManagerStatus(replica_id="g1", step=45), lease_from_step=45
         )
@@ -478,6 +479,7 @@ def test_a_rank_behind_its_group_replays_the_steps_before_a_new_run_as_its_group
                 channel.unary_unary(LIGHTHOUSE_GET_CONFIG)(other.SerializeToString(), timeout=5)
             )
         assert begun.HasField("run_start_step") and begun.run_start_step == 45, begun
+        manager._pushed(begun)
         with ManagerClient(manager.address(), timeout=5, group_rank=0) as ahead:
             assert ahead.get_config(step=45)["lr"] == "0.2"  # the new run, from its first step
         with ManagerClient(manager.address(), timeout=5, group_rank=1) as behind:
