@@ -57,9 +57,12 @@ def run_phase(
     # steps): about two calls per TTL per manager, however many workers.
     bound = MANAGERS * (2 * elapsed / TTL + 1)
     lighthouse_calls = after - before
-    # "at most about": the renewals come slightly ahead (a lease rounds to whole steps), plus one
-    # call per manager for scheduling jitter on a loaded 2-core machine.
-    assert lighthouse_calls <= bound * 1.06 + MANAGERS, (tag, lighthouse_calls, bound, worker_calls)
+    # "At most about": a lease lasts one TTL at the job's measured step rate, counted in steps. A
+    # worker stepping faster than that rate for a while crosses its lease sooner and renews sooner,
+    # by design: 2 ms steps swing by half on 2 cores at a load of 6, where 50 calls came against a
+    # bound of 42.4 (the flake hunt of 2026-12-05, beside 2 busy processes). Growth with workers is
+    # the relative check in the test; this one catches renewals per step or per worker (hundreds).
+    assert lighthouse_calls <= bound * 1.5 + MANAGERS, (tag, lighthouse_calls, bound, worker_calls)
     return lighthouse_calls, worker_calls
 
 
