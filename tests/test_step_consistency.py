@@ -466,6 +466,11 @@ def test_a_rank_behind_its_group_replays_the_steps_before_a_new_run_as_its_group
         with ManagerClient(manager.address(), timeout=5, group_rank=0) as ahead:
             trained = {step: ahead.get_config(step=step)["lr"] for step in range(40)}  # run 1
         assert set(trained.values()) == {"0.1"}
+        # The lease's renewals are over: the last one's answer covers the group's steps with room to
+        # spare, and nothing else makes this manager ask the lighthouse (its TTL is 60 s), so it does
+        # not hear of the run's end below. (A renewal answered after the end drops every pin, as a
+        # run's end must: the flake hunt saw one land there, and the replay got the new config.)
+        poll(lambda: manager._renew_at > 39, 10, what="the group's lease renewed past its last step")
         assert call(lh.url, "POST", "/api/config/runs/end")["ended"]["number"] == 1
         assert call(lh.url, "PATCH", "/api/config", {"lr": 0.2})["effective_step"] is None  # at once
         # Another group resumes at step 45 and begins run 2 there; this manager, which never saw the
