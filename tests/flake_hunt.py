@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -90,9 +91,12 @@ def at_a_terminal() -> None:
 
 def run_once(args: argparse.Namespace, work: Path, index: int) -> Run:
     report = work / f"run-{index}.xml"
+    report.unlink(missing_ok=True)  # an earlier hunt's, in a --keep folder: never read as this run's
     env = {**os.environ, "PYTEST_ADDOPTS": f"{os.environ.get('PYTEST_ADDOPTS', '')} --junitxml={report}"}
     if args.clean_clone:
         checkout = work / f"clone-{index}"
+        # A --keep folder used before holds an earlier hunt's clone: a fresh clone it must be.
+        shutil.rmtree(checkout, ignore_errors=True)
         subprocess.run(["git", "clone", "-q", str(ROOT), str(checkout)], check=True)
         if args.venv:  # one environment for every clone; by default each clone makes its own, as CI does
             env["VENV"] = str(args.venv)

@@ -31,3 +31,26 @@ def test_the_hunt_counts_each_failure_and_exits_1(tmp_path: Path) -> None:
         "2/2 failed: test_sample.py::test_bad"
     ], lines
     assert len(list((tmp_path / "work").glob("run-*.xml"))) == 2
+
+
+def test_a_run_that_writes_no_report_is_never_read_from_an_earlier_hunts_report(tmp_path: Path) -> None:
+    """A --keep folder used before holds the earlier hunt's run-1.xml: a run whose pytest ends before
+    writing its own (here: an option pytest does not know) is counted as such, not as the old report."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "run-1.xml").write_text(
+        '<testsuites><testsuite><testcase classname="test_old" name="test_stale">'
+        "<failure/></testcase></testsuite></testsuites>"
+    )
+    hunt = [sys.executable, "-m", "tests.flake_hunt", "--runs", "1", "--keep", str(work)]
+    done = subprocess.run(
+        [*hunt, "--", "-p", "no:cacheprovider", "--no-such-pytest-option"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=child_env(None),
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "test_stale" not in done.stdout, done.stdout
+    assert "1/1 failed: (no report: the run ended before pytest wrote one)" in done.stdout, done.stdout
