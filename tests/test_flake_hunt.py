@@ -9,21 +9,26 @@ from pathlib import Path
 from tests.procs import ROOT, child_env
 
 
-def test_the_hunt_counts_each_failure_and_exits_1(tmp_path: Path) -> None:
-    sample = tmp_path / "sample" / "test_sample.py"
-    sample.parent.mkdir()
-    sample.write_text("def test_ok():\n    pass\n\n\ndef test_bad():\n    assert False\n")
-    hunt = [sys.executable, "-m", "tests.flake_hunt", "--runs", "2", "--keep", str(tmp_path / "work")]
-    done = subprocess.run(
-        # --rootdir: test ids relative to the sample's folder, wherever the clone and the temporary
-        # folder lie (a clone under /tmp once named it pytest-of-root/.../test_sample.py).
-        [*hunt, "--", "-p", "no:cacheprovider", "--rootdir", str(sample.parent), str(sample)],
+def hunt(runs: int, work: Path, *pytest_args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m tests.flake_hunt`` over ``runs`` runs kept in ``work``, pytest given ``pytest_args``."""
+    command = [sys.executable, "-m", "tests.flake_hunt", "--runs", str(runs), "--keep", str(work)]
+    return subprocess.run(
+        [*command, "--", "-p", "no:cacheprovider", *pytest_args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         env=child_env(None),
         timeout=120,
     )
+
+
+def test_the_hunt_counts_each_failure_and_exits_1(tmp_path: Path) -> None:
+    sample = tmp_path / "sample" / "test_sample.py"
+    sample.parent.mkdir()
+    sample.write_text("def test_ok():\n    pass\n\n\ndef test_bad():\n    assert False\n")
+    # --rootdir: test ids relative to the sample's folder, wherever the clone and the temporary
+    # folder lie (a clone under /tmp once named it pytest-of-root/.../test_sample.py).
+    done = hunt(2, tmp_path / "work", "--rootdir", str(sample.parent), str(sample))
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert sum(", 1 passed, 1 failed, 0 skipped in " in line for line in lines) == 2, lines
@@ -42,15 +47,7 @@ def test_a_run_that_writes_no_report_is_never_read_from_an_earlier_hunts_report(
         '<testsuites><testsuite><testcase classname="test_old" name="test_stale">'
         "<failure/></testcase></testsuite></testsuites>"
     )
-    hunt = [sys.executable, "-m", "tests.flake_hunt", "--runs", "1", "--keep", str(work)]
-    done = subprocess.run(
-        [*hunt, "--", "-p", "no:cacheprovider", "--no-such-pytest-option"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=child_env(None),
-        timeout=120,
-    )
+    done = hunt(1, work, "--no-such-pytest-option")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "test_stale" not in done.stdout, done.stdout
     assert "1/1 failed: (no report: the run ended before pytest wrote one)" in done.stdout, done.stdout
