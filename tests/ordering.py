@@ -10,7 +10,7 @@ from typing import Any
 
 from lighthouse.jobs.leases import LeasePolicy
 from tests.http_util import call, history
-from tests.procs import LighthouseProc, Proc, ProcessPool, poll, records_so_far
+from tests.procs import LighthouseProc, Proc, ProcessPool, last_record, poll, records_so_far
 
 Record = dict[str, Any]
 GROUPS = ("g0", "g1", "g2", "g3")
@@ -60,7 +60,7 @@ def make_change(lh: LighthouseProc, n: int) -> dict[str, Any]:
 def records_past(workers: dict[str, Proc], step: int, timeout: float = 60.0) -> dict[str, list[Record]]:
     """Each group's records once it stepped past ``step``."""
     poll(
-        lambda: all(records_so_far(w) and records_so_far(w)[-1]["step"] > step for w in workers.values()),
+        lambda: all(last_record(w)["step"] > step for w in workers.values()),
         timeout,
         what=f"every group past step {step}",
     )

@@ -359,6 +359,13 @@ def records_so_far(proc: Proc) -> list[dict[str, Any]]:
     return [json.loads(line) for line in proc.lines() if line.startswith("{")]
 
 
+def last_record(proc: Proc) -> dict[str, Any]:
+    """The newest per-step record of a running worker, after waiting for its first: a worker can
+    hold a step lease before its first answer reaches it (a lease is granted at the lighthouse),
+    so a test that paused or just started it may find nothing printed yet."""
+    return poll(lambda: records_so_far(proc), START_TIMEOUT, what=f"{proc.name}'s first step")[-1]
+
+
 def metric(base_url: str, name: str, job: str = "default") -> float:
     """The sample of ``job`` from the lighthouse's Prometheus ``/metrics``."""
     from tests.http_util import call

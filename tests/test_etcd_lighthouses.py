@@ -22,6 +22,7 @@ from tests.http_util import call, change, get_json, history, live, wait_healthy
 from tests.procs import (
     LighthouseProc,
     ProcessPool,
+    last_record,
     poll,
     records_so_far,
     worker_records,
@@ -191,7 +192,7 @@ def test_manager_moves_to_the_other_lighthouse_when_its_own_is_killed(
     other = next(lh for addr, lh in by_address.items() if addr != first)
     poll(lambda: user(other) == other.address, 10, what="the manager on the other lighthouse")
     change(other.url, "PATCH", {"lr": 0.5})  # edits go on through the survivor
-    poll(lambda: records_so_far(worker)[-1]["config"]["lr"] == "0.5", 20, what="the worker sees the edit")
+    poll(lambda: last_record(worker)["config"]["lr"] == "0.5", 20, what="the worker sees the edit")
     records = worker_records(worker, timeout=60)
     assert "fallback" not in {r["source"] for r in records}
     assert {r["config"]["lr"] for r in records} == {"0.25", "0.5"}
@@ -272,7 +273,7 @@ def test_quorum_loss_refuses_edits_keeps_serving_and_recovers(
     poll(lambda: len(records_so_far(worker)) > 10, 20, what="worker steps")
 
     def stored_ahead() -> bool:  # the lighthouse the manager uses stored a ceiling 5 s of steps ahead
-        return any(live(lh.url)["lease_ceiling"] > records_so_far(worker)[-1]["step"] + 500 for lh in (a, b))
+        return any(live(lh.url)["lease_ceiling"] > last_record(worker)["step"] + 500 for lh in (a, b))
 
     poll(stored_ahead, 20, what="a stored lease ceiling well ahead")
     down = cluster3.members[:2]
@@ -299,7 +300,7 @@ def test_quorum_loss_refuses_edits_keeps_serving_and_recovers(
     v2 = poll(edit_accepted, 60, interval=0.5, what="an edit accepted again")
     poll(lambda: live(b.url)["version"] == v2, 10, what="b serves the edit made after recovery")
     # (made through a, it takes effect above b's stored ceiling too, should the manager be on b)
-    poll(lambda: records_so_far(worker)[-1]["config"]["lr"] == "0.5", 60, what="the worker sees it")
+    poll(lambda: last_record(worker)["config"]["lr"] == "0.5", 60, what="the worker sees it")
     worker.stop()
     records = records_so_far(worker)
     bad = [r for r in records if r["source"] == "fallback"]

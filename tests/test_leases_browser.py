@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.http_util import call, live, wait_healthy
-from tests.procs import ProcessPool, poll, records_so_far
+from tests.procs import ProcessPool, last_record, poll, records_so_far
 
 
 @pytest.mark.slow
@@ -76,7 +76,7 @@ def test_the_managers_table_marks_a_group_that_ran_past_its_lease(page: Page, pr
     poll(lambda: records_so_far(worker), 20, what="the worker's first records")
     lh.signal(signal.SIGSTOP)  # a hung lighthouse: the group runs past its lease (fallback)
     try:
-        poll(lambda: records_so_far(worker)[-1]["source"] == "fallback", 20, what="the fallback served")
+        poll(lambda: last_record(worker)["source"] == "fallback", 20, what="the fallback served")
     finally:
         lh.signal(signal.SIGCONT)
     expect(lease.locator(".pill")).to_have_text("past lease", timeout=15_000)

@@ -27,7 +27,7 @@ from lighthouse.store.sqlite import SqliteBackend
 from protos.limits import FOREVER
 from tests.helpers_lighthouse import LighthouseProc, start_lighthouse
 from tests.http_util import call, get_json, history, live, wait_healthy
-from tests.procs import Proc, ProcessPool, manager_cli, poll, records_so_far
+from tests.procs import Proc, ProcessPool, last_record, manager_cli, poll, records_so_far
 
 FAR = 1_000_000  # a step the job does not reach during a test: a change scheduled there stays pending
 # The managers' cache TTL: a run ends 2 x TTL + 0.5 s after its last step, so the stopped worker
@@ -100,7 +100,7 @@ def test_an_edit_of_what_get_shows_keeps_a_pending_change_made_now(procs: Proces
         worker.signal(signal.SIGCONT)
 
     # What the rank trained: the pending change from its step on, the edit from the put's.
-    poll(lambda: records_so_far(worker)[-1]["step"] > put_at + 3, 30, what=f"the rank past step {put_at}")
+    poll(lambda: last_record(worker)["step"] > put_at + 3, 30, what=f"the rank past step {put_at}")
     worker.stop()
     records = records_so_far(worker)
     assert {r["config"].get("wd") for r in records if r["step"] < at} == {None}

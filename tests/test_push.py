@@ -24,7 +24,7 @@ from protos import lighthouse_config_pb2 as pb
 from protos.rpc import LIGHTHOUSE_SERVICE, LIGHTHOUSE_WATCH
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import change, get_json, live, wait_healthy
-from tests.procs import Proc, ProcessPool, metric, poll, records_so_far, wait_ready
+from tests.procs import Proc, ProcessPool, last_record, metric, poll, records_so_far, wait_ready
 from tests.stuck_lighthouse import StuckLighthouse, replica_starting_on
 from tests.threads import CheckedThread
 
@@ -134,7 +134,7 @@ def test_after_a_lighthouse_crash_or_hang_every_manager_ends_on_the_newest_versi
     assert newest == max(made)
 
     def all_on_newest() -> bool:
-        return all(records_so_far(w) and records_so_far(w)[-1]["version"] == newest for w in workers)
+        return all(last_record(w)["version"] == newest for w in workers)
 
     poll(all_on_newest, 40, interval=0.1, what=f"every worker on version {newest}")
     table = managers_table(current[0].url)
@@ -192,7 +192,7 @@ def test_a_new_manager_polls_a_lighthouse_without_push(procs: ProcessPool) -> No
         poll(lambda: records_so_far(stepping) and records_so_far(calling), 20, what="the workers calling")
         old.set({"lr": "0.5"}, 2)
         for worker in (stepping, calling):
-            poll(lambda w=worker: records_so_far(w)[-1]["config"] == {"lr": "0.5"}, 10, what="polled change")
+            poll(lambda w=worker: last_record(w)["config"] == {"lr": "0.5"}, 10, what="polled change")
         records = records_so_far(stepping) + records_so_far(calling)
         assert {r["source"] for r in records} <= {"lighthouse", "cache"}  # never the fallback
         assert {r["stable_through_step"] for r in records} == {None}  # no leases from an old release
@@ -209,7 +209,7 @@ def test_a_polling_manager_works_against_a_lighthouse_with_push(procs: ProcessPo
     worker = no_step_workers(procs, [m.address])[0]
     poll(lambda: records_so_far(worker), 20, what="the worker calling")
     version = change(lh.url, "PATCH", {"lr": 0.5}).json["version"]
-    poll(lambda: records_so_far(worker)[-1]["version"] == version, 10, what="the polled change")
+    poll(lambda: last_record(worker)["version"] == version, 10, what="the polled change")
     assert metric(lh.url, "lighthouse_watch_streams") == 0
     assert managers_table(lh.url)["old"]["mode"] == "poll"
     assert metric(lh.url, "lighthouse_get_config_calls_total") >= 2  # the change came by polling
@@ -232,7 +232,7 @@ def test_a_change_through_one_lighthouse_reaches_the_managers_of_another_by_push
     answer = change(a.url, "PATCH", {"lr": 0.9})
     version = answer.json["version"]
     poll(
-        lambda: all(records_so_far(w)[-1]["version"] == version for w in workers),
+        lambda: all(last_record(w)["version"] == version for w in workers),
         10,
         interval=0.05,
         what="b's managers on the version made through a",
@@ -326,7 +326,7 @@ def test_a_manager_that_reads_nothing_holds_up_no_other(procs: ProcessPool) -> N
             assert answer.status == 200, answer.body
             version, changed_at = answer.json["version"], answer.json["created_at"]
             poll(
-                lambda v=version: all(records_so_far(w)[-1]["version"] == v for w in workers),
+                lambda v=version: all(last_record(w)["version"] == v for w in workers),
                 10,
                 interval=0.05,
                 what=f"both managers' workers on version {version}",
@@ -367,7 +367,7 @@ def test_a_lighthouse_killed_and_restarted_gives_stepless_workers_no_fallback_at
     lh = procs.restart_lighthouse(lh, state_dir=state)
     poll(lambda: metric(lh.url, "lighthouse_watch_streams") == 2, 30, what="streams open again")
     back = time.time()
-    poll(lambda: all(records_so_far(w)[-1]["t"] > back for w in workers), 20, what="calls after the restart")
+    poll(lambda: all(last_record(w)["t"] > back for w in workers), 20, what="calls after the restart")
     for worker in workers:
         records = records_so_far(worker)
         during = [r for r in records if killed < r["t"] < back]
@@ -403,6 +403,6 @@ def test_a_manager_with_a_stuck_lighthouse_first_still_pushes_from_the_healthy_o
     poll(lambda: records_so_far(worker), 20, what="the worker calling")
     version = change(lh.url, "PATCH", {"lr": 0.5}).json["version"]
     made = time.time()
-    poll(lambda: records_so_far(worker)[-1]["version"] == version, 10, interval=0.05, what="pushed")
+    poll(lambda: last_record(worker)["version"] == version, 10, interval=0.05, what="pushed")
     first = min(r["t"] for r in records_so_far(worker) if r["version"] == version)
     assert first - made < 2.0  # pushed, not polled (TTL 30 s)

@@ -26,7 +26,7 @@ from tests.ordering import (
     spread,
     stepping_groups,
 )
-from tests.procs import LighthouseProc, Proc, ProcessPool, poll, records_so_far
+from tests.procs import LighthouseProc, Proc, ProcessPool, last_record, poll, records_so_far
 
 
 def old_lighthouse(procs: ProcessPool, tree: Path, store: str, bind: str = "127.0.0.1:0") -> LighthouseProc:
@@ -70,7 +70,7 @@ def wait_leases(lighthouses: list[LighthouseProc], workers: dict[str, Proc]) -> 
         assert leases_suspended_gauge(lh.url) == 0
 
     def leased() -> bool:
-        last = [records_so_far(w)[-1] for w in workers.values()]
+        last = [last_record(w) for w in workers.values()]
         return all((r["stable_through_step"] or -1) >= r["step"] for r in last)
 
     poll(leased, 30, what="every group holding a step lease")
@@ -95,7 +95,7 @@ def mixed_changes(
         assert live(lh.url)["config"]["n"] == first + count - 1
     newest = str(first + count - 1)
     poll(
-        lambda: all(records_so_far(w)[-1]["config"]["n"] == newest for w in workers.values()),
+        lambda: all(last_record(w)["config"]["n"] == newest for w in workers.values()),
         20,
         what="the newest change in every group",
     )
@@ -209,7 +209,7 @@ def test_a_manager_never_serves_a_release_that_knows_no_runs_once_the_job_s_runs
     for n in range(2, 5):
         make_change(b, n)
         poll(
-            lambda n=n: records_so_far(worker)[-1]["config"].get("n") == str(n),
+            lambda n=n: last_record(worker)["config"].get("n") == str(n),
             10,
             interval=0.05,
             what=f"change {n} trained by the group",

@@ -31,6 +31,7 @@ from tests.procs import (
     Proc,
     ProcessPool,
     child_env,
+    last_record,
     poll,
     records_so_far,
     worker_records,
@@ -258,7 +259,7 @@ def test_a_scheduled_change_or_cancel_at_a_promised_step_gets_409_naming_the_ear
     poll(lambda: len(records_so_far(worker)) > 20, 20, what="worker stepping")
     ahead = live(lh.url)["lease_horizon"] + 400  # not promised yet
     v_ahead = change(lh.url, "PATCH", {"lr": 0.5}, effective_step=ahead)
-    stepped = records_so_far(worker)[-1]["step"]  # read first: the worker goes on stepping
+    stepped = last_record(worker)["step"]  # read first: the worker goes on stepping
     horizon = live(lh.url)["lease_horizon"]
     assert horizon >= stepped
     for path in (

@@ -19,7 +19,7 @@ from lighthouse import LighthouseClient, LighthouseServer, ServerTLS, TLSConfig
 from protos.rpc import parse_address
 from protos.tls import explain_rpc_error
 from tests.certs import CA, Pair, serial_of
-from tests.procs import ROOT, ProcessPool, child_env, poll, records_so_far, worker_records
+from tests.procs import ROOT, ProcessPool, child_env, last_record, poll, records_so_far, worker_records
 
 CONFIG = {"lr": 0.25, "name": "tls"}
 WORKER_TIMEOUT = 5.0
@@ -317,7 +317,7 @@ def test_rotation_without_restart(procs: ProcessPool, pki: Pki, tmp_path: Path) 
         assert "not signed by a trusted CA" in explain_rpc_error(caught.value, tls=True)
 
     config_file.write_text(json.dumps({**CONFIG, "lr": 0.5}))  # an edit made after the rotation
-    poll(lambda: records_so_far(worker)[-1]["config"]["lr"] == "0.5", 20, what="the edit at the worker")
+    poll(lambda: last_record(worker)["config"]["lr"] == "0.5", 20, what="the edit at the worker")
 
     # A manager started after the rotation connects with the new pair (the config at the job's
     # step: the edit, made while g0 held a step lease, took effect at a later step).
