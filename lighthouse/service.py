@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import random
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -264,10 +265,9 @@ class LighthouseService:
                 except DecodeError:
                     logger.warning("push stream of %s: a malformed request, ignored", stream.replica)
                     continue
-                if oversized(request.status):
-                    logger.warning(
-                        "push stream of %s: %s, ignored", stream.replica, oversized(request.status)
-                    )
+                problem = refused(request)
+                if problem:
+                    logger.warning("push stream of %s: %s, ignored", stream.replica, problem)
                     continue
                 stream.requests.append(request)
                 del stream.requests[:-MAX_QUEUED_REQUESTS]
@@ -305,17 +305,21 @@ async def _parse(kind: type[M], raw: bytes, context: grpc.aio.ServicerContext) -
     except DecodeError as exc:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {kind.__name__}: {exc}")
         raise AssertionError("context.abort raises") from None
-    too_long = oversized(request.status)
-    if too_long:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, too_long)
+    problem = refused(request)
+    if problem:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
     return request
 
 
-def oversized(status: pb.ManagerStatus) -> str:
-    """What in a manager's status is past MAX_ID_BYTES ("" when nothing is): records stay small."""
+def refused(request: pb.LighthouseConfigRequest | pb.LighthouseHeartbeatRequest) -> str:
+    """Why a request is refused ("" when it is not): an id past MAX_ID_BYTES (records stay small),
+    a lease asked for a time that is no number of seconds (NaN, infinite, negative)."""
     for name in ("replica_id", "address"):
-        if len(getattr(status, name).encode()) > MAX_ID_BYTES:
+        if len(getattr(request.status, name).encode()) > MAX_ID_BYTES:
             return f"status.{name} is longer than {MAX_ID_BYTES} bytes"
+    seconds = getattr(request, "lease_seconds", 0.0)
+    if not (math.isfinite(seconds) and seconds >= 0):
+        return f"lease_seconds is {seconds!r}: a finite number of seconds, 0 or more"
     return ""
 
 

@@ -11,6 +11,10 @@ GUARD_STEPS = 200  # steps after the change takes effect
 GUARD_WINDOW = 10  # steps its metric is smoothed over (a trailing mean)
 
 MAX_ID_BYTES = 256  # a manager's replica id and address: longer is INVALID_ARGUMENT
+# The longest renewal period a manager's step lease is sized for (its ``lease_seconds``, the cache
+# TTL): a longer ask is held to this. Any caller of the gRPC port may ask, and a lease (and a run's
+# end, 2 TTLs after its last step) follows what it asks.
+MAX_LEASE_SECONDS = 60.0
 
 # Who made a change and why, as each config segment of a reply carries them (the history keeps
 # them whole; a worker's change callback gets them cut to these lengths).

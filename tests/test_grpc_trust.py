@@ -18,11 +18,12 @@ from manager.metrics import GroupMetrics
 from manager.status_client import manager_info
 from protos import lighthouse_config_pb2 as pb
 from protos import lighthouse_config_pb2_grpc as pb_grpc
+from protos.limits import MAX_LEASE_SECONDS
 from protos.rpc import make_channel
 from protos.torchft_seed import JOB_METADATA, SEED_GET_CONFIG, SeedConfigRequest, SeedConfigResponse
 from tests.grpc_calls import bearer, code_of
 from tests.http_util import call, get_json
-from tests.procs import LighthouseProc, ProcessPool, poll, worker_records
+from tests.procs import LighthouseProc, ProcessPool, last_record, poll, records_so_far, worker_records
 
 TOKEN_A, TOKEN_B = "token-of-job-a-0123456789", "token-of-job-b-0123456789"
 HUGE = 10**15
@@ -276,3 +277,48 @@ def test_records_unseen_for_the_ttl_expire(procs: ProcessPool) -> None:
         )
     assert [m["replica_id"] for m in get_json(lh.url, "/api/managers")["managers"]] == ["gone"]
     poll(lambda: get_json(lh.url, "/api/managers")["managers"] == [], 10, 0.1, "the record expired")
+
+
+@pytest.mark.slow
+def test_a_lease_asked_for_ever_holds_no_change_back_nor_the_run_open(procs: ProcessPool) -> None:
+    """A made-up manager asks for leases of 1e300 s (and NaN, infinite, negative ones) while a real
+    group steps: the lease it gets, the change made now after it and the live run's TTL stay
+    within MAX_LEASE_SECONDS; the asks that are no number of seconds are INVALID_ARGUMENT."""
+    lh = procs.lighthouse({"lr": 0.1}, extra=["--lease-ceiling-ahead", "0.2"])
+    manager = procs.manager(lh.address, "g0")
+    worker = procs.worker(manager.address, group="g0", rank=0, steps=100_000, step_interval=0.01)
+    poll(lambda: job_step(lh) > 50, 20, what="the group stepping")
+    # The group steps at most 100 times a second (it sleeps 10 ms a step): a lease of
+    # MAX_LEASE_SECONDS is at most this many steps (and a few of slack) ahead of the job.
+    most = 100 * MAX_LEASE_SECONDS + 10
+    channel, lighthouse = stub(lh.address)
+    with channel:
+        for _ in range(20):  # the ceiling a lease asks for is raised in the background: ask again
+            step = job_step(lh)
+            request = report(step, replica="liar")
+            request.lease_seconds = 1e300
+            reply = lighthouse.GetConfig(request, timeout=10)
+            assert reply.HasField("stable_through_step"), reply  # leased, as a real manager is
+            assert reply.stable_through_step <= step + most, (reply.stable_through_step, step)
+        for lie in (math.nan, math.inf, -math.inf, -1.0):
+            request = report(job_step(lh), replica="liar")
+            request.lease_seconds = lie
+            with pytest.raises(grpc.RpcError) as refused:
+                lighthouse.GetConfig(request, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, lie
+            assert "lease_seconds" in (refused.value.details() or ""), refused.value.details()
+    view = get_json(lh.url, "/api/config")
+    now = view["current_step"]
+    assert view["lease_horizon"] <= now + most, view
+    assert view["run"]["ttl"] == MAX_LEASE_SECONDS, view["run"]  # it ends 2 TTLs after its last step
+    made = call(lh.url, "PATCH", "/api/config", {"lr": 0.5})
+    assert made.status == 200, made.body
+    assert made.json["effective_step"] <= now + most, (made.json, now)
+    liar = [m for m in get_json(lh.url, "/api/managers")["managers"] if m["replica_id"] == "liar"]
+    assert [m["ttl_s"] for m in liar] == [MAX_LEASE_SECONDS], liar
+    # The real group trains on with its config: the ceiling (raised every 0.2 s of steps here)
+    # went on being stored. (Asked for ever, the ceiling wanted was past what a store holds, and
+    # no lease was granted again: the group got the empty fallback within seconds.)
+    poll(lambda: last_record(worker)["step"] > now + 500, 30, what="500 steps more")
+    records = records_so_far(worker)
+    assert [r for r in records if r["source"] == "fallback"] == [], records[-3:]

@@ -37,7 +37,7 @@ from lighthouse.jobs.stall import Progress
 from lighthouse.jobs.timeline import live_version
 from lighthouse.jobs.versions import ConfigStore, Edit, Plan, Segment, first_segment
 from protos import lighthouse_config_pb2 as pb
-from protos.limits import FOREVER, SEGMENT_AUTHOR_CHARS, SEGMENT_COMMENT_CHARS
+from protos.limits import FOREVER, MAX_LEASE_SECONDS, SEGMENT_AUTHOR_CHARS, SEGMENT_COMMENT_CHARS
 from protos.rpc import MAX_REPLY_BYTES, varint_field
 
 logger = logging.getLogger(__name__)
@@ -158,6 +158,15 @@ def plausible_step(step: int, job_step: int, last_accepted: int, rate: float, el
     base = max(job_step, last_accepted)
     allowance = STEP_SLACK + max(rate, RATE_FLOOR) * elapsed * RATE_FACTOR
     return step <= base + allowance
+
+
+def lease_seconds(request: pb.LighthouseConfigRequest) -> float:
+    """The renewal period a manager's lease is sized for: what it asked (its cache TTL), at most
+    MAX_LEASE_SECONDS; 0 (the policy's default) for no ask, or one that is not a positive number.
+    A caller may lie: asked for ever, a lease would hold every change made now back, and the run
+    open, for as long as it says."""
+    asked = request.lease_seconds
+    return min(asked, MAX_LEASE_SECONDS) if asked > 0 else 0.0  # NaN > 0 is False
 
 
 @dataclass(frozen=True, eq=False)
@@ -378,11 +387,12 @@ class LighthouseState:
         step = self.observe(
             request.status, peer, fetch=True, identity=identity, wanted=asked, held=request.known_state_id
         )
-        if request.lease_seconds > 0:
+        seconds = lease_seconds(request)
+        if seconds > 0:
             with self._lock:
                 record = self._managers.get(request.status.replica_id or peer)
                 if record is not None:
-                    record.ttl = request.lease_seconds
+                    record.ttl = seconds
         generation = self.store.leases.generation  # before the look at the runs (see ``grant``)
         if step < 0 <= self.store.current_step and not self.store.runs.between:
             # A new manager of a job that steps (a group restarting, say): store a ceiling for its
@@ -391,7 +401,7 @@ class LighthouseState:
             # wait for steps that may never come (a job whose workers ask without a step). Nor between
             # runs: nothing is promised then, and a ceiling of the ended run's step would place the
             # changes made meanwhile above it (the chaos suite, seed 2394: a job restarting).
-            self.store.leases.prepare(self.store.current_step, request.lease_seconds, generation)
+            self.store.leases.prepare(self.store.current_step, seconds, generation)
         if request.HasField("lease_from_step") and not self._earlier_run(request.status):
             wanted = request.lease_from_step  # a step a worker waits for, beyond those served
             if 0 <= wanted <= max(step, self.store.current_step, 0) + MAX_STEP_LEAP:
@@ -415,7 +425,7 @@ class LighthouseState:
         # nothing, even when it waited for its ceiling across the end (chaos seed 403984614).
         generation = self.store.leases.generation
         if step >= 0 and not self.store.runs.between:  # no run is live: nothing to promise to
-            snap, horizon = self.store.leases.grant(step, request.lease_seconds, wait, generation)
+            snap, horizon = self.store.leases.grant(step, lease_seconds(request), wait, generation)
             if horizon == NO_LEASE and wait == 0.0 and not self.store.leases.gate.suspended:
                 return None  # suspended: no wait brings a lease
             self._note_lease(request.status.replica_id or peer, horizon)
