@@ -66,6 +66,31 @@ def read_report(path: Path) -> tuple[int, list[str], int]:
     return passed, failed, skipped
 
 
+def cpu_by_module(path: Path) -> dict[str, float]:
+    """CPU seconds per test module of a JUnit XML report: the ``cpu_s`` and ``children_cpu_s``
+    properties tests/conftest.py records (none: an empty answer)."""
+    if not path.exists():
+        return {}
+    spent: dict[str, float] = collections.defaultdict(float)
+    for case in ET.parse(path).iter("testcase"):
+        for prop in case.iter("property"):
+            if prop.get("name") in ("cpu_s", "children_cpu_s"):
+                spent[case.get("classname", "").replace(".", "/") + ".py"] += float(prop.get("value", 0))
+    return dict(spent)
+
+
+def print_cpu(reports: list[Path], top: int = 12) -> None:
+    """The modules that cost the machine most, as a mean over the runs (what to make cheaper when
+    the suite is over its time: it is CPU-bound)."""
+    runs = [spent for spent in map(cpu_by_module, reports) if spent]
+    if not runs:
+        return
+    mean = {m: sum(r.get(m, 0.0) for r in runs) / len(runs) for m in set().union(*runs)}
+    print(f"\nCPU seconds per run, all tests: {sum(mean.values()):.0f}; the most costly modules:")
+    for module, seconds in sorted(mean.items(), key=lambda item: -item[1])[:top]:
+        print(f"{seconds:8.1f}  {module}")
+
+
 def sample_load(stop: threading.Event, into: list[float]) -> None:
     while True:
         into.append(os.getloadavg()[0])
@@ -165,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no test failed")
     for name, count in counts.most_common():
         print(f"{count}/{len(runs)} failed: {name}")
+    print_cpu([work / f"run-{index}.xml" for index in range(1, len(runs) + 1)])
     return 0 if not counts and all(run.exit_code == 0 for run in runs) else 1
 
 

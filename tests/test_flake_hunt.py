@@ -25,7 +25,10 @@ def hunt(runs: int, work: Path, *pytest_args: str) -> subprocess.CompletedProces
 def test_the_hunt_counts_each_failure_and_exits_1(tmp_path: Path) -> None:
     sample = tmp_path / "sample" / "test_sample.py"
     sample.parent.mkdir()
-    sample.write_text("def test_ok():\n    pass\n\n\ndef test_bad():\n    assert False\n")
+    sample.write_text(
+        "def test_ok(record_property):\n    record_property('cpu_s', 1.5)\n"
+        "    record_property('children_cpu_s', 2.0)\n\n\ndef test_bad():\n    assert False\n"
+    )
     # --rootdir: test ids relative to the sample's folder, wherever the clone and the temporary
     # folder lie (a clone under /tmp once named it pytest-of-root/.../test_sample.py).
     done = hunt(2, tmp_path / "work", "--rootdir", str(sample.parent), str(sample))
@@ -36,6 +39,10 @@ def test_the_hunt_counts_each_failure_and_exits_1(tmp_path: Path) -> None:
         "2/2 failed: test_sample.py::test_bad"
     ], lines
     assert len(list((tmp_path / "work").glob("run-*.xml"))) == 2
+    # The CPU the tests recorded (tests/conftest.py does for the suite), per module, over the runs.
+    assert lines[lines.index("CPU seconds per run, all tests: 4; the most costly modules:") + 1] == (
+        "     3.5  test_sample.py"
+    ), lines
 
 
 def test_a_run_that_writes_no_report_is_never_read_from_an_earlier_hunts_report(tmp_path: Path) -> None:
