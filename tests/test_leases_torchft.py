@@ -291,7 +291,12 @@ def start_group(
     """One group of ``examples/train_ddp.py --torchft``, training until the config's ``steps``."""
     cap = str(20 * steps)  # reached only if the stop is not (the test then fails on the last step trained)
     args = ["--torchft", "--steps", cap, "--cache-ttl", str(cache_ttl), "--step-time", str(STEP_TIME)]
-    return torchrun(procs, group, EXAMPLE, [*args, "--gloo-timeout", "10", "--timeout", "10", *extra], env)
+    # Gloo waits 30 s for a peer: beside 2 busy processes (load average 19) the whole machine stood
+    # still for 10 s (torchft's lighthouse logged nothing, no rank heartbeated) and a rank's
+    # all_reduce gave up at 10 s, ending its group (hunt 12). And on a loaded machine one rank
+    # starts long after the other (a lost group's peers fail at once on the reset connection).
+    gloo = ["--gloo-timeout", "30"]
+    return torchrun(procs, group, EXAMPLE, [*args, *gloo, "--timeout", "10", *extra], env)
 
 
 def stop_groups(url: str, groups: dict[str, Proc]) -> tuple[dict[str, list[Record]], dict[str, set[str]]]:
@@ -336,9 +341,7 @@ def test_one_lighthouse_serves_quorum_and_config_through_a_group_killed_and_heal
     steps = STEPS  # only a cap (20x): the stop is a change of the config
 
     def start(group: int) -> Proc:
-        # 30 s for a group's ranks to meet: on a loaded machine one starts long after the other
-        # (a lost group's peers fail at once on the reset connection, not after the timeout).
-        return start_group(procs, group, env, steps, cache_ttl=1.0, extra=["--gloo-timeout", "30"])
+        return start_group(procs, group, env, steps, cache_ttl=1.0, extra=[])
 
     def running(proc: Proc) -> Proc:  # a group that failed fails the test at once, with its log
         code = proc.popen.poll()
@@ -450,7 +453,7 @@ def test_groups_on_different_configs_stop_naming_the_step(procs: ProcessPool, tm
     groups = []
     for group, lighthouse in enumerate(lighthouses):
         args = ["--torchft", "--lighthouse", lighthouse, "--steps", "2000", "--step-time", str(STEP_TIME)]
-        args += ["--gloo-timeout", "10", "--timeout", "10"]
+        args += ["--gloo-timeout", "30", "--timeout", "10"]
         groups.append(torchrun(procs, group, EXAMPLE, args, env))
     stops = []
     for group, proc in enumerate(groups):
