@@ -51,12 +51,21 @@ DEFAULT_DASHBOARD_PORT = 29511
 KEEPALIVE_TIME_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
 
+# How long one connection attempt may take to get the peer's HTTP/2 SETTINGS (TCP, TLS and the
+# first frames): gRPC names it min_reconnect_backoff_ms, but it is the attempt's timeout, not a
+# pause. It was 100 ms once, and a peer across a link of 200 ms each way, or a host too busy to
+# answer within 100 ms, was never reached by a first call ("connection attempt timed out before
+# receiving SETTINGS frame", however long the call's deadline). A call's deadline bounds the
+# wait; an attempt across a partition completes when it heals.
+CONNECT_TIMEOUT_MS = 5_000
+
 # A restarted peer must be found again within about a second, not after gRPC's default
-# exponential backoff of up to two minutes.
+# exponential backoff of up to two minutes: a refused attempt is retried after 100 ms, growing
+# to 1 s.
 RECONNECT_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
 ]
 
 # Both ends of every connection (our channels and servers, and the lighthouse's etcd channels).

@@ -5,6 +5,7 @@ arrives and no FIN or RST ever comes, as when a switch or a firewall drops a hos
 keepalives and deadlines are for). Healed, it relays what it held back, in order: TCP would
 deliver the retransmitted bytes the same way. A connection the target closes or refuses is
 closed on the other side too (a restarted target is reached again by the next connection).
+``delay`` holds every chunk that long before relaying it: a link's latency each way.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 
 
 class Proxy:
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, delay: float = 0.0) -> None:
         host, port = target.rsplit(":", 1)
+        self.delay = delay
         self.target = (host, int(port))
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
@@ -62,6 +65,8 @@ class Proxy:
         try:
             while True:
                 data = src.recv(65536)
+                if self.delay:
+                    time.sleep(self.delay)
                 self._flowing.wait()
                 if not data:
                     with contextlib.suppress(OSError):
