@@ -173,6 +173,11 @@ class JobGuards:
         self.series = series
         self._change = change
         self._lock = threading.Lock()  # one evaluation or change of this job's guards at a time
+        # Held across a read of the store and the copy it makes (reload), and across a write and
+        # its copy (_save): a reload that read before one of our writes cannot put back what it read
+        # over that write (the guard a PATCH just made vanished from this lighthouse's list until
+        # the store's next event, as seen with three test processes).
+        self._copy_lock = threading.Lock()
         self._guards: dict[int, dict[str, Any]] = {}
         self.rollbacks = 0  # guards this lighthouse found regressed and rolled back (or tried to)
         self.reload()
@@ -180,8 +185,8 @@ class JobGuards:
     def reload(self) -> None:
         """Take the guards the store holds (at start, and when another lighthouse changed one)."""
         store = self.store
-        guards = {int(g["version"]): g for g in store.backend.guards(store.job)}
-        self._guards = guards
+        with self._copy_lock:
+            self._guards = {int(g["version"]): g for g in store.backend.guards(store.job)}
 
     # ------------------------------------------------------------ changes
     @staticmethod
@@ -239,8 +244,9 @@ class JobGuards:
         return done
 
     def _save(self, guard: dict[str, Any]) -> None:
-        self.store.backend.save_guard(self.job, guard)
-        self._guards[int(guard["version"])] = guard
+        with self._copy_lock:
+            self.store.backend.save_guard(self.job, guard)
+            self._guards[int(guard["version"])] = guard
 
     # ------------------------------------------------------------ reads
     def list(self) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ schema that the configs still ahead of the job break (unless forced).
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,17 @@ class JobSchema:
         self.path = path.resolve() if path is not None else None
         self.error: str | None = None  # why the --schema file is not in force
         self.schema: Schema | None = None
+        # Held across a read of the store and the copy it makes (reload), and across a write and
+        # its copy (set): a reload that read before our new schema was stored cannot put the old
+        # one back over it (commits would be checked against the old one until the next event).
+        self._copy_lock = threading.Lock()
         self.reload()
 
     def reload(self) -> None:
         """Take the schema the store holds (at start, and when another lighthouse changed it)."""
-        stored = self.store.schema()
-        self.schema = load_schema(stored["schema"]) if stored and stored["schema"] is not None else None
+        with self._copy_lock:
+            stored = self.store.schema()
+            self.schema = load_schema(stored["schema"]) if stored and stored["schema"] is not None else None
 
     def check(self, plan: Plan) -> None:
         """Refuse a commit when a config it makes, live or at a later step, breaks the schema.
@@ -69,8 +75,9 @@ class JobSchema:
                 raise SchemaViolation(violations, "the live config")
             if dry_run:
                 return {"schema": document, "violations": violations, "dry_run": True}
-            row = store.set_schema(document, source=source, author=author, comment=comment)
-            self.schema = schema
+            with self._copy_lock:
+                row = store.set_schema(document, source=source, author=author, comment=comment)
+                self.schema = schema
         logger.info("schema changed (%s by %s)", source, author)
         return {**row, "violations": violations, "dry_run": False}
 
