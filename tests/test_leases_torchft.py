@@ -348,8 +348,11 @@ def test_one_lighthouse_serves_quorum_and_config_through_a_group_killed_and_heal
         assert code is None, f"{proc.name} exited {code}\n{proc.stderr()[-3000:]}"
         return proc
 
-    def in_quorum(proc: Proc) -> bool:  # a step committed by both groups together
-        return any(r["participants"] == 2 and r["committed"] for r in records(running(proc)))
+    def joint_steps(proc: Proc) -> int:  # steps committed by both groups together
+        return sum(1 for r in records(running(proc)) if r["participants"] == 2 and r["committed"])
+
+    def in_quorum(proc: Proc) -> bool:
+        return joint_steps(proc) > 0
 
     def members() -> dict[str, tuple[str, int]] | None:  # torchft's latest quorum, as the dashboard shows it
         quorum = call(lh.url, "GET", "/api/torchft")["torchft"]["quorum"]
@@ -357,9 +360,12 @@ def test_one_lighthouse_serves_quorum_and_config_through_a_group_killed_and_heal
         return found if len(found) == 2 else None
 
     group0, first = start(0), start(1)
-    # Group 1 is lost once both trained a while together, in one quorum.
+    # Group 1 is lost once both trained a while together, in one quorum. Not at the first steps
+    # after one healed into it: on a loaded machine group 0 started late and healed from group 1
+    # at step 35, group 1 was killed at once, and torchft's DDP hook failed group 0's next step
+    # (``assert fut._fut``, torchft/ddp.py) instead of dropping it as it does later on.
     poll(lambda: min(max_step(running(g)) for g in (group0, first)) >= 20, 240, what="both groups training")
-    assert in_quorum(group0) and in_quorum(first), "the groups trained apart, not in one quorum"
+    poll(lambda: min(joint_steps(g) for g in (group0, first)) >= 10, 240, what="10 joint steps")
     together = poll(members, 30, what="a quorum of both groups on the dashboard")
     assert sorted(together) == ["train_ddp_0", "train_ddp_1"], together
     before = kill_group(first)
