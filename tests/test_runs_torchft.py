@@ -43,13 +43,13 @@ def test_a_job_resumed_from_a_checkpoint_gets_the_config_as_the_operator_left_it
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
 
-    def start(steps: int) -> list[Any]:
-        args = ["--torchft", "--lighthouse", lh.address, "--steps", str(steps), "--cache-ttl", "0.5"]
+    def start(steps: int, cache_ttl: float) -> list[Any]:
+        args = ["--torchft", "--lighthouse", lh.address, "--steps", str(steps), "--cache-ttl", str(cache_ttl)]
         args += ["--step-time", "0.01", "--gloo-timeout", "10", "--timeout", "10"]
         args += ["--checkpoint-dir", str(checkpoints), "--save-at", str(SAVE_AT)]
         return [torchrun(procs, g, EXAMPLE, args, env) for g in (0, 1)]
 
-    first = start(10 * CRASH_NEAR)
+    first = start(10 * CRASH_NEAR, cache_ttl=0.5)  # its run ends 1.5 s after the crash
     poll(lambda: min(map(max_step, first)) >= CRASH_NEAR, 240, what=f"both groups past step {CRASH_NEAR}")
     crashed = [kill_group(p) for p in first]  # the whole job: torchruns, ranks, managers
     assert all((checkpoints / f"group-{g}.pt").exists() for g in (0, 1))
@@ -72,7 +72,10 @@ def test_a_job_resumed_from_a_checkpoint_gets_the_config_as_the_operator_left_it
     scheduled = call(lh.url, "PATCH", f"/api/config?effective_step={SCHEDULED_AT}", {"momentum": 0.5})
     assert scheduled["effective_step"] == SCHEDULED_AT  # below the dead run's promises: accepted
 
-    again = start(END)
+    # The resumed run must not end before the groups do: with its managers' lease at 1.5 s, a
+    # machine under a load of 17 stalled them longer, and the run ended three times on the way
+    # (runs began at 116 and 152). A TTL of 5 s: the run outlives a stall of 10 s.
+    again = start(END, cache_ttl=5.0)
     done = [finish(p, timeout=240) for p in again]
     for g, recs in enumerate(done):
         starts = records(again[g], "start")
