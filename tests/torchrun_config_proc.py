@@ -44,7 +44,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--interval", type=float, default=0.05)
     parser.add_argument("--timeout", type=float, default=2.0, help="deadline of each call")
-    parser.add_argument("--connect-timeout", type=float, default=20.0, help="room for rank 0 to start it")
+    # Room for rank 0 to import torch and start the manager: under a load of 17 that took over 20 s.
+    parser.add_argument("--connect-timeout", type=float, default=60.0, help="room for rank 0 to start it")
     parser.add_argument(
         "--hold-manager",
         action="store_true",
