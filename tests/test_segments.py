@@ -50,15 +50,16 @@ policies = st.builds(LeasePolicy, min_steps=st.integers(1, 6), extra_steps=st.in
 # What the histories must reach, as a share of them at least (about half the least share seen in
 # 25 runs of 500): a change made now waiting above the promised steps (in 54-73% of the histories),
 # a scheduled one above them (33-52%), both at once (20-39%), a scheduled change promised while
-# pending (7-17%), a change made now that a run's end rebased (5-20%), a restart with promises
-# standing (22-34%), a schedule refused at a promised step (28-45%).
+# pending (7-17%, but 2.8% once in hunt 13: 1% is asked), a change made now that a run's end
+# rebased (5-20%), a restart with promises standing (22-34%), a schedule refused at a promised
+# step (28-45%).
 # Not required, only counted: "cancel of a change promised to an ended run refused" (2 to 24 in
 # 500 histories over runs; test_runs' rewind asserts that refusal in a history of its own).
 REQUIRED = {
     "made now, pending above a promise": 0.3,
     "scheduled, pending above a promise": 0.15,
     "made now and scheduled, both pending above a promise": 0.1,
-    "scheduled, pending within a promise": 0.03,
+    "scheduled, pending within a promise": 0.01,
     "made now, rebased into a later run": 0.02,
     "restart within a promised run": 0.1,
     "schedule refused at a promised step": 0.1,
