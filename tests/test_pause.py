@@ -83,7 +83,18 @@ def test_paused_lighthouse_costs_workers_at_most_a_deadline(procs: ProcessPool) 
         assert all(r["version"] == v2 and r["config"] == {"lr": "0.1", "name": "after"} for r in tail), tail
         assert all(r["source"] in ("lighthouse", "cache") for r in tail), tail
 
-    during = {g: [r for r in recs if paused_at + 1.5 < r["t"] < resumed_at] for g, recs in groups.items()}
+    # Steps within a step lease the manager holds get the promised config from its cache, as
+    # documented; the outage answer comes past the lease. A lease is counted in steps: on a loaded
+    # machine (load average 15, hunt 13) the steps slowed down and one outlasted 1.5 s of the pause.
+    # Every answer the lighthouse confirmed until the resume was granted before the pause.
+    def leased(recs: list[dict[str, Any]]) -> int:
+        confirmed = [r for r in recs if r["t"] < resumed_at and r["source"] in ("lighthouse", "cache")]
+        return max((r["stable_through_step"] or -1 for r in confirmed), default=-1)
+
+    during = {
+        g: [r for r in recs if paused_at + 1.5 < r["t"] < resumed_at and r["step"] > leased(recs)]
+        for g, recs in groups.items()
+    }
     assert during["g0"] and during["g1"], "no steps recorded while the lighthouse was paused"
     # Without --serve-stale the outage answer is the empty fallback; with it, the last good config.
     assert all(r["source"] == "fallback" and r["config"] == {} for r in during["g0"]), during["g0"][:3]
