@@ -91,8 +91,9 @@ def test_paused_lighthouse_costs_workers_at_most_a_deadline(procs: ProcessPool) 
         confirmed = [r for r in recs if r["t"] < resumed_at and r["source"] in ("lighthouse", "cache")]
         return max((r["stable_through_step"] or -1 for r in confirmed), default=-1)
 
+    lease_ends = {g: leased(recs) for g, recs in groups.items()}
     during = {
-        g: [r for r in recs if paused_at + 1.5 < r["t"] < resumed_at and r["step"] > leased(recs)]
+        g: [r for r in recs if paused_at + 1.5 < r["t"] < resumed_at and r["step"] > lease_ends[g]]
         for g, recs in groups.items()
     }
     assert during["g0"] and during["g1"], "no steps recorded while the lighthouse was paused"
