@@ -12,7 +12,8 @@ whole deadline. Calls are hedged instead: when the lighthouse in use has not
 answered within ``HEDGE_FRACTION`` of the call's deadline, it is asked again
 and the next one too (the one after it another fraction later), within the
 same deadline; the first good answer wins and the client stays on the
-lighthouse that gave it.
+lighthouse that gave it. A call sent on a connection the lighthouse had dropped
+(this process stood still past its keep-alive) is asked again on a new one.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from protos.rpc import (
     LIGHTHOUSE_GET_CONFIG,
     LIGHTHOUSE_HEARTBEAT,
     LIGHTHOUSE_WATCH,
+    call_again_if_dropped,
+    connection_dropped,
     make_channel,
     seconds,
     split_addresses,
@@ -221,7 +224,11 @@ class LighthouseClient:
         deadline = time.monotonic() + timeout
         count = len(self._endpoints)
         if count == 1:
-            return method(self._endpoints[0])(request, timeout=timeout)
+            only = method(self._endpoints[0])
+            try:
+                return only(request, timeout=timeout)
+            except grpc.RpcError as exc:
+                return call_again_if_dropped(lambda left: only(request, timeout=left), exc, deadline)
         first = self._current
         delay = HEDGE_FRACTION * timeout
         try:
@@ -239,7 +246,8 @@ class LighthouseClient:
             )
             others = [(first + k) % count for k in range(1, count)]
             # One that is slow, not dead, may still answer: it is asked again beside the next one.
-            order = [first, *others] if hung else others
+            # One whose connection was dropped (``connection_dropped``) is asked again last.
+            order = [first, *others] if hung else [*others, first] if connection_dropped(exc) else others
             return self._hedged(method, request, order, 2 if hung else 1, deadline, delay, exc)
 
     def _hedged(

@@ -8,9 +8,11 @@ lighthouse and manager all need it while depending on nothing but protos.
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Callable
 from concurrent import futures
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 
@@ -105,6 +107,39 @@ SERVER_OPTIONS: list[tuple[str, int | str]] = [
     # streams, e.g. a health Watch) is released within seconds.
     *KEEPALIVE_OPTIONS,
 ]
+
+
+# A peer drops a connection whose keep-alive ping went unanswered, e.g. while this process stood
+# still (SIGSTOP, a paused VM, a long swap); one restarted drops it too. Woken, the process sends
+# its next call before gRPC has switched to a new connection, and the call fails at once,
+# UNAVAILABLE "Stream removed" (the next one too, for a moment). The call is asked again after
+# each of these pauses, within its deadline, until it goes out on a new connection; a peer that is
+# down refuses a new connection, and that failure stands.
+DROPPED_RETRY_PAUSES = (0.0, 0.005, 0.02, 0.1)
+_T = TypeVar("_T")
+
+
+def connection_dropped(exc: BaseException) -> bool:
+    """The call was sent on a connection that closed under it (gRPC: "Stream removed")."""
+    return (
+        isinstance(exc, grpc.Call)
+        and exc.code() == grpc.StatusCode.UNAVAILABLE
+        and (exc.details() or "").startswith("Stream removed")
+    )
+
+
+def call_again_if_dropped(call: Callable[[float], _T], failure: BaseException, deadline: float) -> _T:
+    """``call(timeout)`` again while it fails on a dropped connection (``DROPPED_RETRY_PAUSES``),
+    within the monotonic ``deadline``; any other failure, or the last, is raised."""
+    for pause in DROPPED_RETRY_PAUSES:
+        if not connection_dropped(failure) or deadline - time.monotonic() <= pause:
+            break
+        time.sleep(pause)
+        try:
+            return call(deadline - time.monotonic())
+        except grpc.RpcError as again:
+            failure = again
+    raise failure
 
 
 def varint_field(number: int, value: int) -> bytes:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from protos.rpc import parse_address
+from tests.chaos.proxy import Proxy
 from tests.procs import Proc, ProcessPool, poll, records_so_far
 
 CONFIG = {"lr": 0.001, "name": "run", "layers": [4, 8]}
@@ -203,3 +204,69 @@ def test_a_worker_frozen_during_its_call_asks_again_and_trains_no_fallback(
     assert woke["elapsed"] > frozen + 0.4, woke  # the call frozen mid-way: it outlived its deadline
     assert is_good(woke), woke  # asked again once awake: the config, not the fallback
     assert all(is_good(r) for r in after), [r for r in after if not is_good(r)][:3]
+
+
+def freeze_while_dropped(frozen: Proc, relays: list[Proxy], times: int = 20) -> None:
+    """Freeze ``frozen`` for 0.3 s, ``times`` times, and each time close its connections through
+    ``relays`` meanwhile, as a peer does that gives up on a client whose keep-alive ping went
+    unanswered: on waking it calls at once, often before gRPC has moved to a new connection."""
+    for _ in range(times):
+        frozen.signal(signal.SIGSTOP)
+        for relay in relays:
+            relay.drop()
+        time.sleep(0.3)
+        frozen.signal(signal.SIGCONT)
+        time.sleep(0.3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_worker_frozen_while_its_connection_was_dropped_gets_the_config_when_it_wakes(
+    procs: ProcessPool, prefetch: bool
+) -> None:
+    """Found by the chaos suite (rank SIGSTOP, seed 1210100983): the manager pings its clients and
+    drops a connection whose ping goes unanswered (KEEPALIVE_TIMEOUT_MS), so a worker frozen 6.8 s
+    woke up on a closed connection; its first call failed at once (UNAVAILABLE: "Stream removed
+    (sendmsg: Broken pipe)") and it trained that step on the fallback while its group trained the
+    config. A call sent on a dropped connection is asked again, within its deadline, on a new one.
+    20 short freezes, each with the connection dropped meanwhile: every step after trains the config."""
+    lh = procs.lighthouse(CONFIG, http_bind="off")
+    m = procs.manager(lh.address, "g0", cache_ttl=TTL)
+    relay = Proxy(m.address)
+    try:
+        w = procs.worker(
+            relay.address, group="g0", rank=0, steps=10**6, step_interval=0.01, timeout=2.0, prefetch=prefetch
+        )
+        wait_for(w, is_good, 20, "the config before the fault")
+        began = time.time()
+        freeze_while_dropped(w, [relay])
+        after = wait_count(w, lambda r: r["t"] > began, 200, 20)
+        assert all(is_good(r) for r in after), [r for r in after if not is_good(r)][:3]
+        assert "using an empty config" not in w.stderr(), w.stderr()[-2000:]
+    finally:
+        relay.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "lighthouses"), [("--poll", 1), ("--poll", 2), ("--push", 1)])
+def test_a_manager_frozen_while_its_connection_was_dropped_serves_the_config_when_it_wakes(
+    procs: ProcessPool, mode: str, lighthouses: int
+) -> None:
+    """The same for a manager and its lighthouses: woken on closed connections, its first fetch
+    must not fail the group's steps over to the fallback. One lighthouse (none to fail over to),
+    and two (every connection dropped: the one asked first is asked again after the other)."""
+    lh = procs.lighthouse(CONFIG, http_bind="off")
+    relays = [Proxy(lh.address) for _ in range(lighthouses)]
+    try:
+        m = procs.manager(",".join(r.address for r in relays), "g0", cache_ttl=TTL, extra=[mode])
+        w = long_worker(procs, m.address, timeout=2.0)
+        wait_for(w, is_good, 20, "the config before the fault")
+        began = time.time()
+        freeze_while_dropped(m, relays)
+        after = wait_count(w, lambda r: r["t"] > began, 200, 20)
+        bad = [r for r in after if not is_good(r)]
+        assert not bad, (bad[:3], m.stderr()[-3000:])
+        assert "unavailable" not in m.stderr(), m.stderr()[-3000:]
+    finally:
+        for relay in relays:
+            relay.close()

@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 
 from protos import lighthouse_config_pb2 as pb
-from protos.rpc import MANAGER_GET_CONFIG, make_channel, seconds
+from protos.rpc import MANAGER_GET_CONFIG, call_again_if_dropped, make_channel, seconds
 from protos.tls import TLSConfig, tls_failure, tls_for
 from worker_client.changes import ChangeWatcher, ConfigChange
 from worker_client.config import Config
@@ -333,16 +333,10 @@ class ManagerClient:
             )
             raw = future.result(timeout=deadline) if future is not None else self._ask(step, peek, deadline)
         except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError) as exc:
-            if time.monotonic() - began <= deadline + FROZEN_LATE:
-                return self._unavailable(_describe(exc, self.tls is not None), strict)
-            # The call failed well after its deadline: this process stood still meanwhile (SIGSTOP, a
-            # paused VM, a long swap) and its deadline passed while it did; the manager's answer may be
-            # waiting, unread. Ask once more, briefly, rather than train the step on the fallback while
-            # the group's other ranks train its config (the chaos suite's rank_stop).
             try:
-                raw = self._ask(step, peek, min(deadline, FROZEN_RETRY))
-            except grpc.RpcError as again:
-                return self._unavailable(_describe(again, self.tls is not None), strict)
+                raw = self._ask_again(exc, step, peek, began, deadline)
+            except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError) as final:
+                return self._unavailable(_describe(final, self.tls is not None), strict)
         if self._outage_logged:
             logger.info("config manager %s reachable again", self.addr)
             self._outage_logged = False
@@ -364,6 +358,29 @@ class ManagerClient:
             self._reports.failed(request)
             raise
         return raw
+
+    def _ask_again(
+        self, failure: BaseException, step: int | None, peek: bool, began: float, timeout: float
+    ) -> bytes:
+        """After a failed call (``failure``), ask again where the failure may not stand, rather than
+        train the step on the fallback while the group's other ranks train its config (the chaos
+        suite's rank_stop); else raise ``failure``. The failed call ``began`` (monotonic) with ``timeout``.
+
+        - The call failed well after its deadline: this process stood still meanwhile (SIGSTOP, a
+          paused VM, a long swap) and its deadline passed while it did; the manager's answer may
+          be waiting, unread. Asked again briefly (at most FROZEN_RETRY).
+        - It was sent on a connection the manager had dropped (``call_again_if_dropped``): the
+          manager stops waiting for a client whose keep-alive ping goes unanswered.
+        """
+        now = time.monotonic()
+        deadline = began + timeout
+        if now > deadline + FROZEN_LATE:
+            deadline = now + min(timeout, FROZEN_RETRY)
+            try:
+                return self._ask(step, peek, deadline - now)
+            except grpc.RpcError as again:
+                failure = again
+        return call_again_if_dropped(lambda left: self._ask(step, peek, left), failure, deadline)
 
     def _unconfirmed(self, config: Config) -> Config:
         """A strict call answered with a config the lighthouse did not confirm: raise."""

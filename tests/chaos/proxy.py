@@ -5,7 +5,8 @@ arrives and no FIN or RST ever comes, as when a switch or a firewall drops a hos
 keepalives and deadlines are for). Healed, it relays what it held back, in order: TCP would
 deliver the retransmitted bytes the same way. A connection the target closes or refuses is
 closed on the other side too (a restarted target is reached again by the next connection).
-``delay`` holds every chunk that long before relaying it: a link's latency each way.
+``delay`` holds every chunk that long before relaying it: a link's latency each way. ``drop``
+closes the connections relayed so far.
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ class Proxy:
 
     def heal(self) -> None:
         self._flowing.set()
+
+    def drop(self) -> None:
+        """Close every connection relayed so far (new ones are relayed): as a peer that gave up on
+        a connection (a server whose keep-alive ping went unanswered) or restarted."""
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            self._close(sock)
 
     def _accept(self) -> None:
         while not self._closed:
@@ -92,7 +101,4 @@ class Proxy:
         self._flowing.set()
         with contextlib.suppress(OSError):
             self._listener.close()
-        with self._lock:
-            sockets = list(self._sockets)
-        for sock in sockets:
-            self._close(sock)
+        self.drop()
