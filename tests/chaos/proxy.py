@@ -94,6 +94,10 @@ class Proxy:
         with self._lock:
             self._sockets.discard(sock)
         with contextlib.suppress(OSError):
+            # A close alone neither wakes a pump blocked in recv() on the socket nor sends the FIN
+            # until that recv returns: the peer would keep a silent connection, not a closed one.
+            sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
             sock.close()
 
     def close(self) -> None:
