@@ -89,7 +89,8 @@ def test_paused_lighthouse_costs_workers_at_most_a_deadline(procs: ProcessPool) 
     # Every answer the lighthouse confirmed until the resume was granted before the pause.
     def leased(recs: list[dict[str, Any]]) -> int:
         confirmed = [r for r in recs if r["t"] < resumed_at and r["source"] in ("lighthouse", "cache")]
-        return max((r["stable_through_step"] or -1 for r in confirmed), default=-1)
+        leases = [r["stable_through_step"] for r in confirmed if r["stable_through_step"] is not None]
+        return max(leases, default=-1)
 
     lease_ends = {g: leased(recs) for g, recs in groups.items()}
     during = {
