@@ -16,7 +16,7 @@ from lighthouse.jobs.guards import GuardWatch
 from lighthouse.jobs.leases import LeasePolicy
 from lighthouse.jobs.registry import JobRegistry
 from lighthouse.jobs.state import LighthouseState, ManagerLimits
-from lighthouse.jobs.versions import ConfigStore
+from lighthouse.jobs.versions import DEFAULT_HISTORY_LIMIT, DEFAULT_KEEP_STEPS, ConfigStore
 from lighthouse.peers.features import FeatureRecords
 from lighthouse.peers.managers import PeerManagers
 from lighthouse.peers.series import PeerSeries
@@ -84,7 +84,8 @@ class LighthouseServer:
         manager_limits: ManagerLimits | None = None,
         manager_tokens: dict[str, list[str]] | None = None,
         manager_identities: dict[str, list[str]] | None = None,
-        history_limit: int | None = None,
+        history_limit: int | None = DEFAULT_HISTORY_LIMIT,
+        history_keep_steps: int | None = DEFAULT_KEEP_STEPS,
         max_workers: int = 16,
         keepalive_interval: float = KEEPALIVE,
     ) -> None:
@@ -136,6 +137,7 @@ class LighthouseServer:
         self.jobs = JobRegistry(
             backend if backend is not None else SqliteBackend(store_path),
             history_limit=history_limit,
+            keep_steps=history_keep_steps,
             default_config_path=path,
             default_schema_path=schema_file,
             strict=sources.strict,

@@ -34,8 +34,9 @@ StoreOpener = Callable[..., ConfigStore]
 
 @pytest.fixture(params=["sqlite", "etcd"])
 def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreOpener]:
-    """``open_store(name=None, history_limit=None)``: a store; the same ``name`` reopens the same
-    records (a SQLite file, or an etcd prefix), as a restarted lighthouse would; no name: a fresh one.
+    """``open_store(name=None, history_limit=None, keep_steps=None)``: a store; the same ``name``
+    reopens the same records (a SQLite file, or an etcd prefix), as a restarted lighthouse would;
+    no name: a fresh one.
 
     Reopening first closes the backend the previous store of that name used (a restarted
     lighthouse's previous process is gone: its queued writes are flushed, its lock released).
@@ -44,7 +45,9 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store
     endpoints = request.getfixturevalue("etcd1").endpoints if request.param == "etcd" else ""
     run = uuid.uuid4().hex
 
-    def open_(name: str | None = None, history_limit: int | None = None) -> ConfigStore:
+    def open_(
+        name: str | None = None, history_limit: int | None = None, keep_steps: int | None = None
+    ) -> ConfigStore:
         fresh = name is None
         name = name or uuid.uuid4().hex
         if name in backends:
@@ -55,7 +58,7 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store
         else:
             backend = EtcdBackend(endpoints, prefix=f"/test-store/{run}/{name}")
         backends[name] = backend
-        return ConfigStore(backend, history_limit=history_limit)
+        return ConfigStore(backend, history_limit=history_limit, keep_steps=keep_steps)
 
     yield open_
     for backend in backends.values():
@@ -590,6 +593,28 @@ def test_invalid_file_at_startup_keeps_stored_config(tmp_path: Path, open_store:
         LighthouseState(open_store(), path, strict=True)
 
 
+def random_change(rnd: random.Random, stores: tuple[ConfigStore, ...], i: int, at: int) -> None:
+    """The same random change on every store (the first tells what is pending): a patch scheduled
+    at step ``at`` (none when it is negative), a cancel of a pending change, or a put or a patch
+    (maybe a delete) made now. Values repeat (0): some change nothing at their step."""
+    roll, key, value = rnd.random(), rnd.choice("xyz"), rnd.choice([i, 0])
+    if roll < 0.3:
+        if at >= 0:
+            for st in stores:
+                commit(st, "patch", {key: value}, source="t", effective_step=at)
+    elif roll < 0.45:
+        pending = [x["version"] for x in stores[0].scheduled() if x["status"] == "pending"]
+        if pending:
+            target = rnd.choice(pending)
+            for st in stores:
+                commit(st, "cancel", {"version": target}, source="t")
+    else:
+        op = rnd.choice(["patch", "patch", "put"])
+        change = {key: None if op == "patch" and rnd.random() < 0.2 else value}
+        for st in stores:
+            commit(st, op, change, source="t")
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_pruning_never_changes_what_any_step_resolves_to(seed: int, open_store: StoreOpener) -> None:
     # Random histories of puts, patches (with deletes), scheduled changes, cancels and step
@@ -601,26 +626,12 @@ def test_pruning_never_changes_what_any_step_resolves_to(seed: int, open_store: 
     for st in stores:
         commit(st, "put", {"x": 0}, source="t")
     for i in range(40):
-        roll = rnd.random()
-        if roll < 0.2:
+        if rnd.random() < 0.2:
             step = rnd.randint(0, 100)
             for st in stores:
                 st.advance_step(step)
-        elif roll < 0.4:
-            body, at = {rnd.choice("xyz"): i}, rnd.randint(0, 120)
-            for st in stores:
-                commit(st, "patch", body, source="t", effective_step=at)
-        elif roll < 0.5:
-            pending = [x["version"] for x in full.scheduled() if x["status"] == "pending"]
-            if pending:
-                target = rnd.choice(pending)
-                for st in stores:
-                    commit(st, "cancel", {"version": target}, source="t")
         else:
-            op = rnd.choice(["patch", "patch", "put"])
-            change = {rnd.choice("xyz"): None if op == "patch" and rnd.random() < 0.2 else i}
-            for st in stores:
-                commit(st, op, change, source="t")
+            random_change(rnd, stores, i, rnd.randint(0, 120))
         for step in (-1, 0, 10, 50, 99, 100, 120, 10**9):
             assert full.resolve(full.head, step) == pruned.resolve(pruned.head, step), (i, step)
     assert len(pruned.history(limit=1000)) <= len(full.history(limit=1000))
@@ -628,6 +639,91 @@ def test_pruning_never_changes_what_any_step_resolves_to(seed: int, open_store: 
     reopened = open_store("pruned")
     for step in (-1, 0, 10, 50, 99, 100, 120, 10**9):
         assert full.resolve(full.head, step) == reopened.resolve(reopened.head, step), step
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_folding_resolves_every_kept_step_exactly_and_older_ones_as_the_fold(
+    seed: int, open_store: StoreOpener
+) -> None:
+    # The same random histories, with the steps behind the job folded (keep_steps) and versions
+    # pruned: every step at or above the fold step resolves as in a store that keeps everything,
+    # every step below it as the fold step does; a reopened store (another lighthouse, a
+    # restart) resolves alike. (The history's bound: test_a_months_history_keeps_...)
+    rnd = random.Random(seed)
+    keep, limit = rnd.randint(3, 20), rnd.choice([rnd.randint(1, 8), 1000])  # 1,000: never pruned
+    full, folded = open_store(), open_store("folded", history_limit=limit, keep_steps=keep)
+    stores = (full, folded)
+    for st in stores:
+        commit(st, "put", {"x": 0}, source="t")
+    step, folds = 0, set()
+    for i in range(60):
+        roll, head = rnd.random(), folded.head
+        if roll < 0.3:
+            step += rnd.randint(0, 12)
+            for st in stores:
+                st.advance_step(step)
+        else:
+            random_change(rnd, stores, i, step + rnd.randint(-15, 20))
+        fold = folded.fold_step  # moved by commits only: it may lag a step advanced since
+        assert fold == -1 or fold <= step - keep, (fold, step, keep)
+        if folded.head != head and step >= 2 * keep:  # a commit: it moved the fold if it lagged
+            assert fold >= step - 2 * keep, (fold, step, keep)
+        folds.add(fold)
+        for at in {0, 1, fold, fold + 1, step - keep, step, step + 1, step + 25, 10**9}:
+            if at >= 0:
+                expected = full.resolve(full.head, max(at, fold))
+                assert folded.resolve(folded.head, at) == expected, (i, at, fold)
+        # The segments kept commit by commit (carried over a fold step that moved, extended by a
+        # change) are those a lighthouse computes afresh from the store, names included.
+        fresh = ConfigStore(folded.backend, history_limit=limit, keep_steps=keep)
+        assert fresh.fold_step == fold
+        assert fresh.segments() == folded.segments(), i
+        assert len(folded.history(limit=1000)) <= len(full.history(limit=1000))
+    assert len(folds) > 1 or step < 2 * keep, "the fold step never moved"
+    fold = folded.fold_step
+    folded.close()
+    reopened = open_store("folded", history_limit=limit, keep_steps=keep)
+    assert reopened.fold_step == fold
+    for at in (0, fold, fold + 1, step, step + 25, 10**9):
+        if at >= 0:
+            assert reopened.resolve(reopened.head, at) == full.resolve(full.head, max(at, fold)), at
+
+
+def test_a_resumed_run_gets_the_schedule_of_its_steps_again(open_store: StoreOpener) -> None:
+    # A warm-up schedule the first run passed long ago (folded there) applies step by step again
+    # in a run that resumes from a checkpoint before it: a run begins with no fold step.
+    s = open_store(keep_steps=10)
+    commit(s, "put", {"lr": 0.0}, source="t")
+    for at in (10, 20, 30):
+        commit(s, "patch", {"lr": at / 100}, source="t", effective_step=at)
+    s.begin_run(0)
+    for step in range(0, 500, 5):
+        s.advance_step(step)
+        commit(s, "patch", {"n": step}, source="t")
+    assert s.fold_step >= 470 - 20
+    assert s.resolve(s.head, 15) == s.resolve(s.head, s.fold_step), "a folded step resolves as the fold"
+    s.end_run("operator")
+    s.begin_run(12)  # resumed from a checkpoint at step 12
+    assert s.fold_step == -1
+    assert s.resolve(s.head, 12)["lr"] == 0.1
+    assert s.resolve(s.head, 25)["lr"] == 0.2
+    assert s.resolve(s.head, 30)["lr"] == 0.3
+
+
+def test_a_months_history_keeps_the_segments_and_rows_bounded(open_store: StoreOpener) -> None:
+    # A controller's change every 10 steps for 3,000 changes: the per-step segments stay those of
+    # the kept steps (one per change within 2x keep_steps, and the fold's), the rows within the
+    # history limit and its slack.
+    s = open_store(history_limit=200, keep_steps=100)
+    commit(s, "put", {"lr": 0}, source="t")
+    for i in range(1, 3000):
+        s.advance_step(10 * i)
+        commit(s, "patch", {"lr": i}, source="t", effective_step=10 * i + 2)
+        assert len(s.history(limit=10**5)) <= 220
+    assert len(s.segments()) <= 2 * 100 // 10 + 2
+    assert s.resolve(s.head, 0) == s.resolve(s.head, s.fold_step)
+    assert s.resolve(s.head, 29_992) == {"lr": 2999}
+    assert s.resolve(s.head, 29_991) == {"lr": 2998}
 
 
 def test_late_groups_are_those_that_served_steps_past_s_with_an_older_version(store: ConfigStore) -> None:

@@ -51,6 +51,7 @@ class JobRegistry:
         backend: StoreBackend,
         *,
         history_limit: int | None = None,
+        keep_steps: int | None = None,
         default_config_path: Path | None = None,
         default_schema_path: Path | None = None,
         strict: bool = False,
@@ -60,6 +61,7 @@ class JobRegistry:
         self.backend = backend
         self._manager_limits = manager_limits or ManagerLimits()
         self._history_limit = history_limit
+        self._keep_steps = keep_steps
         self._lease_policy = lease_policy or LeasePolicy()
         self.owner = uuid.uuid4().hex  # this lighthouse life, owner of its step-lease ceilings
         self.lease_gate = LeaseGate()  # shut while an earlier release shares the store (peers.features)
@@ -138,6 +140,7 @@ class JobRegistry:
             self.backend,
             job=job,
             history_limit=self._history_limit,
+            keep_steps=self._keep_steps,
             owner=self.owner,
             lease_policy=self._lease_policy,
             request_ceiling=partial(self._request_ceiling, job),

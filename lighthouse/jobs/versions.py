@@ -44,6 +44,7 @@ from lighthouse.config.values import (
     config_changes,
 )
 from lighthouse.jobs.leases import CommitWindow, LeaseBook, LeaseGate, LeasePolicy
+from lighthouse.jobs.row_index import RowIndex
 from lighthouse.jobs.runs import RUNS_META, Run, Runs, pack, same_run, unpack
 from lighthouse.store.backend import (
     Change,
@@ -75,6 +76,12 @@ SEGMENTS_CACHED = 4  # results of _segments kept: a commit's before and after, a
 logger = logging.getLogger(__name__)
 
 LEASE_META = "lease_ceiling"  # meta keys of step-lease ceilings start with this
+FOLD_META = "fold_step"  # meta key of the live run's fold step (``ConfigStore._fold_step``), packed
+# Retention by default (``lighthouse serve``, ``LighthouseServer``): a month of a controller's
+# changes costs an edit, a reply and the lighthouse's memory what the first hour did.
+DEFAULT_HISTORY_LIMIT = 1_000  # versions kept per job (about 2 KB each for a config of 10 keys)
+DEFAULT_KEEP_STEPS = 1_000  # steps behind the job's that resolve exactly (``ConfigStore._fold_step``)
+PRUNE_SLACK = 0.1  # versions pruned in batches: past the limit by this share, down to the limit
 MAX_COMMIT_RETRIES = 20  # another lighthouse appending first, again and again
 
 
@@ -237,11 +244,42 @@ class SegmentsMemo:
 
     base: list[tuple[int, dict[str, Any]]]
     runs: Runs
+    fold: int
     segments: list[Segment]
     top: tuple[int, int, int]  # the apply order key of the last row it applies
     first: Change
     last: Change
     taking: dict[int, Change]  # the newest change taking effect at each step above 0 (the causes)
+    effects: Effects
+
+
+@dataclass(frozen=True)
+class Effects:
+    """The changes with an effect per step, what names a segment (``_named``): ``newest``, the
+    newest with one at or below ``floor`` (0, or the fold step: every step there resolves alike),
+    and the later ones in ``above`` by (step, version). Kept with the segments so that a fold
+    step that moves renames the first segment without a pass over the history (``_refold``)."""
+
+    floor: int
+    newest: Change | None
+    above: list[tuple[int, int, Change]]
+
+    def with_effects(self, effects: Iterable[tuple[int, Change]]) -> Effects:
+        newest, above = self.newest, list(self.above)
+        for step, row in effects:
+            if step <= self.floor:
+                newest = row if newest is None or row.version > newest.version else newest
+            else:
+                bisect.insort(above, (step, row.version, row))
+        return Effects(self.floor, newest, above)
+
+    def folded_to(self, floor: int) -> Effects:
+        """The same with every step up to ``floor`` taking effect alike."""
+        cut = bisect.bisect_right(self.above, floor, key=lambda effect: effect[0])
+        newest = self.newest
+        for _, _, row in self.above[:cut]:
+            newest = row if newest is None or row.version > newest.version else newest
+        return Effects(floor, newest, self.above[cut:])
 
 
 def _apply(config: dict[str, Any], row: Change) -> dict[str, Any]:
@@ -261,6 +299,7 @@ class ConfigStore:
         *,
         job: JobId = DEFAULT_JOB,
         history_limit: int | None = None,
+        keep_steps: int | None = None,
         owner: str = "",
         lease_policy: LeasePolicy | None = None,
         request_ceiling: Callable[[LeaseBook[Any]], None] | None = None,
@@ -268,8 +307,12 @@ class ConfigStore:
     ) -> None:
         if history_limit is not None and history_limit < 1:
             raise ValueError("history_limit must be at least 1")
+        if keep_steps is not None and keep_steps < 1:
+            raise ValueError("keep_steps must be at least 1")
         self.job = job
         self.history_limit = history_limit
+        # Steps this far behind the job's resolve as the step this far behind (``_fold_step``).
+        self.keep_steps = keep_steps
         self.backend = backend
         # Other lighthouses write this job too (etcd): their lease ceilings bound promises this one
         # does not know of, and what it holds (the schema) may be older than the store.
@@ -350,6 +393,8 @@ class ConfigStore:
             self._current_step = max(self._current_step, live.start_step)
         self._cancelled = {int(r.change["version"]) for r in self._rows if r.op == "cancel"}
         self._pruned_cancels: set[int] = set(json.loads(meta.get("pruned_cancels", "[]")))
+        self._fold = unpack(int(meta.get(FOLD_META, "-1")))
+        self._fold_seen: tuple[Runs | None, tuple[int, int], int] = (None, self._fold, -1)
         self._cancelled.update(self._pruned_cancels)
         self._step_saved_at = time.monotonic()
         # Every other life's ceiling bounds promises this one does not know of (on a store with one
@@ -365,11 +410,13 @@ class ConfigStore:
             and not runs.between
         ]
         self.leases.raise_floor(max(floors, default=-1), records.revision)
+        self._index = RowIndex(self._rows, self.runs, self._current_step)
         for i, row in enumerate(self._rows):
             if row.version in records.unresolved:
                 self._rows[i] = dataclasses.replace(
                     row, config=self._resolve(self._rows, row.version, FOREVER)
                 )
+        self._index = RowIndex(self._rows, self.runs, self._current_step)
 
     def reload(self) -> None:
         """Re-read the job's records: another lighthouse on the same store changed them.
@@ -417,6 +464,13 @@ class ConfigStore:
         live = runs.live
         state_id = self.state_id if runs.era == 0 else f"{self.state_id}-r{runs.era}"
         return state_id, (live.start_step if live is not None else None)
+
+    @property
+    def fold_step(self) -> int:
+        """Steps at or below this resolve as it does (-1: every step resolves as scheduled): see
+        ``_fold_step``; moved by commits, ``keep_steps`` to twice that behind the job's step."""
+        with self._lock:
+            return self._fold_step()
 
     @property
     def current_step(self) -> int:
@@ -629,6 +683,9 @@ class ConfigStore:
                     "last_version": str(plan.version),
                     "state_id": self.state_id,
                 }
+                fold = self._next_fold()
+                if fold is not None:
+                    meta[FOLD_META] = str(pack(self.runs.number, fold))
                 expected = self.head
                 view = LeaseView(self._lease_key, window.view, self._runs_stored, runs_checked=True)
             try:  # outside the lock: readers and managers' calls never wait for the store
@@ -642,10 +699,14 @@ class ConfigStore:
                 raise
             with self._lock:
                 self._meta.update(meta)
+                if FOLD_META in meta:
+                    self._fold = unpack(int(meta[FOLD_META]))
+                    self._refold(self._fold_step())
                 head = self.head  # past plan.version when a reload (the watch) brought them in already
                 self._rows.extend(r for r in plan.rows if r.version > head)
                 self._next_version = max(self._next_version, plan.version + 1)
                 self._cancelled.update(int(r.change["version"]) for r in plan.rows if r.op == "cancel")
+                self._index.add(plan.rows, self._current_step)
                 pruned = self._prune()
             if pruned is not None:
                 self.backend.prune(self.job, *pruned)
@@ -946,16 +1007,54 @@ class ConfigStore:
             memo = self._extended(rows, head)
             if memo is None:
                 segments, top = self._compute_segments(rows, head)
-                named, taking = self._named(rows, head, segments)
-                memo = SegmentsMemo(self._base, self.runs, named, top, rows[0], rows[-1], taking)
+                named, taking, effects = self._named(rows, head, segments)
+                memo = SegmentsMemo(
+                    self._base, self.runs, self._fold_step(), named, top, rows[0], rows[-1], taking, effects
+                )
             self._remember(rows, head, memo)
         return list(memo.segments)
 
     def _memo(self, rows: list[Change], head: int) -> SegmentsMemo | None:
         memo = self._segments_cache.get((head, len(rows), id(rows[0]), id(rows[-1].change)))
-        if memo is None or memo.base is not self._base or memo.runs is not self.runs:
+        if not self._memo_holds(memo):
             return None
+        assert memo is not None
         return memo if memo.first is rows[0] and _same_row(memo.last, rows[-1]) else None
+
+    def _memo_holds(self, memo: SegmentsMemo | None) -> bool:
+        """Whether ``memo`` was made with the pruned base, runs and fold step held now."""
+        return (
+            memo is not None
+            and memo.base is self._base
+            and memo.runs is self.runs
+            and memo.fold == self._fold_step()
+        )
+
+    def _refold(self, fold: int) -> None:
+        """Carry the remembered segments over to the fold step just stored: those above it stay as
+        they are, the ones below become the first (from step 0), named by the newest change with
+        an effect at or below it, as ``_named`` names it: O(segments), not a pass over the history."""
+        for key, memo in list(self._segments_cache.items()):
+            if memo.base is not self._base or memo.runs is not self.runs or len(self._base) != 1:
+                continue
+            if memo.fold > fold:
+                continue
+            at = first_segment(memo.segments, fold)
+            effects = memo.effects.folded_to(max(fold, 0))
+            source = effects.newest
+            config = memo.segments[at].config
+            first = (
+                Segment(0, config)
+                if source is None
+                else Segment(0, config, source.version, source.author, source.comment)
+            )
+            self._segments_cache[key] = dataclasses.replace(
+                memo,
+                fold=fold,
+                segments=[first, *memo.segments[at + 1 :]],
+                taking={step: row for step, row in memo.taking.items() if step > fold},
+                effects=effects,
+            )
 
     def _remember(self, rows: list[Change], head: int, memo: SegmentsMemo) -> None:
         self._segments_cache[(head, len(rows), id(rows[0]), id(rows[-1].change))] = memo
@@ -970,8 +1069,9 @@ class ConfigStore:
         from there each step's config is the prefix's with the added rows up to it on top."""
         if len(self._base) != 1 or not rows:
             return None
-        for (h, n, _, _), memo in list(self._segments_cache.items()):
-            if memo.base is not self._base or memo.runs is not self.runs:
+        # The longest remembered prefix: the fewest rows to add (each costs a pass over the segments).
+        for (h, n, _, _), memo in sorted(self._segments_cache.items(), key=lambda item: -item[0][1]):
+            if not self._memo_holds(memo):
                 continue
             if not 0 < n < len(rows) or head < rows[-1].version or h != memo.last.version:
                 continue
@@ -980,32 +1080,42 @@ class ConfigStore:
             if any(not run.live and run.end_version >= h for run in self.runs.runs):
                 continue
             added = sorted(rows[n:], key=self._order)
+            steps = {r.version: self._effective(r, head) or 0 for r in added}  # 0: at every step
             if self._order(added[0]) <= memo.top or any(r.op == "cancel" for r in added):
                 continue
             segments = memo.segments
-            lowest = min(r.effective_step or 0 for r in added)
+            lowest = min(steps.values())
             out = [seg for seg in segments if seg.from_step < lowest]  # named as before: no added row applies
             taking = dict(memo.taking)
             for row in added:
-                at = row.effective_step
-                if at is not None and at > 0 and (at not in taking or row.version > taking[at].version):
+                at = steps[row.version]
+                if at > 0 and (at not in taking or row.version > taking[at].version):
                     taking[at] = row
             starts = [seg.from_step for seg in segments]
-            points = sorted({p for p in starts if p >= lowest} | {r.effective_step or 0 for r in added})
+            points = sorted({p for p in starts if p >= lowest} | set(steps.values()))
             for point in points:
                 config = segments[max(0, bisect.bisect_right(starts, point) - 1)].config
                 for row in added:
-                    if (row.effective_step or 0) <= point:
+                    if steps[row.version] <= point:
                         config = _apply(config, row)
                 if not out or config != out[-1].config:
                     # Named by the newest row with an effect here: an added one (from ``lowest`` on,
                     # one applies at every point, and each added version is above the prefix's).
-                    source = max(
-                        (r for r in added if (r.effective_step or 0) <= point), key=lambda r: r.version
-                    )
+                    source = max((r for r in added if steps[r.version] <= point), key=lambda r: r.version)
                     cause = taking.get(point, source) if point > 0 else source
                     out.append(Segment(point, config, source.version, cause.author, cause.comment))
-            return SegmentsMemo(self._base, self.runs, out, self._order(added[-1]), rows[0], rows[-1], taking)
+            effects = memo.effects.with_effects((steps[r.version], r) for r in added)
+            return SegmentsMemo(
+                self._base,
+                self.runs,
+                memo.fold,
+                out,
+                self._order(added[-1]),
+                rows[0],
+                rows[-1],
+                taking,
+                effects,
+            )
         return None
 
     def _compute_segments(self, rows: list[Change], head: int) -> tuple[list[Segment], tuple[int, int, int]]:
@@ -1055,7 +1165,7 @@ class ConfigStore:
 
     def _named(
         self, rows: list[Change], head: int, segments: list[Segment]
-    ) -> tuple[list[Segment], dict[int, Change]]:
+    ) -> tuple[list[Segment], dict[int, Change], Effects]:
         """``segments`` each named by the newest change with an effect at its first step (a change
         that applies there, or a cancel of one that would: every later version gives that step the
         same config, so the state at this version names it exactly), with the author and comment
@@ -1064,6 +1174,7 @@ class ConfigStore:
         cancelled = self._cancelled_at(rows, head)
         by_version = {r.version: r for r in rows}
         effects: list[tuple[int, int]] = []  # (from which step, version): a change's effect
+        made: list[tuple[int, Change]] = []  # the same with the row
         taking: dict[int, Change] = {}  # the newest change taking effect at each step above 0
         for row in rows:
             if row.version > head:
@@ -1072,11 +1183,13 @@ class ConfigStore:
                 target = by_version.get(int(row.change["version"]))
                 if target is not None:
                     effects.append((self._effective(target, head) or 0, row.version))
+                    made.append((effects[-1][0], row))
                 continue
             if row.version in cancelled:
                 continue
             step = self._effective(row, head)
             effects.append((step or 0, row.version))
+            made.append((step or 0, row))
             if step is not None and step > 0 and (step not in taking or row.version > taking[step].version):
                 taking[step] = row
         effects.sort()
@@ -1093,7 +1206,7 @@ class ConfigStore:
                 continue
             cause = taking.get(seg.from_step, source) if seg.from_step > 0 else source
             named.append(Segment(seg.from_step, seg.config, source.version, cause.author, cause.comment))
-        return named, taking
+        return named, taking, Effects(max(self._fold_step(), 0), None, []).with_effects(made)
 
     def _draft(self, rows: list[Change], version: int, edit: Edit, window: CommitWindow) -> Change | None:
         """The row ``edit`` makes on top of ``rows``, with its resolved config; raises when refused
@@ -1163,7 +1276,7 @@ class ConfigStore:
         cancelled = self._cancelled_at(rows, draft.version)
         keys = set(draft.change)
         conflicts: list[Change] = []
-        for row in rows:
+        for row in self._maybe_pending(rows):
             if row.op == "cancel" or row.version in cancelled:
                 continue
             step = self._effective(row)
@@ -1230,9 +1343,19 @@ class ConfigStore:
         which is the stored one or its own groups', and lags ours when our groups lead."""
         step = self._stored_step if self.leases.gate.suspended else self._current_step
         epoch = self.runs.epoch(version)
-        at_once = (
-            r.order_step for r in rows if r.effective_step is None and self.runs.epoch(r.version) == epoch
-        )
+        extra = self._beyond_held(rows)
+        if extra is None:
+            at_once = [
+                r.order_step for r in rows if r.effective_step is None and self.runs.epoch(r.version) == epoch
+            ]
+        else:
+            top = self._held_index().at_once_top(epoch)
+            at_once = [
+                r.order_step
+                for r in extra
+                if r.effective_step is None and self.runs.epoch(r.version) == epoch
+            ]
+            at_once += [] if top is None else [top]
         return max(step, max(at_once, default=-1))
 
     def _now_step(self, rows: list[Change], window: CommitWindow) -> int | None:
@@ -1247,7 +1370,7 @@ class ConfigStore:
         pending = max(
             (
                 r.effective_step
-                for r in rows
+                for r in self._maybe_pending(rows)
                 if r.made_now
                 and r.effective_step is not None
                 and r.effective_step > self._current_step
@@ -1274,29 +1397,81 @@ class ConfigStore:
             at = None
         if row.made_now and self.runs.rebased(row.version, at):
             return None
-        return row.effective_step
+        step = row.effective_step
+        return None if step is not None and step <= self._fold_step() else step
+
+    def _fold_step(self) -> int:
+        """The live run's fold step (-1: none): a change taking effect at or below it holds at
+        every step, so every step below it resolves as it does (one segment, not one per change
+        of a month behind the job). Stored with a commit once the job is ``keep_steps`` past it
+        (``_next_fold``), so every lighthouse on the store resolves every step alike; a run that
+        begins starts without one, so a resume from a checkpoint gets the schedule of its steps.
+        """
+        runs, fold, step = self._fold_seen
+        if runs is not self.runs or fold is not self._fold:  # read per row: worked out once
+            run, at = self._fold
+            step = at if same_run(run, self.runs.number) and not self.runs.between else -1
+            self._fold_seen = (self.runs, self._fold, step)
+        return step
+
+    def _next_fold(self) -> int | None:
+        """The fold step to store with a commit now (None: keep the stored one): ``keep_steps``
+        behind the job's step once it is twice that behind, so it stays between one and two times
+        ``keep_steps`` behind and moves once per ``keep_steps`` steps (each move recomputes the
+        segments once: O(n) per ``keep_steps`` steps, not per commit)."""
+        if self.keep_steps is None or self.runs.between:
+            return None
+        target = self._current_step - self.keep_steps
+        if target - self._fold_step() < self.keep_steps:
+            return None
+        return target
 
     def _order(self, row: Change) -> tuple[int, int, int]:
         """Apply order: a later run's changes on top of an earlier run's, then by ``order_step``."""
         return (self.runs.epoch(row.version), row.order_step, row.version)
 
     def _cancelled_at(self, rows: list[Change], version: int) -> set[int]:
+        extra = self._beyond_held(rows)
+        if extra is not None and version >= self.head:  # every held cancel counts: the set kept
+            return self._cancelled | {
+                int(r.change["version"]) for r in extra if r.op == "cancel" and r.version <= version
+            }
         cancelled = {int(r.change["version"]) for r in rows if r.op == "cancel" and r.version <= version}
         return cancelled | self._pruned_cancels
+
+    def _beyond_held(self, rows: list[Change]) -> list[Change] | None:
+        """The rows of ``rows`` after the held ones, when it is the held rows with drafts added
+        (what a plan checks); None for any other list (read it all)."""
+        held = self._rows
+        if rows is held:
+            return []
+        n = len(held)
+        if n == 0 or (len(rows) >= n and rows[0] is held[0] and rows[n - 1] is held[-1]):
+            return rows[n:]
+        return None
+
+    def _held_index(self) -> RowIndex:
+        """The index of the held rows, built again when the runs moved (epochs, the job's step)."""
+        if self._index.runs is not self.runs:
+            self._index = RowIndex(self._rows, self.runs, self._current_step)
+        return self._index
+
+    def _maybe_pending(self, rows: list[Change]) -> list[Change]:
+        """A part of ``rows`` holding every change that may take effect above the job's step."""
+        extra = self._beyond_held(rows)
+        if extra is None:
+            return rows
+        return [*self._held_index().pending(self._current_step), *extra]
 
     def _resolve(self, rows: list[Change], version: int, step: int) -> dict[str, Any]:
         """The config ``rows`` give at ``version`` for ``step``: a copy of a remembered (or
         extended) segment's when ``version`` is their head, else resolved from the rows."""
         if step >= 0 and rows and version == rows[-1].version and len(self._base) == 1:
+            # Computed once and remembered: a commit resolves its head several times (its draft,
+            # the size check, the plan's configs), and a served reply once more.
             memo = self._memo(rows, version)
-            if memo is None:
-                memo = self._extended(rows, version)
-                if memo is not None:
-                    self._remember(rows, version, memo)
-            if memo is not None:
-                segments = memo.segments
-                at = bisect.bisect_right([seg.from_step for seg in segments], step) - 1
-                return dict(segments[max(at, 0)].config)
+            segments = memo.segments if memo is not None else self._segments(rows, version)
+            return dict(segments[first_segment(segments, step)].config)
         return self._resolve_rows(rows, version, step)
 
     def _resolve_rows(self, rows: list[Change], version: int, step: int) -> dict[str, Any]:
@@ -1336,6 +1511,7 @@ class ConfigStore:
                 raise ConfigTooLarge(f"the config would be {size} bytes of JSON (max {MAX_CONFIG_BYTES})")
 
     def _base_at(self, step: int) -> dict[str, Any]:
+        step = max(step, self._fold_step())
         config: dict[str, Any] = {}
         for from_step, segment in self._base:
             if from_step > step:
@@ -1394,21 +1570,30 @@ class ConfigStore:
         order can go, so every remaining version still resolves exactly. The
         base is per step range, so scheduled changes fold in too; a pending
         scheduled change holds back pruning of later versions until its step.
+        With ``keep_steps``, only changes that hold at every step (made at once, or
+        at or below the fold step) go, and the base is one config below the fold
+        step: it stays one entry, whatever the job's age.
+
+        Pruned in batches (past the limit by ``PRUNE_SLACK`` of it, down to the
+        limit): each prune sorts the history, so per commit it costs O(log n).
         """
-        if self.history_limit is None or len(self._rows) <= self.history_limit:
+        limit = self.history_limit
+        if limit is None or len(self._rows) <= limit + int(limit * PRUNE_SLACK):
             return None
+        folding = self.keep_steps is not None
         # A cancelled change applies nowhere at or after its cancel: it can go whenever it is old enough.
         ordered = sorted(
             self._rows, key=lambda r: (-FOREVER if r.version in self._cancelled else r.order_step, r.version)
         )
         versions = sorted(r.version for r in self._rows)
-        excess = len(self._rows) - self.history_limit
+        excess = len(self._rows) - limit
         count, newest = 0, -1
         for k, row in enumerate(ordered[:excess], start=1):
-            if row.version == self.head or (
-                row.order_step > self._current_step and row.version not in self._cancelled
-            ):
+            live = row.version not in self._cancelled
+            if row.version == self.head or (live and row.order_step > self._current_step):
                 break  # later changes may still sort before a row ordered beyond the job's step
+            if folding and live and row.op != "cancel" and self._effective(row) is not None:
+                break  # its step is still told apart from the ones before it
             newest = max(newest, row.version)
             if newest == versions[k - 1]:
                 count = k  # the first k in apply order are the k oldest versions
@@ -1416,18 +1601,21 @@ class ConfigStore:
             return None
         prefix = ordered[:count]
         cancels = {int(r.change["version"]) for r in prefix if r.op == "cancel"} | self._pruned_cancels
-        points: list[int] = sorted(
-            {f for f, _ in self._base} | {r.effective_step for r in prefix if r.effective_step is not None}
-        )
+        steps = {r.version: self._effective(r) for r in prefix}
+        points: list[int] = sorted({f for f, _ in self._base} | {s for s in steps.values() if s is not None})
         base: list[tuple[int, dict[str, Any]]] = []
         for point in points:
             config = self._base_at(point)
             for row in prefix:
-                applies = row.effective_step is None or row.effective_step <= point
-                if row.op != "cancel" and row.version not in self._cancelled and applies:
+                at = steps[row.version]
+                if row.op != "cancel" and row.version not in self._cancelled and (at is None or at <= point):
                     config = _apply(config, row)
             if not base or base[-1][1] != config:
                 base.append((point, config))
+        fold = self._fold_step()
+        below = [config for point, config in base if point <= fold]
+        if below:  # every step below the fold step resolves as it does
+            base = [(-FOREVER, below[-1]), *((p, c) for p, c in base if p > fold)]
         gone = {r.version for r in prefix}
         meta = {"base": json.dumps(base, ensure_ascii=False), "pruned_cancels": json.dumps(sorted(cancels))}
         # Step switches to pruned versions go too, but for each group's latest one: it still
@@ -1437,4 +1625,5 @@ class ConfigStore:
         self._base = base
         self._pruned_cancels = cancels
         self._rows = [r for r in self._rows if r.version not in gone]
+        self._index = RowIndex(self._rows, self.runs, self._current_step)
         return gone, meta, oldest

@@ -24,6 +24,7 @@ from lighthouse.config.values import ConfigError
 from lighthouse.etcd.connection import EtcdAuth
 from lighthouse.jobs.leases import LeasePolicy
 from lighthouse.jobs.state import ManagerLimits
+from lighthouse.jobs.versions import DEFAULT_HISTORY_LIMIT, DEFAULT_KEEP_STEPS
 from lighthouse.rpc.manager_access import load_job_identities
 from lighthouse.rpc.torchft_forward import TorchftMissing
 from lighthouse.serve.options import ConfigSources, HttpOptions
@@ -63,8 +64,10 @@ class StoreOptions:
     """Client certificate for etcd, mutual TLS (``--store-cert``)."""
     key: str | None = None
     """Key of ``cert`` (``--store-key``)."""
-    history_limit: int | None = None
+    history_limit: int | None = DEFAULT_HISTORY_LIMIT
     """Versions kept per job, the oldest pruned first, never the live one (``--history-limit``)."""
+    keep_steps: int | None = DEFAULT_KEEP_STEPS
+    """Steps behind the job's step that resolve exactly (``--history-keep-steps``)."""
     auth: EtcdAuth | None = None
     """etcd user and password (``--store-user``; ``--store-password-file`` or the environment)."""
 
@@ -104,7 +107,8 @@ def _store(
     store_key: str | None,
     store_user: str | None,
     store_password_file: str | None,
-    history_limit: int | None,
+    history_limit: int,
+    history_keep_steps: int,
 ) -> StoreOptions:
     if store_url is not None and state_dir is not None:
         raise click.UsageError(
@@ -116,7 +120,16 @@ def _store(
         _fail(exc, 1)
     if auth is not None and store_url is None:
         raise click.UsageError("--store-user logs in to etcd: it needs --store")
-    return StoreOptions(state_dir, store_url, store_ca, store_cert, store_key, history_limit, auth)
+    return StoreOptions(
+        state_dir,
+        store_url,
+        store_ca,
+        store_cert,
+        store_key,
+        history_limit or None,  # 0: keep every version
+        history_keep_steps or None,
+        auth,
+    )
 
 
 def _http(
@@ -230,9 +243,19 @@ store_options = _grouped(
     *ETCD_CONNECTION_OPTIONS,
     click.option(
         "--history-limit",
-        type=click.IntRange(min=1),
-        default=None,
-        help="Keep at most N versions (oldest pruned, never the live one). Default: keep all.",
+        type=click.IntRange(min=0),
+        default=DEFAULT_HISTORY_LIMIT,
+        show_default=True,
+        help="Keep about N versions per job: past N by a tenth, the oldest are pruned down to N "
+        "(never the live one, nor one pending). 0 keeps every version.",
+    ),
+    click.option(
+        "--history-keep-steps",
+        type=click.IntRange(min=0),
+        default=DEFAULT_KEEP_STEPS,
+        show_default=True,
+        help="Resolve every step down to N (at most 2N) steps behind the job's as scheduled; steps "
+        "further behind get the config of that step (a resumed run starts afresh). 0: every step.",
     ),
 )
 
@@ -505,6 +528,7 @@ def serve(
             manager_tokens=_manager_tokens(manager_tokens_path),
             manager_identities=manager_identities,
             history_limit=store.history_limit,
+            history_keep_steps=store.keep_steps,
             keepalive_interval=keepalive_interval,
             torchft=torchft,
             min_replicas=min_replicas,
