@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
+from lighthouse.client import LighthouseClient
+from protos import lighthouse_config_pb2 as pb
 from tests.browser import HOSTILE
 from tests.helpers_lighthouse import LighthouseProc, start_lighthouse
 
@@ -150,6 +152,36 @@ def test_history_rows_show_per_key_diffs(page: Page, lh: LighthouseProc) -> None
     expect(row(5).locator(".diff-table tr")).to_have_count(11)
     for selector in ("img", "script:not([src])", "[onerror]"):
         assert page.locator(selector).count() == 0, selector
+
+
+def test_the_history_says_where_retention_cut_it(page: Page, tmp_path: Path) -> None:
+    # A job stepping with a change every 10 steps, under --history-limit 3 and
+    # --history-keep-steps 20: the answer and the page name the versions pruned and the fold step.
+    args = ("--history-limit", "3", "--history-keep-steps", "20")
+    with (
+        start_lighthouse(tmp_path, config={"lr": 0}, args=args) as lh,
+        LighthouseClient(lh.grpc_addr) as client,
+    ):
+        for step in range(0, 200, 10):
+            status = pb.ManagerStatus(replica_id="g0", step=step)
+            client.fetch(pb.LighthouseConfigRequest(status=status), timeout=10)
+            assert lh.http("PATCH", "/api/config", {"lr": step}).status == 200
+        answer = lh.http("GET", "/api/config/history").json
+        cut = answer["retention"]
+        assert cut["history_limit"] == 3 and cut["keep_steps"] == 20, cut
+        kept = [v["version"] for v in answer["versions"]]
+        assert kept == list(range(21, 21 - len(kept), -1)) and len(kept) < 21, kept
+        # Past the newest 3, a version is kept only while its step is above the fold step (the
+        # changes made now land above the steps the job was promised, ahead of its step).
+        assert all(v["effective_step"] > cut["fold_step"] for v in answer["versions"][3:]), answer
+        assert cut["pruned_through"] == kept[-1] - 1, (cut, kept)
+        assert 190 - 40 <= cut["fold_step"] <= 190 - 20, cut
+        open_editor(page, lh, 21)
+        expect(page.get_by_test_id("history-cut")).to_have_text(
+            f"Versions up to v{cut['pruned_through']} were pruned (history limit 3); steps up to "
+            f"{cut['fold_step']} resolve as step {cut['fold_step']} (20 steps kept)."
+        )
+        expect(page.locator("#history tr[data-version]")).to_have_count(len(kept))
 
 
 def test_rollback_button_stays_on_one_line_when_narrow(page: Page, lh: LighthouseProc) -> None:

@@ -137,7 +137,10 @@ class AdminClient:
             versions.extend(answer["versions"])
             following = answer.get("next_before")
             if following is None or len(versions) >= limit:
-                return {"versions": versions[:limit], "runs": answer.get("runs", [])}
+                page = {"versions": versions[:limit], "runs": answer.get("runs", [])}
+                if "retention" in answer:  # where the history was cut (a lighthouse before it: none)
+                    page["retention"] = answer["retention"]
+                return page
             query = {"limit": limit - len(versions), "before": following}
 
     def versions_after(self, version: int, limit: int = 100, wait: float = 0.0) -> list[dict[str, Any]]:

@@ -410,7 +410,6 @@ class ConfigStore:
             and not runs.between
         ]
         self.leases.raise_floor(max(floors, default=-1), records.revision)
-        self._index = RowIndex(self._rows, self.runs, self._current_step)
         for i, row in enumerate(self._rows):
             if row.version in records.unresolved:
                 self._rows[i] = dataclasses.replace(
@@ -471,6 +470,18 @@ class ConfigStore:
         ``_fold_step``; moved by commits, ``keep_steps`` to twice that behind the job's step."""
         with self._lock:
             return self._fold_step()
+
+    def retention(self) -> dict[str, Any]:
+        """Where the history was cut (``GET /api/config/history``): versions up to
+        ``pruned_through`` were pruned (0: none), steps up to ``fold_step`` resolve as it does."""
+        with self._lock:
+            oldest = self._rows[0].version if self._rows else self._next_version
+            return {
+                "history_limit": self.history_limit,
+                "keep_steps": self.keep_steps,
+                "pruned_through": oldest - 1 if "base" in self._meta else 0,
+                "fold_step": self._fold_step(),
+            }
 
     @property
     def current_step(self) -> int:
@@ -1417,9 +1428,9 @@ class ConfigStore:
     def _next_fold(self) -> int | None:
         """The fold step to store with a commit now (None: keep the stored one): ``keep_steps``
         behind the job's step once it is twice that behind, so it stays between one and two times
-        ``keep_steps`` behind and moves once per ``keep_steps`` steps (each move recomputes the
-        segments once: O(n) per ``keep_steps`` steps, not per commit)."""
-        if self.keep_steps is None or self.runs.between:
+        ``keep_steps`` behind and moves once per ``keep_steps`` steps. Not while a lighthouse of an
+        earlier release serves the job too (it would resolve the folded steps as scheduled)."""
+        if self.keep_steps is None or self.runs.between or self.leases.gate.suspended:
             return None
         target = self._current_step - self.keep_steps
         if target - self._fold_step() < self.keep_steps:

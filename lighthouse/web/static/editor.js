@@ -368,13 +368,20 @@
     const next = older.from === null ? res.data.next_before : older.next;
     // Where each run began: a row right above the version it began after (newest first).
     const runs = (res.data.runs || []).filter((r) => r.number > 0);
-    const key = stringify([versions.map((v) => [v.version, v.cancelled]), next ?? null, runs.map((r) => [r.number, r.live])]);
+    const cut = res.data.retention || {};
+    const key = stringify([versions.map((v) => [v.version, v.cancelled]), next ?? null, runs.map((r) => [r.number, r.live]), cut]);
     if (key === shownHistory) return;
     shownHistory = key;
     const head = versions.length ? versions[0].version : 0;
     const more = next === undefined || next === null ? [] : [
       el("tr", { class: "history-more" }, el("td", { colspan: 8 },
         el("button", { type: "button", class: "small", "data-testid": "history-older", onclick: () => loadOlder(next) }, "Show older versions"))),
+    ];
+    // Where the history was cut (the lighthouse's retention): under its oldest version, once shown.
+    const folded = cut.fold_step >= 0 ? `; steps up to ${cut.fold_step} resolve as step ${cut.fold_step} (${cut.keep_steps} steps kept)` : "";
+    const cutRows = more.length || !cut.pruned_through ? [] : [
+      el("tr", { class: "history-cut", "data-testid": "history-cut" }, el("td", { colspan: 8 },
+        `Versions up to v${cut.pruned_through} were pruned (history limit ${cut.history_limit})${folded}.`)),
     ];
     const runRow = (r) => el("tr", { class: "history-run", dataset: { run: r.number }, "data-testid": "history-run" },
       el("td", { colspan: 8 }, el("span", { class: "pill" }, `run ${r.number}`),
@@ -408,6 +415,7 @@
         ),
       ]),
       ...more,
+      ...cutRows,
     );
   }
 
