@@ -1,15 +1,18 @@
-"""Replies independent of history length (issue 25 item 7).
+"""A job's costs against the length of its history (issue 25 item 7, issue 37 item 1).
 
-``python -m benchmarks.history [--quick] [--out DIR]``.
+``python -m benchmarks.history [--quick] [--every STEPS] [--out DIR]``.
 
-For each history length (10, 1,000 and 10,000 versions): a job's state directory is written
-with that many versions, each a one-key change taking effect at a step of a job that stepped
-past it (what a controller editing a stepping job leaves), then ``lighthouse serve`` opens it.
+For each history length (10, 1,000, 10,000 and 100,000 versions): a job's state directory is
+written with that many versions, each a one-key change taking effect at a step of a job that
+stepped past it, one every ``--every`` steps (10: a change every few seconds; 100: a controller's),
+under the retention a lighthouse applies by default; then ``lighthouse serve`` (defaults) opens it.
 Measured: the bytes of the lighthouse's reply to a manager at the job's step and to one without
-a step yet, the lighthouse's CPU per reply over ``--replies`` GetConfig calls (each carrying a
-manager's status, as a renewal does), and its CPU per edit over ``--edits`` PATCHes scheduled ahead
-of the job and as many applying at once. Goal: each
-figure within 1.2x of the 10-version one.
+a step yet; the lighthouse's CPU per reply over ``--replies`` GetConfig calls (each carrying a
+manager's status, as a renewal does); its CPU and latency per edit over ``--edits`` PATCHes
+scheduled ahead of the job and as many applying at once; its memory (RSS) and the store's bytes
+after them; and the p99 of a group's calls (GetConfig at the job's step, as a manager renews) made
+back to back while the edits applying at once are made. Goal: each figure within 1.2x of the
+10-version one.
 """
 
 from __future__ import annotations
@@ -21,38 +24,97 @@ import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from benchmarks.procs import Children, cpu_seconds
-from benchmarks.report import machine_line, machine_load, run_standalone, standalone_parser
+from benchmarks.procs import Children, cpu_seconds, rss_bytes
+from benchmarks.report import machine_line, machine_load, percentile, run_standalone, standalone_parser
 from benchmarks.stack import CONFIG, serve_lighthouse
-from lighthouse.jobs.versions import ConfigStore, Edit
+from lighthouse.jobs.versions import DEFAULT_HISTORY_LIMIT, DEFAULT_KEEP_STEPS, ConfigStore, Edit
 from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
 from protos.rpc import LIGHTHOUSE_GET_CONFIG
 
 GOAL = 1.2  # each figure within this factor of the 10-version one
-STEPS_PER_VERSION = 10
+FIGURES = (  # compared with the 10-version run's
+    "reply_bytes_at_step",
+    "reply_bytes_stepless",
+    "cpu_us_per_reply",
+    "cpu_ms_per_scheduled_edit",
+    "cpu_ms_per_edit",
+    "wall_ms_p50_scheduled_edit",
+    "wall_ms_p50_edit",
+    "rss_mb",
+    "store_kb",
+    "call_ms_p99_during_edits",
+)
 
 
-def write_history(state_dir: Path, versions: int) -> int:
-    """A state directory holding ``versions`` versions; returns the job's step."""
-    store = ConfigStore(SqliteBackend(state_dir / "lighthouse.db"))
+def write_history(state_dir: Path, versions: int, every: int) -> int:
+    """A state directory holding ``versions`` versions, one every ``every`` steps, as a lighthouse
+    with the default retention leaves it; returns the job's step."""
+    store = ConfigStore(
+        SqliteBackend(state_dir / "lighthouse.db"),
+        history_limit=DEFAULT_HISTORY_LIMIT,
+        keep_steps=DEFAULT_KEEP_STEPS,
+    )
     try:
         store.apply([Edit("put", CONFIG, "bench")])
         for i in range(1, versions):
-            store.advance_step(STEPS_PER_VERSION * i)
-            store.apply([Edit("patch", {"lr": i * 1e-6}, "bench", effective_step=STEPS_PER_VERSION * i + 2)])
-        step = STEPS_PER_VERSION * versions
+            store.advance_step(every * i)
+            store.apply([Edit("patch", {"lr": i * 1e-6}, "bench", effective_step=every * i + 2)])
+        step = every * versions
         store.advance_step(step)
         return step
     finally:
         store.close()
         store.backend.close()
+
+
+class GroupCalls:
+    """A group's manager renewing back to back (GetConfig with its status at the job's step) in a
+    thread, timing each call, while the benchmark edits the job."""
+
+    def __init__(self, address: str, step: int) -> None:
+        self._channel = grpc.insecure_channel(address)
+        self._call = self._channel.unary_unary(
+            LIGHTHOUSE_GET_CONFIG, request_serializer=None, response_deserializer=None
+        )
+        self._request = pb.LighthouseConfigRequest(
+            status=pb.ManagerStatus(replica_id="group", step=step)
+        ).SerializeToString()
+        self._stop = threading.Event()
+        self.seconds: list[float] = []
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="group-calls", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                self._call(self._request, timeout=30)
+                self.seconds.append(time.perf_counter() - started)
+                time.sleep(0.001)  # a manager renews on a timer, not in a busy loop
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join(60)
+        self._channel.close()
+        if self.error is not None:
+            raise RuntimeError(f"a group call failed: {self.error!r}") from self.error
+        return self.seconds
+
+
+def store_bytes(state_dir: Path) -> int:
+    """The SQLite store's bytes on disk (its file and write-ahead log)."""
+    return sum(path.stat().st_size for path in state_dir.iterdir() if path.name.startswith("lighthouse.db"))
 
 
 def measure(children: Children, state_dir: Path, step: int, replies: int, edits: int) -> dict[str, Any]:
@@ -73,26 +135,33 @@ def measure(children: Children, state_dir: Path, step: int, replies: int, edits:
         host, port = url.split("://", 1)[1].rsplit(":", 1)
         conn = http.client.HTTPConnection(host, int(port), timeout=60)
 
-        def patch(i: int, path: str) -> None:
+        def patch(i: int, path: str) -> float:
             body = json.dumps({"beta1": 0.9 + i * 1e-6})
+            started = time.perf_counter()
             conn.request("PATCH", path, body, {"Content-Type": "application/json"})
             response = conn.getresponse()
             answer = response.read()
             if response.status != 200:
                 raise RuntimeError(f"PATCH answered {response.status}: {answer[:200]!r}")
+            return time.perf_counter() - started
 
         # Scheduled at steps ahead of the job (as changes made while it steps land): only the
         # segments from there on change.
         cpu = cpu_seconds(child.popen.pid)
-        for i in range(edits):
+        scheduled_walls = sorted(
             patch(i, f"/api/config?effective_step={step + replies + 1000 + i}")  # past every lease
+            for i in range(edits)
+        )
         scheduled_cpu = cpu_seconds(child.popen.pid) - cpu
-        # Applying at once (no group holds a lease): the config of every step changes.
-        cpu, started = cpu_seconds(child.popen.pid), time.monotonic()
-        for i in range(edits):
-            patch(i, "/api/config")
-        edit_cpu, edit_wall = cpu_seconds(child.popen.pid) - cpu, time.monotonic() - started
+        # Applying at once (no group holds a lease): the config of every step changes. A group
+        # calls meanwhile, back to back: does it wait for the edits?
+        group = GroupCalls(address, step + replies // 10)
+        cpu = cpu_seconds(child.popen.pid)
+        walls = sorted(patch(i, "/api/config") for i in range(edits))
+        edit_cpu = cpu_seconds(child.popen.pid) - cpu
+        calls = sorted(group.stop())
         conn.close()
+        rss = rss_bytes(child.popen.pid)
     finally:
         children.stop(child)
     return {
@@ -101,7 +170,12 @@ def measure(children: Children, state_dir: Path, step: int, replies: int, edits:
         "cpu_us_per_reply": reply_cpu / replies * 1e6,
         "cpu_ms_per_scheduled_edit": scheduled_cpu / edits * 1e3 if edits else None,
         "cpu_ms_per_edit": edit_cpu / edits * 1e3 if edits else None,
-        "wall_ms_per_edit": edit_wall / edits * 1e3 if edits else None,
+        "wall_ms_p50_scheduled_edit": percentile(scheduled_walls, 50) * 1e3 if edits else None,
+        "wall_ms_p50_edit": percentile(walls, 50) * 1e3 if edits else None,
+        "rss_mb": rss / 2**20,
+        "store_kb": store_bytes(state_dir) / 1024,
+        "group_calls_during_edits": len(calls),
+        "call_ms_p99_during_edits": percentile(calls, 99) * 1e3 if calls else None,
     }
 
 
@@ -115,7 +189,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 state_dir = base / f"v{versions}"
                 state_dir.mkdir()
                 started = time.monotonic()
-                step = write_history(state_dir, versions)
+                step = write_history(state_dir, versions, args.every)
                 figures = measure(children, state_dir, step, args.replies, args.edits)
                 figures["seconds_to_write_history"] = time.monotonic() - started
                 results["lengths"][str(versions)] = figures
@@ -125,18 +199,14 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     results["ratios"] = {
         str(v): {
             key: (figures[key] / first[key] if first[key] else None)
-            for key in (
-                "reply_bytes_at_step",
-                "reply_bytes_stepless",
-                "cpu_us_per_reply",
-                "cpu_ms_per_scheduled_edit",
-                "cpu_ms_per_edit",
-            )
-            if figures[key] is not None
+            for key in FIGURES
+            if figures.get(key) is not None
         }
         for v, figures in results["lengths"].items()
     }
     results["goal"] = GOAL
+    results["every"] = args.every
+    results["retention"] = {"history_limit": DEFAULT_HISTORY_LIMIT, "keep_steps": DEFAULT_KEEP_STEPS}
     results["machine_after"] = machine_load()
     return results
 
@@ -150,24 +220,40 @@ def _ratio_text(ratios: dict[str, Any], key: str) -> str:
 
 def render(results: dict[str, Any]) -> str:
     lines = [machine_line(results["machine_before"], results["machine_after"])]
+    every = results.get("every")
+    if every is not None:
+        retention = results["retention"]
+        lines.append(
+            f"a change every {every} steps; retention: {retention['history_limit']} versions, "
+            f"{retention['keep_steps']} steps kept (goal: every figure <= {results['goal']}x the first)"
+        )
     for versions, f in results["lengths"].items():
         ratios = results["ratios"][versions]
         ratio = functools.partial(_ratio_text, ratios)
-        lines.append(
+        line = (
             f"{versions:>6} versions: reply {f['reply_bytes_at_step']} B at the job's step "
             f"({ratio('reply_bytes_at_step')}), {f['reply_bytes_stepless']} B without a step "
             f"({ratio('reply_bytes_stepless')}); {f['cpu_us_per_reply']:.0f} us CPU a reply "
             f"({ratio('cpu_us_per_reply')}); an edit scheduled ahead "
             f"{f['cpu_ms_per_scheduled_edit']:.2f} ms CPU ({ratio('cpu_ms_per_scheduled_edit')}), "
-            f"one applying at once {f['cpu_ms_per_edit']:.2f} ms ({ratio('cpu_ms_per_edit')}) "
-            f"(goal <= {results['goal']}x)"
+            f"one applying at once {f['cpu_ms_per_edit']:.2f} ms ({ratio('cpu_ms_per_edit')})"
         )
+        if "rss_mb" in f:
+            line += (
+                f"; p50 {f['wall_ms_p50_scheduled_edit']:.1f} ms ({ratio('wall_ms_p50_scheduled_edit')}) and "
+                f"{f['wall_ms_p50_edit']:.1f} ms ({ratio('wall_ms_p50_edit')}); RSS {f['rss_mb']:.1f} MB "
+                f"({ratio('rss_mb')}); store {f['store_kb']:.0f} KB ({ratio('store_kb')}); a group's "
+                f"call p99 during the edits {f['call_ms_p99_during_edits']:.2f} ms "
+                f"({ratio('call_ms_p99_during_edits')}, {f['group_calls_during_edits']} calls)"
+            )
+        lines.append(line)
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = standalone_parser("history", __doc__)
-    parser.add_argument("--versions", type=int, nargs="+", default=[10, 1000, 10_000])
+    parser.add_argument("--versions", type=int, nargs="+", default=[10, 1000, 10_000, 100_000])
+    parser.add_argument("--every", type=int, default=10, help="steps between two changes of the history")
     parser.add_argument("--replies", type=int, default=2000, help="GetConfig calls measured per length")
     parser.add_argument("--edits", type=int, default=50, help="PATCHes measured per length")
     quick = {"versions": [10, 100], "replies": 50, "edits": 5}

@@ -231,7 +231,10 @@ def test_history_benchmark_runs(tmp_path: Path) -> None:
     for versions, figures in lengths.items():
         assert figures["reply_bytes_at_step"] > 0 and figures["reply_bytes_stepless"] > 0, figures
         assert figures["cpu_ms_per_edit"] is not None
+        assert figures["rss_mb"] > 10 and figures["store_kb"] > 0, figures
+        assert figures["group_calls_during_edits"] > 0 and figures["call_ms_p99_during_edits"] > 0, figures
         ratios = results["ratios"][versions]
+        assert ratios["rss_mb"] == pytest.approx(figures["rss_mb"] / lengths["10"]["rss_mb"])
         assert ratios["reply_bytes_at_step"] == pytest.approx(
             figures["reply_bytes_at_step"] / lengths["10"]["reply_bytes_at_step"]
         )
