@@ -72,6 +72,7 @@ __all__ = [
 ]
 
 SEGMENTS_CACHED = 4  # results of _segments kept: a commit's before and after, a reload's
+LATER_ROWS_EXTENDED = 64  # _extended puts a change under at most this many rows sorting after it
 
 logger = logging.getLogger(__name__)
 
@@ -1074,10 +1075,12 @@ class ConfigStore:
 
     def _extended(self, rows: list[Change], head: int) -> SegmentsMemo | None:
         """The segments of ``rows`` from remembered ones of a prefix of them, when every row added
-        is a change (no cancel) that sorts after every row of the prefix, and no run ended at or
-        after the prefix's head (so every prefix row keeps its effective step; an added row, newer
-        than every ended run, keeps its own): below the lowest added step nothing changed, and
-        from there each step's config is the prefix's with the added rows up to it on top."""
+        is a change (no cancel), and no run ended at or after the prefix's head (so every prefix
+        row keeps its effective step; an added row, newer than every ended run, keeps its own):
+        below the lowest added step nothing changed, and from there each step's config is the
+        prefix's with the added rows up to it on top. An added row may sort before a few prefix
+        patches (a change made now under changes scheduled ahead of the job): where those apply,
+        the keys they name stay as they were, as applying in order leaves them."""
         if len(self._base) != 1 or not rows:
             return None
         # The longest remembered prefix: the fewest rows to add (each costs a pass over the segments).
@@ -1091,9 +1094,12 @@ class ConfigStore:
             if any(not run.live and run.end_version >= h for run in self.runs.runs):
                 continue
             added = sorted(rows[n:], key=self._order)
-            steps = {r.version: self._effective(r, head) or 0 for r in added}  # 0: at every step
-            if self._order(added[0]) <= memo.top or any(r.op == "cancel" for r in added):
+            if any(r.op == "cancel" for r in added):
                 continue
+            later = self._sorting_after(rows[:n], added[0], memo.top)
+            if later is None:
+                continue
+            steps = {r.version: self._effective(r, head) or 0 for r in [*added, *later]}  # 0: every step
             segments = memo.segments
             lowest = min(steps.values())
             out = [seg for seg in segments if seg.from_step < lowest]  # named as before: no added row applies
@@ -1103,12 +1109,17 @@ class ConfigStore:
                 if at > 0 and (at not in taking or row.version > taking[at].version):
                     taking[at] = row
             starts = [seg.from_step for seg in segments]
-            points = sorted({p for p in starts if p >= lowest} | set(steps.values()))
+            points = sorted({p for p in starts if p >= lowest} | {s for s in steps.values() if s >= lowest})
             for point in points:
                 config = segments[max(0, bisect.bisect_right(starts, point) - 1)].config
                 for row in added:
                     if steps[row.version] <= point:
-                        config = _apply(config, row)
+                        over = [
+                            r
+                            for r in later
+                            if steps[r.version] <= point and self._order(r) > self._order(row)
+                        ]
+                        config = self._apply_under(config, row, over)
                 if not out or config != out[-1].config:
                     # Named by the newest row with an effect here: an added one (from ``lowest`` on,
                     # one applies at every point, and each added version is above the prefix's).
@@ -1121,13 +1132,45 @@ class ConfigStore:
                 self.runs,
                 memo.fold,
                 out,
-                self._order(added[-1]),
+                max(memo.top, self._order(added[-1])),
                 rows[0],
                 rows[-1],
                 taking,
                 effects,
             )
         return None
+
+    def _sorting_after(
+        self, prefix: list[Change], first: Change, top: tuple[int, int, int]
+    ) -> list[Change] | None:
+        """The rows of ``prefix`` that apply after ``first`` (none when it sorts after ``top``, the
+        last one's key), when ``_extended`` can put the added rows under them: a few patches
+        (None: it cannot)."""
+        key = self._order(first)
+        if key > top:
+            return []
+        cancelled = self._cancelled_at(prefix, prefix[-1].version)
+        # A row sorting after one made now is one ordered past the job's step: it may be pending.
+        later = [
+            r
+            for r in self._maybe_pending(prefix)
+            if r.op != "cancel" and r.version not in cancelled and self._order(r) > key
+        ]
+        if len(later) > LATER_ROWS_EXTENDED or any(r.op != "patch" for r in later):
+            return None
+        return later
+
+    @staticmethod
+    def _apply_under(config: dict[str, Any], row: Change, later: list[Change]) -> dict[str, Any]:
+        """``row`` applied to ``config``, the prefix's, as if before ``later`` (patches that sort
+        after it and apply here, in ``config`` already): the keys they name keep their value."""
+        out = _apply(config, row)
+        for key in {key for r in later for key in r.change}:
+            if key in config:
+                out[key] = config[key]
+            else:
+                out.pop(key, None)
+        return out
 
     def _compute_segments(self, rows: list[Change], head: int) -> tuple[list[Segment], tuple[int, int, int]]:
         """The config per step range at ``head``, and the apply order key of the last row in apply
