@@ -1149,6 +1149,11 @@ class ConfigStore:
         key = self._order(first)
         if key > top:
             return []
+        if first.order_step < self._current_step:
+            # Made between runs (ordered at -1): rows sorting after it need not be pending. A row
+            # ordered at or past the job's step has only rows scheduled past it above it (the job's
+            # step only goes up within an epoch, and the added rows are of the newest one).
+            return None
         cancelled = self._cancelled_at(prefix, prefix[-1].version)
         # A row sorting after one made now is one ordered past the job's step: it may be pending.
         later = [
