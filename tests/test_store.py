@@ -27,6 +27,7 @@ from lighthouse.server import LighthouseServer
 from lighthouse.store.backend import Change, StoreBackend
 from lighthouse.store.etcd import EtcdBackend
 from lighthouse.store.sqlite import SqliteBackend
+from protos import lighthouse_config_pb2 as pb
 from tests.store_edits import commit
 
 StoreOpener = Callable[..., ConfigStore]
@@ -708,6 +709,30 @@ def test_a_resumed_run_gets_the_schedule_of_its_steps_again(open_store: StoreOpe
     assert s.resolve(s.head, 12)["lr"] == 0.1
     assert s.resolve(s.head, 25)["lr"] == 0.2
     assert s.resolve(s.head, 30)["lr"] == 0.3
+
+
+def test_the_fold_step_stays_below_the_group_furthest_behind(open_store: StoreOpener) -> None:
+    # What the live run's groups may still ask for is kept: a group 80 steps behind the front
+    # (keep_steps 10) still gets every step's config as scheduled; one more than LAG_KEPT x
+    # keep_steps behind (a made-up replica reporting an old step, say) holds nothing back.
+    store = open_store(keep_steps=10)
+    state = LighthouseState(store)
+    commit(store, "put", {"lr": -1}, source="t")
+
+    def step_to(front: int, slow: int) -> None:
+        for replica, step in (("front", front), ("slow", slow)):
+            state.observe(pb.ManagerStatus(replica_id=replica, step=step), "peer", fetch=True)
+        commit(store, "patch", {"lr": front}, source="t", effective_step=front + 1)
+
+    for front in range(0, 300, 5):
+        step_to(front, min(front, 220))
+    assert 100 <= store.fold_step < 220, store.fold_step  # it moved, and not past the slow group
+    assert state.lowest_group_step() == 220
+    for at in (220, 221, 250, 296):
+        assert store.resolve(store.head, at) == {"lr": (at - 1) // 5 * 5}, at
+    for front in range(300, 500, 5):
+        step_to(front, 220)
+    assert store.fold_step >= 495 - 10 * 10 - 10, store.fold_step
 
 
 def test_a_months_history_keeps_the_segments_and_rows_bounded(open_store: StoreOpener) -> None:

@@ -295,6 +295,7 @@ class LighthouseState:
         self.late_switches = 0  # changes groups took up after their effective step (store.late_switches)
         self._watch_message_count = itertools.count(1)
         self._snapshot = self._build_snapshot()
+        store.lowest_group_step = self.lowest_group_step
         store.leases.publish(self._snapshot, self._snapshot.version)
         self._step_field = varint_field(_CURRENT_STEP, store.current_step)
         initial = load_initial(config_path, strict) if config_path is not None else None
@@ -711,6 +712,22 @@ class LighthouseState:
                 del self._managers[min(idle, key=lambda m: m.last_seen).replica_id]
         record = self._managers[replica_id] = ManagerRecord(replica_id, last_seen=now)
         return record
+
+    def lowest_group_step(self) -> int | None:
+        """The lowest step a manager of the live run stands at, of those that trained a step here
+        and were heard from within ``record_ttl`` (None: none): the store keeps every step from
+        there on as scheduled (its fold step stays below it)."""
+        now, run = time.monotonic(), self.store.runs.number
+        with self._lock:
+            steps = [
+                m.step
+                for m in self._managers.values()
+                if m.trained
+                and m.served_run == run
+                and m.step >= 0
+                and now - m.last_seen <= self.limits.record_ttl
+            ]
+        return min(steps, default=None)
 
     def _expire(self, now: float) -> None:
         """Drop records unseen for ``record_ttl`` (under the lock)."""

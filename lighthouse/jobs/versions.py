@@ -82,7 +82,10 @@ FOLD_META = "fold_step"  # meta key of the live run's fold step (``ConfigStore._
 # changes costs an edit, a reply and the lighthouse's memory what the first hour did.
 DEFAULT_HISTORY_LIMIT = 1_000  # versions kept per job (about 2 KB each for a config of 10 keys)
 DEFAULT_KEEP_STEPS = 1_000  # steps behind the job's that resolve exactly (``ConfigStore._fold_step``)
-PRUNE_SLACK = 0.1  # versions pruned in batches: past the limit by this share, down to the limit
+PRUNE_SLACK = 0.1
+# A group this many times keep_steps behind the job's step is folded anyway: a made-up replica
+# reporting step 0 must not hold every segment of the job's life.
+LAG_KEPT = 10  # versions pruned in batches: past the limit by this share, down to the limit
 MAX_COMMIT_RETRIES = 20  # another lighthouse appending first, again and again
 
 
@@ -314,6 +317,9 @@ class ConfigStore:
         self.history_limit = history_limit
         # Steps this far behind the job's resolve as the step this far behind (``_fold_step``).
         self.keep_steps = keep_steps
+        # The lowest step a group of the live run stands at (None: none heard of lately): the fold
+        # step stays below it (set by the job's LighthouseState).
+        self.lowest_group_step: Callable[[], int | None] = lambda: None
         self.backend = backend
         # Other lighthouses write this job too (etcd): their lease ceilings bound promises this one
         # does not know of, and what it holds (the schema) may be older than the store.
@@ -682,6 +688,7 @@ class ConfigStore:
         if not dry_run:
             self.flush_runs()  # a run begun here is stored first: the commit compares the stored record
         for _ in range(MAX_COMMIT_RETRIES):
+            lowest = self.lowest_group_step()  # before the store's lock: it takes the job's
             with self._lock:
                 step = self._current_step
                 window = self.leases.window(step) if dry_run else self.leases.freeze(step)
@@ -695,7 +702,7 @@ class ConfigStore:
                     "last_version": str(plan.version),
                     "state_id": self.state_id,
                 }
-                fold = self._next_fold()
+                fold = self._next_fold(lowest)
                 if fold is not None:
                     meta[FOLD_META] = str(pack(self.runs.number, fold))
                 expected = self.head
@@ -1473,14 +1480,18 @@ class ConfigStore:
             self._fold_seen = (self.runs, self._fold, step)
         return step
 
-    def _next_fold(self) -> int | None:
+    def _next_fold(self, lowest: int | None) -> int | None:
         """The fold step to store with a commit now (None: keep the stored one): ``keep_steps``
         behind the job's step once it is twice that behind, so it stays between one and two times
-        ``keep_steps`` behind and moves once per ``keep_steps`` steps. Not while a lighthouse of an
+        ``keep_steps`` behind and moves once per ``keep_steps`` steps; and below ``lowest``, the
+        step of the group furthest behind (what the live run's groups may still ask for is kept),
+        unless that is ``LAG_KEPT`` times ``keep_steps`` behind. Not while a lighthouse of an
         earlier release serves the job too (it would resolve the folded steps as scheduled)."""
         if self.keep_steps is None or self.runs.between or self.leases.gate.suspended:
             return None
         target = self._current_step - self.keep_steps
+        if lowest is not None:
+            target = max(min(target, lowest - 1), self._current_step - LAG_KEPT * self.keep_steps)
         if target - self._fold_step() < self.keep_steps:
             return None
         return target
