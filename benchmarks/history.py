@@ -19,6 +19,7 @@ after them. Goal: each figure within 1.2x of the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import http.client
 import json
@@ -27,6 +28,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +39,15 @@ from benchmarks.procs import Children, cpu_seconds, rss_bytes
 from benchmarks.report import machine_line, machine_load, percentile, run_standalone, standalone_parser
 from benchmarks.stack import CONFIG, serve_lighthouse
 from lighthouse.jobs.versions import DEFAULT_HISTORY_LIMIT, DEFAULT_KEEP_STEPS, ConfigStore, Edit
+from lighthouse.store.backend import StoreBackend
+from lighthouse.store.etcd import EtcdBackend
 from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
 from protos.rpc import LIGHTHOUSE_GET_CONFIG
+from tests.etcd_cluster import EtcdCluster
 
 GOAL = 1.2  # each figure within this factor of the 10-version one
+ETCD_QUOTA = 256 * 2**20  # the etcd cluster's --quota-backend-bytes (issue 37's month-long run)
 PENDING_AHEAD = 5  # changes scheduled far ahead while the edits applying at once are made
 FIGURES = (  # compared with the 10-version run's
     "reply_bytes_at_step",
@@ -56,14 +63,44 @@ FIGURES = (  # compared with the 10-version run's
 )
 
 
-def write_history(state_dir: Path, versions: int, every: int) -> int:
-    """A state directory holding ``versions`` versions, one every ``every`` steps, as a lighthouse
-    with the default retention leaves it; returns the job's step."""
-    store = ConfigStore(
-        SqliteBackend(state_dir / "lighthouse.db"),
-        history_limit=DEFAULT_HISTORY_LIMIT,
-        keep_steps=DEFAULT_KEEP_STEPS,
-    )
+@dataclass(frozen=True)
+class HistoryStore:
+    """Where one history length is written and served from: a SQLite state directory, or a prefix
+    of the run's 3-member etcd (``--store etcd``)."""
+
+    name: str
+    state_dir: Path | None = None
+    etcd: EtcdCluster | None = None
+
+    def backend(self) -> StoreBackend:
+        if self.etcd is not None:
+            return EtcdBackend(self.etcd.endpoints, prefix=f"/{self.name}")
+        assert self.state_dir is not None
+        return SqliteBackend(self.state_dir / "lighthouse.db")
+
+    def flags(self) -> tuple[str, ...]:
+        if self.etcd is not None:
+            return ("--store", f"etcd://{self.etcd.endpoints}/{self.name}")
+        return ("--state-dir", str(self.state_dir))
+
+    def bytes(self) -> int:
+        """The SQLite file and its write-ahead log; etcd's database in use (a member's: compacted
+        revisions leave pages free in the file, reused, not returned)."""
+        if self.etcd is not None:
+            member = self.etcd.members[0]
+            with urllib.request.urlopen(f"http://{member.endpoint}/metrics", timeout=10) as answer:
+                for line in answer.read().decode().splitlines():
+                    if line.startswith("etcd_mvcc_db_total_size_in_use_in_bytes "):
+                        return int(float(line.split()[1]))
+            raise RuntimeError("etcd's /metrics has no etcd_mvcc_db_total_size_in_use_in_bytes")
+        assert self.state_dir is not None
+        return sum(p.stat().st_size for p in self.state_dir.iterdir() if p.name.startswith("lighthouse.db"))
+
+
+def write_history(where: HistoryStore, versions: int, every: int) -> int:
+    """``versions`` versions, one every ``every`` steps, as a lighthouse with the default retention
+    leaves them; returns the job's step."""
+    store = ConfigStore(where.backend(), history_limit=DEFAULT_HISTORY_LIMIT, keep_steps=DEFAULT_KEEP_STEPS)
     try:
         store.apply([Edit("put", CONFIG, "bench")])
         for i in range(1, versions):
@@ -114,14 +151,8 @@ class GroupCalls:
         return self.seconds
 
 
-def store_bytes(state_dir: Path) -> int:
-    """The SQLite store's bytes on disk (its file and write-ahead log)."""
-    return sum(path.stat().st_size for path in state_dir.iterdir() if path.name.startswith("lighthouse.db"))
-
-
-def measure(children: Children, state_dir: Path, step: int, replies: int, edits: int) -> dict[str, Any]:
-    name = f"lighthouse-{state_dir.name}"
-    child, address, url = serve_lighthouse(children, name, "--state-dir", str(state_dir))
+def measure(children: Children, where: HistoryStore, step: int, replies: int, edits: int) -> dict[str, Any]:
+    child, address, url = serve_lighthouse(children, f"lighthouse-{where.name}", *where.flags())
     try:
         with grpc.insecure_channel(address) as channel:
             call = channel.unary_unary(
@@ -179,7 +210,7 @@ def measure(children: Children, state_dir: Path, step: int, replies: int, edits:
         "wall_ms_p50_scheduled_edit": percentile(scheduled_walls, 50) * 1e3 if edits else None,
         "wall_ms_p50_edit": percentile(walls, 50) * 1e3 if edits else None,
         "rss_mb": rss / 2**20,
-        "store_kb": store_bytes(state_dir) / 1024,
+        "store_kb": where.bytes() / 1024,
         "group_calls_during_edits": len(calls),
         "call_ms_p99_during_edits": percentile(calls, 99) * 1e3 if calls else None,
     }
@@ -190,14 +221,26 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     shm = Path("/dev/shm")  # the histories are written on tmpfs when there is one: no fsyncs measured
     base = Path(tempfile.mkdtemp(prefix="bench-history-", dir=shm if shm.is_dir() else work))
     try:
-        with Children(work / "logs") as children:
+        with contextlib.ExitStack() as stack:
+            children = stack.enter_context(Children(work / "logs"))
+            etcd = None
+            if args.store == "etcd":
+                # Compacted by revision here (a run is minutes; deploy/kubernetes compacts hourly),
+                # with the quota the month-long run is held to.
+                compaction = ("--auto-compaction-mode=revision", "--auto-compaction-retention=1000")
+                quota = f"--quota-backend-bytes={ETCD_QUOTA}"
+                etcd = stack.enter_context(
+                    EtcdCluster(base / "etcd", size=3, extra_args=[*compaction, quota])
+                )
             for versions in args.versions:
                 state_dir = base / f"v{versions}"
                 state_dir.mkdir()
+                where = HistoryStore(f"v{versions}", state_dir, etcd)
                 started = time.monotonic()
-                step = write_history(state_dir, versions, args.every)
-                figures = measure(children, state_dir, step, args.replies, args.edits)
-                figures["seconds_to_write_history"] = time.monotonic() - started
+                step = write_history(where, versions, args.every)
+                written = time.monotonic() - started
+                figures = measure(children, where, step, args.replies, args.edits)
+                figures["seconds_to_write_history"] = written
                 results["lengths"][str(versions)] = figures
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -212,6 +255,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     }
     results["goal"] = GOAL
     results["every"] = args.every
+    results["store"] = args.store
     results["retention"] = {"history_limit": DEFAULT_HISTORY_LIMIT, "keep_steps": DEFAULT_KEEP_STEPS}
     results["machine_after"] = machine_load()
     return results
@@ -260,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = standalone_parser("history", __doc__)
     parser.add_argument("--versions", type=int, nargs="+", default=[10, 1000, 10_000, 100_000])
     parser.add_argument("--every", type=int, default=10, help="steps between two changes of the history")
+    parser.add_argument(
+        "--store", choices=("sqlite", "etcd"), default="sqlite", help="etcd: a 3-member cluster"
+    )
     parser.add_argument("--replies", type=int, default=2000, help="GetConfig calls measured per length")
     parser.add_argument("--edits", type=int, default=200, help="PATCHes measured per length and kind")
     quick = {"versions": [10, 100], "replies": 50, "edits": 5}

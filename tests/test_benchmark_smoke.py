@@ -162,11 +162,11 @@ def assert_run_meta(results: dict[str, Any]) -> None:
 
 
 def run_quick(
-    name: str, out_dir: Path, timeout: float = 120
+    name: str, out_dir: Path, timeout: float = 120, extra: tuple[str, ...] = ()
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """``python -m benchmarks.NAME --quick``: it must exit 0; its stdout and JSON results."""
+    """``python -m benchmarks.NAME --quick [extra]``: it must exit 0; its stdout and JSON results."""
     out = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{name}", "--quick", "--out", str(out_dir)],
+        [sys.executable, "-m", f"benchmarks.{name}", "--quick", *extra, "--out", str(out_dir)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -239,6 +239,17 @@ def test_history_benchmark_runs(tmp_path: Path) -> None:
             figures["reply_bytes_at_step"] / lengths["10"]["reply_bytes_at_step"]
         )
     assert_run_meta(results)
+    assert "100 versions: reply" in out.stdout
+
+
+@pytest.mark.slow
+def test_history_benchmark_runs_on_etcd(tmp_path: Path) -> None:
+    out, results = run_quick("history", tmp_path, extra=("--store", "etcd"))
+    assert results["store"] == "etcd"
+    for figures in results["lengths"].values():
+        # etcd's database in use, read from its /metrics: a few pages at least, far below the quota.
+        assert 16 < figures["store_kb"] < 256 * 1024, figures
+        assert figures["group_calls_during_edits"] > 0, figures
     assert "100 versions: reply" in out.stdout
 
 
