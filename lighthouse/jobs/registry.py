@@ -96,7 +96,14 @@ class JobRegistry:
                 if head != 0:
                     self.serve(job)  # opens it from the store
                 return
-            if state.store.head != head:  # else our own write, or already reloaded
+            # A head at or below ours is our own write, one read already, or the event of an earlier
+            # write of ours arriving after a later one committed (every commit compares the head,
+            # so another lighthouse's version is above ours); one above ours may be the commit of
+            # ours being appended (its event came first): nothing to read. Reading anyway loaded
+            # every kept version again, per commit (benchmarks/history --store etcd). 0 (deleted)
+            # and -1 (re-read: pruned, a run, a schema or a guard, or a head deleted and written
+            # again) always read.
+            if head <= 0 or (head > state.store.head and not state.store.skips_event(head)):
                 state.reload()
                 logger.info("job %s: version %d from the shared store", job, state.store.head)
         except StoreUnavailable:

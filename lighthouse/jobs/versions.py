@@ -26,6 +26,7 @@ same step to the same content, and the history can replay any (version, step).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import json
 import logging
@@ -329,6 +330,10 @@ class ConfigStore:
         # without quorum makes edits wait, not the managers' calls.
         self._commit_lock = threading.Lock()
         self._closed = False
+        # The head of a commit of ours being appended (0: none), and whether the store's event of it
+        # came first and was let go (``skips_event``).
+        self._writing = 0
+        self._own_event_skipped = False
         # Commits the store refused (nothing stored), by reason: no_space (HTTP 507), unavailable (503).
         self.write_failures = {"no_space": 0, "unavailable": 0}
         self._current_step = -1  # the job's step never goes down within a run, also across reloads
@@ -423,6 +428,16 @@ class ConfigStore:
                     row, config=self._resolve(self._rows, row.version, FOREVER)
                 )
         self._index = RowIndex(self._rows, self.runs, self._current_step)
+
+    def skips_event(self, head: int) -> bool:
+        """Whether the store's event of a new head ``head`` needs no re-read: it is the head of a
+        commit of ours still being appended, added here when the append returns (and read again
+        if the append fails after all). Re-reading loaded every kept version, per commit."""
+        with self._lock:
+            if head > self.head and head == self._writing:
+                self._own_event_skipped = True
+                return True
+            return False
 
     def reload(self) -> None:
         """Re-read the job's records: another lighthouse on the same store changed them.
@@ -707,16 +722,26 @@ class ConfigStore:
                     meta[FOLD_META] = str(pack(self.runs.number, fold))
                 expected = self.head
                 view = LeaseView(self._lease_key, window.view, self._runs_stored, runs_checked=True)
+                self._writing, self._own_event_skipped = plan.version, False
             try:  # outside the lock: readers and managers' calls never wait for the store
                 self.backend.append(self.job, list(plan.rows), meta, expected_head=expected, leases=view)
             except HeadMoved:
+                self._writing = 0
                 self.reload()  # another lighthouse committed first: plan again after it
                 continue
             except StoreUnavailable as exc:
                 with self._lock:
                     self.write_failures["no_space" if isinstance(exc, StoreFull) else "unavailable"] += 1
+                    self._writing, skipped = 0, self._own_event_skipped
+                if skipped:  # stored after all (its event came), though the answer was lost: read it
+                    with contextlib.suppress(StoreUnavailable):
+                        self.reload()
+                raise
+            except BaseException:
+                self._writing = 0  # refused before it was stored (too large, say): no event comes
                 raise
             with self._lock:
+                self._writing = 0
                 self._meta.update(meta)
                 if FOLD_META in meta:
                     self._fold = unpack(int(meta[FOLD_META]))

@@ -735,6 +735,8 @@ class EtcdBackend:
                     continue
                 if sub == "head":
                     heads[job] = int(event.kv.value) if event.type == "put" else 0
+                    if event.type != "put":
+                        pruned.add(job)  # deleted (maybe written again in this batch, lower): re-read
                 elif sub == "meta/current_step" and event.type == "put":
                     steps[job] = max(steps.get(job, -1), int(event.kv.value))
                 elif sub.startswith("meta/" + LEASE_CEILING) and event.type == "put":
