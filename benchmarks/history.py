@@ -225,9 +225,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             children = stack.enter_context(Children(work / "logs"))
             etcd = None
             if args.store == "etcd":
-                # Compacted by revision here (a run is minutes; deploy/kubernetes compacts hourly),
-                # with the quota the month-long run is held to.
-                compaction = ("--auto-compaction-mode=revision", "--auto-compaction-retention=1000")
+                # Compacted every few seconds here (a run writes in minutes what a month of a job does
+                # in weeks; deploy/kubernetes compacts hourly), with the month-long run's quota.
+                compaction = ("--auto-compaction-mode=periodic", "--auto-compaction-retention=10s")
                 quota = f"--quota-backend-bytes={ETCD_QUOTA}"
                 etcd = stack.enter_context(
                     EtcdCluster(base / "etcd", size=3, extra_args=[*compaction, quota])
