@@ -221,25 +221,26 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     shm = Path("/dev/shm")  # the histories are written on tmpfs when there is one: no fsyncs measured
     base = Path(tempfile.mkdtemp(prefix="bench-history-", dir=shm if shm.is_dir() else work))
     try:
-        with contextlib.ExitStack() as stack:
-            children = stack.enter_context(Children(work / "logs"))
-            etcd = None
-            if args.store == "etcd":
-                # Compacted every few seconds here (a run writes in minutes what a month of a job does
-                # in weeks; deploy/kubernetes compacts hourly), with the month-long run's quota.
-                compaction = ("--auto-compaction-mode=periodic", "--auto-compaction-retention=10s")
-                quota = f"--quota-backend-bytes={ETCD_QUOTA}"
-                etcd = stack.enter_context(
-                    EtcdCluster(base / "etcd", size=3, extra_args=[*compaction, quota])
-                )
+        with Children(work / "logs") as children:
             for versions in args.versions:
                 state_dir = base / f"v{versions}"
                 state_dir.mkdir()
-                where = HistoryStore(f"v{versions}", state_dir, etcd)
-                started = time.monotonic()
-                step = write_history(where, versions, args.every)
-                written = time.monotonic() - started
-                figures = measure(children, where, step, args.replies, args.edits)
+                with contextlib.ExitStack() as stack:
+                    etcd = None
+                    if args.store == "etcd":  # a cluster of its own per length: its bytes are that length's
+                        # Compacted every few seconds here (a run writes in minutes what a month of a
+                        # job does in weeks; deploy/kubernetes compacts hourly), with the month-long
+                        # run's quota.
+                        compaction = ("--auto-compaction-mode=periodic", "--auto-compaction-retention=10s")
+                        quota = f"--quota-backend-bytes={ETCD_QUOTA}"
+                        etcd = stack.enter_context(
+                            EtcdCluster(base / f"etcd-{versions}", size=3, extra_args=[*compaction, quota])
+                        )
+                    where = HistoryStore(f"v{versions}", state_dir, etcd)
+                    started = time.monotonic()
+                    step = write_history(where, versions, args.every)
+                    written = time.monotonic() - started
+                    figures = measure(children, where, step, args.replies, args.edits)
                 figures["seconds_to_write_history"] = written
                 results["lengths"][str(versions)] = figures
     finally:
