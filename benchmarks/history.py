@@ -28,7 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ import grpc
 
 from benchmarks.procs import Children, cpu_seconds, rss_bytes
 from benchmarks.report import machine_line, machine_load, percentile, run_standalone, standalone_parser
-from benchmarks.stack import CONFIG, serve_lighthouse
+from benchmarks.stack import CONFIG, read_metrics, serve_lighthouse
 from lighthouse.jobs.versions import DEFAULT_HISTORY_LIMIT, DEFAULT_KEEP_STEPS, ConfigStore, Edit
 from lighthouse.store.backend import StoreBackend
 from lighthouse.store.etcd import EtcdBackend
@@ -87,12 +86,8 @@ class HistoryStore:
         """The SQLite file and its write-ahead log; etcd's database in use (a member's: compacted
         revisions leave pages free in the file, reused, not returned)."""
         if self.etcd is not None:
-            member = self.etcd.members[0]
-            with urllib.request.urlopen(f"http://{member.endpoint}/metrics", timeout=10) as answer:
-                for line in answer.read().decode().splitlines():
-                    if line.startswith("etcd_mvcc_db_total_size_in_use_in_bytes "):
-                        return int(float(line.split()[1]))
-            raise RuntimeError("etcd's /metrics has no etcd_mvcc_db_total_size_in_use_in_bytes")
+            samples = read_metrics(f"http://{self.etcd.members[0].endpoint}")
+            return int(samples["etcd_mvcc_db_total_size_in_use_in_bytes"])
         assert self.state_dir is not None
         return sum(p.stat().st_size for p in self.state_dir.iterdir() if p.name.startswith("lighthouse.db"))
 

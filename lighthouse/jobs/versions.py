@@ -83,10 +83,10 @@ FOLD_META = "fold_step"  # meta key of the live run's fold step (``ConfigStore._
 # changes costs an edit, a reply and the lighthouse's memory what the first hour did.
 DEFAULT_HISTORY_LIMIT = 1_000  # versions kept per job (about 2 KB each for a config of 10 keys)
 DEFAULT_KEEP_STEPS = 1_000  # steps behind the job's that resolve exactly (``ConfigStore._fold_step``)
-PRUNE_SLACK = 0.1
+PRUNE_SLACK = 0.1  # versions pruned in batches: past the limit by this share, down to the limit
 # A group this many times keep_steps behind the job's step is folded anyway: a made-up replica
 # reporting step 0 must not hold every segment of the job's life.
-LAG_KEPT = 10  # versions pruned in batches: past the limit by this share, down to the limit
+LAG_KEPT = 10
 MAX_COMMIT_RETRIES = 20  # another lighthouse appending first, again and again
 
 
@@ -273,7 +273,7 @@ class Effects:
         newest, above = self.newest, list(self.above)
         for step, row in effects:
             if step <= self.floor:
-                newest = row if newest is None or row.version > newest.version else newest
+                newest = _newer(newest, row)
             else:
                 bisect.insort(above, (step, row.version, row))
         return Effects(self.floor, newest, above)
@@ -283,8 +283,12 @@ class Effects:
         cut = bisect.bisect_right(self.above, floor, key=lambda effect: effect[0])
         newest = self.newest
         for _, _, row in self.above[:cut]:
-            newest = row if newest is None or row.version > newest.version else newest
+            newest = _newer(newest, row)
         return Effects(floor, newest, self.above[cut:])
+
+
+def _newer(a: Change | None, b: Change) -> Change:
+    return b if a is None or b.version > a.version else a
 
 
 def _apply(config: dict[str, Any], row: Change) -> dict[str, Any]:
@@ -1078,10 +1082,10 @@ class ConfigStore:
         """Carry the remembered segments over to the fold step just stored: those above it stay as
         they are, the ones below become the first (from step 0), named by the newest change with
         an effect at or below it, as ``_named`` names it: O(segments), not a pass over the history."""
+        if len(self._base) != 1:
+            return  # a base that changes with the step: the segments are computed afresh
         for key, memo in list(self._segments_cache.items()):
-            if memo.base is not self._base or memo.runs is not self.runs or len(self._base) != 1:
-                continue
-            if memo.fold > fold:
+            if memo.base is not self._base or memo.runs is not self.runs or memo.fold > fold:
                 continue
             at = first_segment(memo.segments, fold)
             effects = memo.effects.folded_to(max(fold, 0))
@@ -1141,16 +1145,14 @@ class ConfigStore:
                 if at > 0 and (at not in taking or row.version > taking[at].version):
                     taking[at] = row
             starts = [seg.from_step for seg in segments]
+            # Per added row, the prefix rows sorting after it (its order does not change per point).
+            under = {row.version: [r for r in later if self._order(r) > self._order(row)] for row in added}
             points = sorted({p for p in starts if p >= lowest} | {s for s in steps.values() if s >= lowest})
             for point in points:
                 config = segments[max(0, bisect.bisect_right(starts, point) - 1)].config
                 for row in added:
                     if steps[row.version] <= point:
-                        over = [
-                            r
-                            for r in later
-                            if steps[r.version] <= point and self._order(r) > self._order(row)
-                        ]
+                        over = [r for r in under[row.version] if steps[r.version] <= point]
                         config = self._apply_under(config, row, over)
                 if not out or config != out[-1].config:
                     # Named by the newest row with an effect here: an added one (from ``lowest`` on,
@@ -1434,20 +1436,13 @@ class ConfigStore:
         which is the stored one or its own groups', and lags ours when our groups lead."""
         step = self._stored_step if self.leases.gate.suspended else self._current_step
         epoch = self.runs.epoch(version)
-        extra = self._beyond_held(rows)
-        if extra is None:
-            at_once = [
-                r.order_step for r in rows if r.effective_step is None and self.runs.epoch(r.version) == epoch
-            ]
-        else:
-            top = self._held_index().at_once_top(epoch)
-            at_once = [
-                r.order_step
-                for r in extra
-                if r.effective_step is None and self.runs.epoch(r.version) == epoch
-            ]
-            at_once += [] if top is None else [top]
-        return max(step, max(at_once, default=-1))
+        extra = self._beyond_held(rows)  # the held rows' top is kept (the row index): scan the rest
+        scanned = rows if extra is None else extra
+        at_once = [
+            r.order_step for r in scanned if r.effective_step is None and self.runs.epoch(r.version) == epoch
+        ]
+        top = None if extra is None else self._held_index().at_once_top(epoch)
+        return max(step, max(at_once, default=-1), -1 if top is None else top)
 
     def _now_step(self, rows: list[Change], window: CommitWindow) -> int | None:
         """The lowest step a change made now may take effect at (None: at once).

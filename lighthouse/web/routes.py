@@ -277,10 +277,7 @@ class AdminApi:
             if wait:
                 raise HttpError(400, "wait needs after=VERSION (the version you hold)")
             return _history_page(
-                state.store.history_page(limit, _HISTORY_ENTRIES_BYTES, before=before),
-                "before",
-                state.store.runs.to_json(),
-                state.store.retention(),
+                state.store.history_page(limit, _HISTORY_ENTRIES_BYTES, before=before), "before", state.store
             )
         if before is not None:
             raise HttpError(400, "before and after do not go together")
@@ -296,7 +293,7 @@ class AdminApi:
             finally:
                 self._waiting.release()
         page = state.store.history_page(limit, _HISTORY_ENTRIES_BYTES, after=after)
-        return _history_page(page, "after", state.store.runs.to_json(), state.store.retention())
+        return _history_page(page, "after", state.store)
 
     def scheduled(self, req: Request) -> Response:
         return json_response({"scheduled": self.state(req).store.scheduled()})
@@ -703,14 +700,16 @@ class AdminApi:
         )
 
 
-def _history_page(
-    page: HistoryPage, direction: str, runs: list[dict[str, Any]], retention: dict[str, Any]
-) -> Response:
+def _history_page(page: HistoryPage, direction: str, store: ConfigStore) -> Response:
     """``next_before`` (``next_after`` for a feed) when more versions lie past this page: ask with
     it for them; ``truncated`` when the byte budget ended the page before ``limit``. ``runs``: where
     each run began (after version ``base_version``, at step ``start_step``); ``retention``: where
     the history was cut (``ConfigStore.retention``)."""
-    answer: dict[str, Any] = {"versions": page.versions, "runs": runs, "retention": retention}
+    answer: dict[str, Any] = {
+        "versions": page.versions,
+        "runs": store.runs.to_json(),
+        "retention": store.retention(),
+    }
     if page.more:
         answer[f"next_{direction}"] = page.versions[-1]["version"]
     if page.truncated:

@@ -381,7 +381,7 @@
     const folded = cut.fold_step >= 0 ? `; steps up to ${cut.fold_step} resolve as step ${cut.fold_step} (${cut.keep_steps} steps kept)` : "";
     const cutRows = more.length || !cut.pruned_through ? [] : [
       el("tr", { class: "history-cut", "data-testid": "history-cut" }, el("td", { colspan: 8 },
-        `Versions up to v${cut.pruned_through} were pruned (history limit ${cut.history_limit})${folded}.`)),
+        `Versions up to v${cut.pruned_through} were pruned` + (cut.history_limit ? ` (history limit ${cut.history_limit})` : "") + `${folded}.`)),
     ];
     const runRow = (r) => el("tr", { class: "history-run", dataset: { run: r.number }, "data-testid": "history-run" },
       el("td", { colspan: 8 }, el("span", { class: "pill" }, `run ${r.number}`),
