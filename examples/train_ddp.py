@@ -74,6 +74,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lighthouse", default=None, help="config lighthouse (default: env TORCHFT_LIGHTHOUSE)")
     p.add_argument("--timeout", type=float, default=5.0, help="deadline of connect() and of each call")
     p.add_argument("--cache-ttl", type=float, default=None, help="the manager's cache TTL in seconds")
+    p.add_argument(
+        "--push-lease-seconds", type=float, default=None, help="the manager's step leases on its push stream"
+    )
     p.add_argument("--checkpoint-dir", type=Path, default=None, help="save every step, resume at start")
     p.add_argument("--save-at", type=int, default=None, help="--torchft: checkpoint at this step only")
     p.add_argument("--run-id", default=None, help="connect(run_id=...): a new id begins a new run")
@@ -278,6 +281,7 @@ def main() -> None:
         lighthouse=args.lighthouse,
         timeout=args.timeout,
         cache_ttl=args.cache_ttl,
+        push_lease_seconds=args.push_lease_seconds,
         strict=args.torchft,
         on_change=tracker,
         run_id=args.run_id,

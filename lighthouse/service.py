@@ -289,7 +289,7 @@ class LighthouseService:
         if not requests and not changed and not stream.keepalive_due:
             return None
         stream.keepalive_due = False
-        reply = await _answer(state, *stream.sent, stream.step, stream.request, stream.peer)
+        reply = await _answer(state, *stream.sent, stream.step, stream.request, stream.peer, streamed=True)
         stream.sent = (reply[1], state.snapshot.state_id)
         return reply
 
@@ -336,10 +336,11 @@ async def _answer(
     request: pb.LighthouseConfigRequest,
     peer: str,
     context: grpc.aio.ServicerContext | None = None,
+    streamed: bool = False,
 ) -> tuple[bytes, int]:
     """``state.answer`` on the loop; when its step lease needs a wait (the job's first ceiling write,
     a commit under way), on a thread, waiting at most half the call's remaining time."""
-    answer = partial(state.answer, known_version, known_state_id, step, request, peer)
+    answer = partial(state.answer, known_version, known_state_id, step, request, peer, streamed=streamed)
     reply = answer()
     if reply is None:
         wait = lease_wait(context.time_remaining() if context is not None else None)

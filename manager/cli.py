@@ -27,7 +27,7 @@ from protos.cli_output import (
     table,
 )
 from protos.daemon import Termination, announce, configure_logging
-from protos.limits import STEP_WINDOW
+from protos.limits import PUSH_LEASE_SECONDS, STEP_WINDOW
 from protos.rpc import LIGHTHOUSE_TOKEN_ENV, LIGHTHOUSE_TOKEN_FILE_ENV
 from protos.tls import LIGHTHOUSE_TLS_ENVS, ServerTLS, TLSConfig
 
@@ -91,6 +91,15 @@ def main() -> None:
     "paces the polling that takes over while no stream is open), or only poll every TTL.",
 )
 @click.option(
+    "--push-lease-seconds",
+    type=click.FloatRange(min=0),
+    default=PUSH_LEASE_SECONDS,
+    show_default=True,
+    help="On a live push stream, the seconds of steps a step lease covers (a change made now is live "
+    "in every group within about this plus 3 steps, while every group pushes); renewed half-way, "
+    "on the stream. 0: a cache TTL, as when polling (fewer renewals, changes wait up to a TTL).",
+)
+@click.option(
     "--step-window",
     type=click.IntRange(min=1),
     default=STEP_WINDOW,
@@ -137,6 +146,7 @@ def serve(
     backoff: float,
     serve_stale: bool,
     push: bool,
+    push_lease_seconds: float,
     step_window: int,
     job: str,
     lighthouse_tls: TLSConfig | None,
@@ -166,6 +176,7 @@ def serve(
             backoff=backoff,
             serve_stale=serve_stale,
             push=push,
+            push_lease_seconds=push_lease_seconds,
             step_window=step_window,
             job=job,
             lighthouse_tls=lighthouse_tls,

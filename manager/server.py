@@ -9,9 +9,12 @@ ride on that status too (see ``metrics``), on the push stream as on a fetch.
 Step leases (see ``lighthouse.jobs.leases``): each answer of the lighthouse promises
 its config for every step up to a horizon H. A worker's call for a step up to H
 is answered from that snapshot whatever the TTL, also while the lighthouse is
-unreachable. The lease lasts about one cache TTL at the job's step rate; the
+unreachable. Polling, the lease lasts about one cache TTL at the job's step rate;
+on a live push stream only ``push_lease_seconds`` (or a few of the stream's round
+trips), so that a change made now, which waits for the longest lease promised to
+any group, is live in every group within about that (push-speed leases). The
 background loop renews it once the group is half-way through it (so an outage
-of half a TTL changes nothing workers see) and the step's call never waits for
+of half a lease changes nothing workers see) and the step's call never waits for
 it. A call for a step above H waits for a renewal
 (the deadline bounds it) and, without one, gets the fallback: a group that
 cannot confirm its config must not train a step on one that may differ from
@@ -41,7 +44,7 @@ from manager.snapshot import CACHE, FALLBACK, STALE, Snapshot
 from manager.upstream import FetchFailed, UpstreamCache
 from protos import lighthouse_config_pb2 as pb
 from protos.job_ids import DEFAULT_JOB, check_job_id
-from protos.limits import STEP_WINDOW
+from protos.limits import PUSH_LEASE_SECONDS, STEP_WINDOW
 from protos.probes import Probes
 from protos.rpc import MANAGER_SERVICE, dialable_address, split_addresses, start_server, varint_field
 from protos.tls import ServerCertificates, ServerTLS, TLSConfig, explain_rpc_error
@@ -58,6 +61,10 @@ STREAM_END_WAIT = 1.0  # seconds to wait for a reset stream to end before lookin
 # write slower than that at a run's first steps on a busy etcd gave the fallback: seed 1079626280).
 REFUSALS_SETTLE = 2
 REFUSAL_BUDGET = 0.5
+# Push-speed leases: on a live push stream a lease is asked for this many of the stream's round trips
+# (a renewal sent half-way has two of them to arrive), at least ``push_lease_seconds``, at most a TTL.
+PUSH_LEASE_ROUND_TRIPS = 4
+RTT_WEIGHT = 0.2  # of a new round trip in the stream's smoothed one
 EARLIER_LEASES_KEPT = 8  # replaced leases kept for ranks behind their group (``_below_snapshot``)
 
 
@@ -117,10 +124,16 @@ class ManagerServer:
         tls: ServerTLS | None = None,
         lighthouse_token: str | None = None,
         push: bool = True,
+        push_lease_seconds: float = PUSH_LEASE_SECONDS,
         run_id: str = "",
     ) -> None:
         if cache_ttl <= 0 or lighthouse_timeout <= 0 or backoff <= 0:
             raise ValueError("cache_ttl, lighthouse_timeout and backoff must be positive")
+        if not (math.isfinite(push_lease_seconds) and push_lease_seconds >= 0):
+            raise ValueError("push_lease_seconds must be a finite number of seconds, 0 or more")
+        # The seconds of steps a lease asked on a live push stream covers (0: a TTL, as when polling).
+        self.push_lease_seconds = push_lease_seconds
+        self.push_round_trip: float | None = None  # the stream's smoothed round trip (seconds)
         self.job = check_job_id(job)
         self.run_id = run_id  # the training script's run id: a new one begins a new run of the job
         self._stepped_at = float("-inf")  # when a worker last asked for a new highest step
@@ -406,22 +419,22 @@ class ManagerServer:
         with self._serving_lock:
             self._probes.set_serving(serving())
 
-    def _request(self, held: Snapshot | None) -> tuple[pb.LighthouseConfigRequest, int]:
-        """A request for the lighthouse (a fetch, or a report on the push stream), and the step the
-        step lease it asks for should cover."""
+    def _request(self, held: Snapshot | None, lease_seconds: float) -> tuple[pb.LighthouseConfigRequest, int]:
+        """A request for the lighthouse (a fetch, or a report on the push stream) asking a step lease
+        for ``lease_seconds`` of steps, and the step that lease should cover."""
         status = self._status()
         wanted = self._step_wanted
         request = self._lighthouse.request(
             known_version=held.version if held else 0,
             known_state_id=held.state_id if held else "",
             status=status,
-            lease_seconds=self._cache.ttl,
+            lease_seconds=lease_seconds,
             lease_from_step=wanted if wanted > status.step else None,
         )
         return request, max(status.step, wanted)
 
     def _fetch(self, held: Snapshot | None) -> Snapshot:
-        request, base = self._request(held)
+        request, base = self._request(held, self._cache.ttl)  # polled: renewed every half TTL at most
         try:
             reply = self._lighthouse.fetch(request, timeout=self.lighthouse_timeout)
         except grpc.RpcError as exc:
@@ -455,12 +468,23 @@ class ManagerServer:
     # ------------------------------------------------------------ push
     def _push_request(self) -> pb.LighthouseConfigRequest:
         """A request for the push stream: its first one (the version held), a report, a renewal."""
-        request, self._push_base = self._request(self._cache.good)
+        request, self._push_base = self._request(self._cache.good, self.stream_lease_seconds())
         self._push_switches += [(w.version, w.step, w.previous_step) for w in request.status.switches]
         self._push_metrics = request.status.metrics_batch or self._push_metrics
         self._reported = self._report_key(request.status)
         self._reported_at = time.monotonic()
         return request
+
+    def stream_lease_seconds(self) -> float:
+        """The seconds of steps a lease asked on the push stream covers: a change made now waits for
+        the longest lease promised to any group, so with every group on a stream it takes effect
+        within about this, not a TTL. Renewed half-way, it must outlast the renewal's round trip:
+        PUSH_LEASE_ROUND_TRIPS of the stream's, at least ``push_lease_seconds``, at most the TTL."""
+        ttl = self._cache.ttl
+        if not self.push_lease_seconds:
+            return ttl
+        round_trip = self.push_round_trip or 0.0
+        return min(ttl, max(self.push_lease_seconds, PUSH_LEASE_ROUND_TRIPS * round_trip))
 
     def _pushed(self, reply: pb.LighthouseConfigResponse) -> None:
         """A message of the push stream: a new version, an answer to a report or renewal, a keep-alive."""
@@ -468,7 +492,13 @@ class ManagerServer:
             snapshot = self._take_reply(reply, self._cache.good)
             self._take_lease(reply, snapshot, self._push_base)
         self._cache.offer(snapshot)
-        self._push_asked = None
+        asked, self._push_asked = self._push_asked, None
+        if asked is not None:  # the answer to a request (or a push that crossed it: a shorter sample)
+            sample = time.monotonic() - asked
+            held = self.push_round_trip
+            self.push_round_trip = sample if held is None else held + RTT_WEIGHT * (sample - held)
+        if self._lease is not None and self._pins.max_step >= self._renew_at:
+            self._renew.set()  # the group passed half of the new lease while it came: renew now
         sent, self._push_switches = self._push_switches, []
         self._pins.ack_switches(sent)
         self._metrics.ack(self._push_metrics)

@@ -15,6 +15,9 @@ MAX_ID_BYTES = 256  # a manager's replica id and address: longer is INVALID_ARGU
 # TTL): a longer ask is held to this. Any caller of the gRPC port may ask, and a lease (and a run's
 # end, 2 TTLs after its last step) follows what it asks.
 MAX_LEASE_SECONDS = 60.0
+# What a manager on a live push stream asks its leases for (``--push-lease-seconds``): a change made
+# now is live in every group within about this plus 3 steps while every group pushes.
+PUSH_LEASE_SECONDS = 0.08
 
 # Who made a change and why, as each config segment of a reply carries them (the history keeps
 # them whole; a worker's change callback gets them cut to these lengths).

@@ -268,11 +268,13 @@ def run_job(
     cache_ttl: float = 1.0,
     steps: int = STEPS,
     isolate_every: int = 2,
+    extra: tuple[str, ...] = (),
 ) -> tuple[dict[str, list[Record]], dict[str, set[str]], Operator]:
-    """Train at least ``steps`` steps and until every change is reached, then stop both groups."""
+    """Train at least ``steps`` steps and until every change is reached, then stop both groups
+    (``extra``: more flags of the training script)."""
     env = {"TORCHFT_LIGHTHOUSE": torchft_lighthouse(procs)}
     groups = {
-        str(group): start_group(procs, group, env, steps, cache_ttl, ["--lighthouse", lighthouse])
+        str(group): start_group(procs, group, env, steps, cache_ttl, ["--lighthouse", lighthouse, *extra])
         for group, lighthouse in enumerate(lighthouses)
     }
     poll(lambda: all(max_step(p) >= 20 for p in groups.values()), 120, what="both groups training")
@@ -409,7 +411,8 @@ def test_the_same_with_the_lighthouse_sigkilled_and_restarted_on_its_state(
 
     # A lease of 5 s of steps, renewed half-way, outlasts the restart: the groups keep training
     # through it (and run longer, so that the changes made after it, each about a lease ahead,
-    # take effect within the run).
+    # take effect within the run). A TTL's lease on the push stream too: a push-speed one covers
+    # ~80 ms, and past it a strict client's step would wait out the restart.
     groups, params, operator = run_job(
         procs,
         [lh.address] * 2,
@@ -420,6 +423,7 @@ def test_the_same_with_the_lighthouse_sigkilled_and_restarted_on_its_state(
         cache_ttl=5.0,
         steps=2 * STEPS,
         isolate_every=4,  # each isolated change waits out a lease of 5 s
+        extra=("--push-lease-seconds", "0"),
     )
     check_run(groups, params, operator, history(holder[0].url), min_checked=6)
 

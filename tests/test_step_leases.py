@@ -326,7 +326,15 @@ def test_an_outage_shorter_than_the_lease_changes_nothing_workers_see(procs: Pro
     lh = procs.lighthouse({"lr": 0.1})
     wait_healthy(lh.url)
     # A lease of ~6 s of steps, renewed half-way: the outage below reaches past the half with ~3 s left.
-    m = procs.manager(lh.address, "g0", cache_ttl=6.0, lighthouse_timeout=0.5, backoff=0.2)
+    # A lease of a TTL also on the push stream (push-speed leases cover ~80 ms: tests/test_push_leases.py).
+    m = procs.manager(
+        lh.address,
+        "g0",
+        cache_ttl=6.0,
+        lighthouse_timeout=0.5,
+        backoff=0.2,
+        extra=["--push-lease-seconds", "0"],
+    )
     worker = procs.worker(m.address, group="g0", rank=0, steps=1000, step_interval=0.01, extra=["--strict"])
     poll(lambda: len(records_so_far(worker)) > 100, 30, what="worker stepping for a second")
     lh.signal(signal.SIGSTOP)  # a hung host
@@ -470,7 +478,10 @@ def test_no_change_is_committed_below_a_promise_made_before_a_crash(
     worker.stop()
     records = records_so_far(worker)
     first = min(r["step"] for r in records if r["config"] == {"lr": "0.2"})
-    assert first == reply["effective_step"]
-    # Before it, the old config (or, had the restart outlasted the lease, the fallback): never the new.
-    assert all(r["config"] == {"lr": "0.1"} for r in records if r["step"] < first and confirmed(r))
+    at = reply["effective_step"]
+    assert first >= at
+    # From E until the first use, only the fallback (the restart outlasted the group's lease, ~80 ms on
+    # its push stream): no confirmed step there. Before E the old config or the fallback, never the new.
+    assert not [r for r in records if at <= r["step"] < first and confirmed(r)]
+    assert all(r["config"] == {"lr": "0.1"} for r in records if r["step"] < at and confirmed(r))
     assert all(r["config"] == {"lr": "0.2"} for r in records if r["step"] >= first)

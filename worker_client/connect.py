@@ -55,6 +55,7 @@ def connect(
     timeout: timedelta | float = timedelta(seconds=DEFAULT_TIMEOUT),
     prefetch: bool = False,
     cache_ttl: float | None = None,
+    push_lease_seconds: float | None = None,
     strict: bool = False,
     tls: TLSConfig | None = None,
     on_change: Callable[[ConfigChange], object] | None = None,
@@ -76,10 +77,13 @@ def connect(
     ``on_change`` is ``ManagerClient``'s (a tracker adapter from ``worker_client.trackers``).
     ``lighthouse_token`` is the manager's token for a lighthouse with ``--manager-tokens-file``;
     without it the manager reads ``LIGHTHOUSE_TOKEN`` or ``LIGHTHOUSE_TOKEN_FILE``.
-    ``run_id`` names this run of the training script (e.g. ``TORCHELASTIC_RESTART_COUNT`` when the
-    whole job restarts together): an id the job never had ends its live run and begins a new one
-    at the group's step, so the changes promised to the old run apply from the resume step. Leave it
-    out when groups restart alone (torchft heals them): their run is the job's.
+    ``cache_ttl`` and ``push_lease_seconds`` are the manager's (``manager serve --cache-ttl``,
+    ``--push-lease-seconds``: 0 leases a TTL of steps on the push stream too, so an outage of
+    half a TTL goes unnoticed, for changes that wait up to a TTL). ``run_id`` names this run of the
+    training script (e.g. ``TORCHELASTIC_RESTART_COUNT`` when the whole job restarts together): an
+    id the job never had ends its live run and begins a new one at the group's step, so the changes
+    promised to the old run apply from the resume step. Leave it out when groups restart alone
+    (torchft heals them): their run is the job's.
     """
     wait = seconds(timeout, DEFAULT_TIMEOUT)
     deadline = time.monotonic() + wait
@@ -95,7 +99,15 @@ def connect(
     if rank == 0:
         tls = tls if tls is not None else lighthouse_tls_from_env()
         address = _start_manager(
-            lighthouse, replica_id, job, cache_ttl, tls, deadline, lighthouse_token, run_id
+            lighthouse,
+            replica_id,
+            job,
+            cache_ttl,
+            tls,
+            deadline,
+            lighthouse_token,
+            run_id,
+            push_lease_seconds,
         )
         store.set(key, address)
     else:
@@ -164,6 +176,7 @@ def _start_manager(
     deadline: float,
     token: str | None = None,
     run_id: str | int | None = None,
+    push_lease_seconds: float | None = None,
 ) -> str:
     """Start ``manager serve`` on a free port as our child and return the address it printed."""
     if tls is not None and tls.ca is None and tls.cert is None:
@@ -174,6 +187,8 @@ def _start_manager(
         args += ["--job", job]
     if cache_ttl is not None:
         args += ["--cache-ttl", str(cache_ttl)]
+    if push_lease_seconds is not None:
+        args += ["--push-lease-seconds", str(push_lease_seconds)]
     if run_id is not None and str(run_id):
         args += ["--run-id", str(run_id)]
     if tls is not None:

@@ -19,7 +19,10 @@ pending change made now (``ConfigStore._now_step``): acknowledged order is effec
 
 Lease length, per job: ``L = max(min_steps, ceil(rate * seconds)) + extra_steps``, where
 ``rate`` is the job's step rate (steps per second of its fastest group, measured from the steps
-managers report) and ``seconds`` what the manager asks for (its cache TTL). A manager renews in
+managers report) and ``seconds`` what the manager asks for: its cache TTL when it polls, a fraction
+of a second on a live push stream (push-speed leases: ``min_steps`` is then 1, a renewal on the
+stream arrives within a step), so that while every group pushes a change made now is live within
+about that plus a few steps; one polling group's TTL lease brings the TTL's wait back. A manager renews in
 the background once it is half-way through its lease, so an outage of half a TTL changes
 nothing its workers see, and E lies at most about one TTL plus ``extra_steps + 1`` steps ahead
 of the fastest group (``benchmarks.leases`` measures it).
@@ -53,6 +56,10 @@ class LeasePolicy:
     """The lease-length rule and how far the stored ceiling runs ahead (``lighthouse serve`` flags)."""
 
     min_steps: int = 3  # a lease is never shorter: a renewal at half of it has a step or more to arrive
+    # Asked on a push stream: a renewal there is one message on an open stream, answered in
+    # milliseconds, so half of a 1-step lease (one step) is time enough; push-speed leases need it
+    # (at 100 ms steps, 3 + 1 steps would hold a change made now back 500 ms).
+    stream_min_steps: int = 1
     extra_steps: int = 1  # on top of the steps the rate gives: the step the job may be ahead of its report
     default_seconds: float = 1.0  # for managers that do not say (releases without leases)
     # Seconds of steps the stored ceiling runs ahead of the promises: fewer store writes, but
@@ -69,9 +76,11 @@ class LeasePolicy:
             return self
         return dataclasses.replace(self, ceiling_ahead=SHARED_CEILING_AHEAD if shared else OWN_CEILING_AHEAD)
 
-    def length(self, rate: float, seconds: float) -> int:
-        """Steps a lease lasts at ``rate`` steps/s for a manager renewing every ``seconds``."""
-        return max(self.min_steps, math.ceil(rate * (seconds or self.default_seconds))) + self.extra_steps
+    def length(self, rate: float, seconds: float, streamed: bool = False) -> int:
+        """Steps a lease lasts at ``rate`` steps/s for a manager renewing every ``seconds``
+        (``streamed``: on its push stream)."""
+        least = self.stream_min_steps if streamed else self.min_steps
+        return max(least, math.ceil(rate * (seconds or self.default_seconds))) + self.extra_steps
 
 
 class LeaseGate:
@@ -159,7 +168,12 @@ class LeaseBook(Generic[T]):
         return max(self.stored, self.floor) if self._floor_grantable else self.stored
 
     def grant(
-        self, step: int, seconds: float, wait: float = 0.0, generation: int | None = None
+        self,
+        step: int,
+        seconds: float,
+        wait: float = 0.0,
+        generation: int | None = None,
+        streamed: bool = False,
     ) -> tuple[T, int]:
         """The served snapshot and the horizon promised with it to a group at ``step``.
 
@@ -174,7 +188,7 @@ class LeaseBook(Generic[T]):
             with self._cond:
                 assert self._served is not None, "publish() before grant()"
                 return self._served, NO_LEASE
-        length = self.policy.length(self.rate, seconds)
+        length = self.policy.length(self.rate, seconds, streamed)
         want = step + length
         deadline = time.monotonic() + wait
         request = False

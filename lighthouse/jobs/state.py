@@ -417,16 +417,18 @@ class LighthouseState:
         request: pb.LighthouseConfigRequest,
         peer: str,
         wait: float = 0.0,
+        streamed: bool = False,
     ) -> tuple[bytes, int] | None:
         """The serialized reply for a manager holding ``known_version``, with a step lease covering
         ``step`` (-1: none), and the version it carries. None when that lease needs a wait (the
         job's first ceiling write, a commit under way) and ``wait`` is 0: an event loop asks again
-        from a thread."""
+        from a thread. ``streamed``: asked on a push stream (``LeasePolicy.stream_min_steps``)."""
         # The generation first, then the runs: a run's end after this look makes the grant promise
         # nothing, even when it waited for its ceiling across the end (chaos seed 403984614).
         generation = self.store.leases.generation
         if step >= 0 and not self.store.runs.between:  # no run is live: nothing to promise to
-            snap, horizon = self.store.leases.grant(step, lease_seconds(request), wait, generation)
+            seconds = lease_seconds(request)
+            snap, horizon = self.store.leases.grant(step, seconds, wait, generation, streamed)
             if horizon == NO_LEASE and wait == 0.0 and not self.store.leases.gate.suspended:
                 return None  # suspended: no wait brings a lease
             self._note_lease(request.status.replica_id or peer, horizon)
