@@ -51,6 +51,11 @@ from tests.procs import Proc
 
 MARKER = "bench_change"  # each PATCH sets it to the change's index: the value a step used names its change
 GOAL_EXTRA_STEPS = 3  # issue 16: every group uses a change made now within one TTL plus 3 steps (p99)
+PUSH_GOAL_S = 0.1  # issue 37: on push streams, within 100 ms plus 3 steps (push-speed leases)
+# How the managers of a case reach the lighthouse: "push" (push streams, push-speed leases: the
+# default), "poll" (``--poll``: a fetch every TTL, leases of a TTL), "push-ttl" (push streams with
+# leases of a TTL, ``--push-lease-seconds 0``: how it was before issue 37).
+MODES = {"push": ("--push",), "poll": ("--poll",), "push-ttl": ("--push", "--push-lease-seconds", "0")}
 WRITES_STEP_S = 0.01
 WRITES_TTL = 1.0  # the managers' default --cache-ttl
 ETCD_PREFIX = "/leases"
@@ -58,10 +63,14 @@ ETCD_PREFIX = "/leases"
 
 # ------------------------------------------------------------------ first use
 def start_groups(
-    children: Children, addr: str, job: str, groups: int, ttl: float
+    children: Children, addr: str, job: str, groups: int, ttl: float, mode: str = "push"
 ) -> tuple[list[Proc], list[str]]:
-    """``groups`` ``manager serve`` processes of ``job``, started together; their addresses."""
-    managers = [start_manager(children, addr, f"{job}-g{g}", ttl=ttl, job=job) for g in range(groups)]
+    """``groups`` ``manager serve`` processes of ``job`` (reaching the lighthouse as ``mode`` says:
+    ``MODES``), started together; their addresses."""
+    managers = [
+        start_manager(children, addr, f"{job}-g{g}", ttl=ttl, job=job, flags=MODES[mode])
+        for g in range(groups)
+    ]
     return managers, [m.readline() for m in managers]
 
 
@@ -145,16 +154,18 @@ def first_use(
     changes: int,
     ranks: int,
     rng: random.Random,
+    mode: str = "push",
 ) -> dict[str, Any]:
     """One case: a fresh job, its groups stepping, ``changes`` PATCHes at random moments."""
     addr, url = lighthouse
-    job = f"ttl{ttl:g}s-step{step_s * 1e3:g}ms"
+    job = f"{mode}-ttl{ttl:g}s-step{step_s * 1e3:g}ms"
     admin = AdminClient(url, job=job)
     admin.put(CONFIG)
-    managers, addrs = start_groups(children, addr, job, len(pool.agents), ttl)
+    managers, addrs = start_groups(children, addr, job, len(pool.agents), ttl, mode)
+    wait_s = PUSH_GOAL_S if mode == "push" else ttl  # what a change waits for, besides steps
     try:
         warmup = max(2.0, 4 * ttl)  # the lighthouse has measured the step rate; leases are held
-        mean_gap = ttl + GOAL_EXTRA_STEPS * step_s
+        mean_gap = wait_s + GOAL_EXTRA_STEPS * step_s
         gaps = [mean_gap * rng.uniform(0.3, 1.7) for _ in range(changes)]  # random phases of the leases
         seconds = warmup + sum(gaps) + 2 * ttl + 20 * step_s + 0.5  # the last change is used too
         stepping = Lockstep(pool, addrs, ranks, step_s, seconds)
@@ -182,14 +193,15 @@ def first_use(
     period = (started[-1] - started[0]) / (len(started) - 1)
     return {
         "job": job,
+        "mode": mode,
         "ttl_s": ttl,
         "step_s": step_s,
         "groups": len(addrs),
         "ranks": ranks,
         # the goal's bound, with the job's real step time (the step's work, its call and the barrier)
         "step_period_s": period,
-        "bound_s": ttl + GOAL_EXTRA_STEPS * period,
-        "bound_steps": ttl / period + GOAL_EXTRA_STEPS,
+        "bound_s": wait_s + GOAL_EXTRA_STEPS * period,
+        "bound_steps": wait_s / period + GOAL_EXTRA_STEPS,
         **analyse(sent, ranks_flat, ttl),
         "steps_per_rank": min(len(r["started"]) for r in ranks_flat),
         "sources": dict(sum((Counter(r["sources"]) for r in ranks_flat), Counter())),
@@ -263,6 +275,7 @@ def analyse(sent: list[dict[str, Any]], ranks: list[dict[str, Any]], ttl: float)
         "steps_to_every": stat("steps_to_every"),
         "ttls_to_e": stat("s_to_e", ttl),
         "ttls_to_every": stat("s_to_every", ttl),
+        "ms_to_every": stat("s_to_every", 1e-3),
         "switches": [r["switches"] for r in ranks],  # to check the verdicts again from the JSON
         "rows": rows,
     }
@@ -410,12 +423,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         pool = WorkerPool(children, args.groups)
         flags = shlex.split(args.lease_flags)
         lh, addr, url = start_lighthouse(children, work, "lighthouse-first-use", *flags)
-        for ttl in args.ttls:
-            for step_ms in args.steps_ms:
-                case = first_use(
-                    children, pool, (addr, url), ttl, step_ms / 1e3, args.changes, args.ranks, rng
-                )
-                cases.append(case)
+        for mode in args.modes:
+            for ttl in args.ttls:
+                for step_ms in args.steps_ms:
+                    case = first_use(
+                        children, pool, (addr, url), ttl, step_ms / 1e3, args.changes, args.ranks, rng, mode
+                    )
+                    cases.append(case)
         children.stop(lh)
         writes = [
             writes_sqlite(children, pool, work, args.window),
@@ -434,20 +448,21 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def goals(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Issue 16: p99 of (change sent -> every group used it) within TTL + 3 steps, counted in the
     job's steps and in seconds (a job that stalls takes longer in seconds, not in steps); first use
-    at E."""
+    at E. Issue 37: with every group on a push stream, within 100 ms + 3 steps."""
     out = []
     for c in cases:
         p99, p99_steps = c["ttls_to_every"]["p99"], c["steps_to_every"]["p99"]
         bound, bound_steps = c["bound_s"] / c["ttl_s"], c["bound_steps"]
         out.append(
             {
-                "case": f"TTL {c['ttl_s']:g} s, {c['step_s'] * 1e3:g} ms steps",
+                "case": f"{c.get('mode', 'push-ttl')}, TTL {c['ttl_s']:g} s, {c['step_s'] * 1e3:g} ms steps",
                 "p99_ttls": p99,
                 "bound_ttls": bound,
                 "p99_steps": p99_steps,
                 "bound_steps": bound_steps,
                 "met_ttls": p99 is not None and p99 <= bound,
                 "met_steps": p99_steps is not None and p99_steps <= bound_steps,
+                "ttl_s": c["ttl_s"],
                 "exact": c["exact"],
                 "after_fallback": c["after_fallback"],
                 "wrong": c["wrong"] + c["not_used"],
@@ -466,11 +481,12 @@ def render(results: dict[str, Any]) -> str:
     lines = []
     if cases:
         c0 = cases[0]
-        headers = ["TTL s", "step ms", "real ms", "at E/fb/wrong", "to E steps", "to E xTTL",
-                   "every group steps", "every group xTTL", "bound steps", "bound xTTL", "lease", "fallbacks",
-                   "waits"]  # fmt: skip
+        headers = ["mode", "TTL s", "step ms", "real ms", "at E/fb/wrong", "to E steps", "to E xTTL",
+                   "every group steps", "every group ms", "every group xTTL", "bound steps", "bound xTTL",
+                   "lease", "fallbacks", "waits"]  # fmt: skip
         rows = [
             [
+                c.get("mode", "push-ttl"),
                 f"{c['ttl_s']:g}",
                 f"{c['step_s'] * 1e3:g}",
                 f"{c['step_period_s'] * 1e3:.1f}",
@@ -478,6 +494,7 @@ def render(results: dict[str, Any]) -> str:
                 f"{_f(c['steps_to_e']['p50'], 0)} / {_f(c['steps_to_e']['p99'], 0)}",
                 f"{_f(c['ttls_to_e']['p50'])} / {_f(c['ttls_to_e']['p99'])}",
                 f"{_f(c['steps_to_every']['p50'], 0)} / {_f(c['steps_to_every']['p99'], 0)}",
+                f"{_f(c['ms_to_every']['p50'], 0)} / {_f(c['ms_to_every']['p99'], 0)}",
                 f"{_f(c['ttls_to_every']['p50'])} / {_f(c['ttls_to_every']['p99'])}",
                 f"{c['bound_steps']:.1f}",
                 f"{c['bound_s'] / c['ttl_s']:.2f}",
@@ -494,8 +511,10 @@ def render(results: dict[str, Any]) -> str:
             table(headers, rows),
             "  real: the mean step time (work, call, barrier); at E/fb/wrong: changes first used at step E "
             "in every rank / by some rank only after the fallback at E / wrong or never used;",
-            "  bound: TTL + 3 real steps (TTL / real + 3 in steps); lease: the longest promise seen, in "
-            "steps ahead;",
+            "  mode: push (push streams, push-speed leases), poll (a fetch every TTL), push-ttl (push "
+            "streams, leases of a TTL);",
+            "  bound: TTL + 3 real steps (TTL / real + 3 in steps), push: 100 ms + 3 real steps; lease: the "
+            "longest promise seen, in steps ahead;",
             "  waits: worker calls (from the first change on) a manager answered only after asking the "
             "lighthouse",
         ]
@@ -519,13 +538,14 @@ def render(results: dict[str, Any]) -> str:
         "per minute",
         table(headers, rows),
     ]
-    lines += ["", "Goals (issue 16)"]
+    lines += ["", "Goals (issue 16; push: issue 37)"]
     for g in results["goals"]:
         verdict = "MET" if g["met"] else "NOT MET"
         lines.append(
             f"  [{verdict:>7}] {g['case']}: every group used a change made now at p99 "
             f"{_f(g['p99_steps'], 0)} steps (bound {g['bound_steps']:.1f}) and {_f(g['p99_ttls'])}x TTL "
-            f"(bound {g['bound_ttls']:.2f}x); first used at E: {g['exact']}, after a fallback: "
+            f"(bound {g['bound_ttls']:.2f}x = {g['bound_ttls'] * g['ttl_s'] * 1e3:.0f} ms); "
+            f"first used at E: {g['exact']}, after a fallback: "
             f"{g['after_fallback']}, wrong or not used: {g['wrong']}"
         )
     lines.append(machine_line(results["machine_before"], results["machine_after"]))
@@ -536,6 +556,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.leases", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny counts: a smoke run of seconds")
     parser.add_argument("--out", type=Path, default=None, help="also write leases.json here")
+    parser.add_argument(
+        "--modes", type=lambda t: t.split(","), default=["push", "poll"], help=f"of {', '.join(MODES)}"
+    )
     parser.add_argument("--ttls", type=_floats, default=[0.25, 1.0], help="managers' --cache-ttl values (s)")
     parser.add_argument("--steps-ms", type=_floats, default=[10.0, 100.0], help="step times (ms)")
     parser.add_argument("--changes", type=int, default=100, help="PATCHes per case")

@@ -127,7 +127,9 @@ def test_push_benchmark_runs(tmp_path: Path) -> None:
 def test_leases_benchmark_runs(tmp_path: Path) -> None:
     out, results = run_quick("leases", tmp_path, timeout=180)
     cases = results["first_use"]
-    assert [(c["ttl_s"], c["step_s"]) for c in cases] == [(0.25, 0.01), (0.25, 0.1)]
+    assert [(c["mode"], c["ttl_s"], c["step_s"]) for c in cases] == [
+        (mode, 0.25, step) for mode in ("push", "poll") for step in (0.01, 0.1)
+    ]
     for case in cases:
         assert case["changes"] == len(case["rows"]) == 4 and case["not_used"] == 0
         # Every rank first used each change at its E (or, on a machine too busy for the lighthouse
@@ -148,8 +150,14 @@ def test_leases_benchmark_runs(tmp_path: Path) -> None:
         assert 0 <= writes["ceiling_writes_per_min"] <= writes["all_writes_per_min"]
     # etcd's own history and the lighthouse's counter agree (read a moment apart: one write may straddle)
     assert abs(etcd["etcd_ceiling_puts"] - etcd["ceiling_writes"]) <= 1
-    assert [g["case"] for g in results["goals"]] == ["TTL 0.25 s, 10 ms steps", "TTL 0.25 s, 100 ms steps"]
-    assert "Goals (issue 16)" in out.stdout
+    assert [g["case"] for g in results["goals"]] == [
+        f"{mode}, TTL 0.25 s, {step} ms steps" for mode in ("push", "poll") for step in (10, 100)
+    ]
+    # The bound of a push case is 100 ms + 3 steps, of a polled one a TTL + 3 steps.
+    for case in cases:
+        wait = 0.1 if case["mode"] == "push" else case["ttl_s"]
+        assert case["bound_s"] == pytest.approx(wait + 3 * case["step_period_s"])
+    assert "Goals (issue 16; push: issue 37)" in out.stdout
 
 
 def assert_run_meta(results: dict[str, Any]) -> None:

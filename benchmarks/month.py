@@ -1,0 +1,311 @@
+"""A month of a job, compressed (issue 37).
+
+``python -m benchmarks.month [--quick] [--store etcd] [--out DIR]``.
+
+The history is seeded with ``--versions`` versions (40,000: a controller's change a minute for a
+month), one every 100 steps of a job that stepped past them, under the default retention. Then
+``lighthouse serve`` (defaults) opens it, ``--groups`` ``manager serve --push`` processes serve the
+job, and one worker process per group calls ``get_config(step=N)`` for N = 1, 2, ... past the
+seeded step as fast as it is answered, for ``--minutes`` minutes, the groups coupled by a step
+barrier as torchft's all-reduce couples them (no group starts step N+1 before every group finished
+step N). A controller (this process)
+makes a change at once (PATCH ``sync_every``) every ``--change-every`` steps of the first group.
+
+Sampled every ``--sample-seconds``: the job's step, the lighthouse's RSS and CPU, the store's bytes
+(the SQLite file and its log; etcd's database in use: ``--store etcd`` is a 3-member cluster with
+``--quota-backend-bytes`` 256 MiB, compacted every 10 s by etcd itself). Counted: workers' answers
+from the fallback, PATCHes answered 507 (store full) or failing otherwise. Each worker records the
+steps at which its config's version changed; the groups must agree on every one of them over the
+steps both trained. Goals: no fallback, no 507, no disagreement, and the lighthouse's RSS and the
+store's bytes at the end within ``FLAT`` of the first sample after ``--settle-minutes`` (5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.history import ETCD_QUOTA, HistoryStore, write_history
+from benchmarks.leases import StepBarrier
+from benchmarks.procs import Children, cpu_seconds, rss_bytes
+from benchmarks.report import machine_line, machine_load, percentile, run_standalone, standalone_parser
+from benchmarks.stack import serve_lighthouse, start_manager
+from lighthouse.admin.client import AdminClient, AdminError
+from lighthouse.jobs.versions import DEFAULT_HISTORY_LIMIT, DEFAULT_KEEP_STEPS
+from tests.etcd_cluster import EtcdCluster
+
+FLAT = 1.1  # memory and store bytes at the end within this factor of the settled sample
+SEED_EVERY = 100  # steps between two seeded versions (a controller's change)
+REPORT_EVERY = 250  # a worker prints its progress every this many steps
+
+
+# ------------------------------------------------------------------ the worker process
+def worker(manager: str, first_step: int, barrier: str) -> None:
+    """Steps from ``first_step`` as fast as the manager answers and the other groups follow (the step
+    barrier at ``barrier`` says when to stop); prints a progress line every REPORT_EVERY steps and,
+    at the end, the steps at which the version changed."""
+    import socket
+
+    from worker_client import ManagerClient
+
+    host, port = barrier.rsplit(":", 1)
+    switches: list[tuple[int, int]] = []
+    fallbacks = 0
+    version = -1
+    step = first_step
+    with ManagerClient(manager, timeout=5.0) as client, socket.create_connection((host, int(port))) as link:
+        link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while True:
+            config = client.get_config(step=step)
+            if config.source == "fallback":
+                fallbacks += 1
+            elif config.version != version:
+                version = config.version
+                switches.append((step, version))
+            if step % REPORT_EVERY == 0:
+                print(json.dumps({"step": step, "fallbacks": fallbacks, "version": version}), flush=True)
+            link.sendall(b"s")  # this step is done: wait for every group's
+            if link.recv(1) != b"g":
+                break
+            step += 1
+    print(json.dumps({"done": step, "fallbacks": fallbacks, "switches": switches}), flush=True)
+
+
+# ------------------------------------------------------------------ the run
+class Controller:
+    """Reads the first worker's progress and makes a change at once every ``every`` of its steps."""
+
+    def __init__(self, url: str, every: int, first_step: int) -> None:
+        self._admin = AdminClient(url, timeout=30.0)
+        self._every = every
+        self._next = first_step + every
+        self.step = first_step
+        self.fallbacks = 0
+        self.changes = 0
+        self.full = 0  # 507: the store is full
+        self.errors: list[str] = []
+        self.latencies: list[float] = []
+
+    def progress(self, line: dict[str, Any]) -> None:
+        self.step = line["step"]
+        self.fallbacks = line["fallbacks"]
+        while self.step >= self._next:
+            self._next += self._every
+            self._change()
+
+    def _change(self) -> None:
+        started = time.perf_counter()
+        try:
+            self._admin.patch({"sync_every": 100 + self.changes % 50})
+        except AdminError as exc:
+            if exc.status == 507:
+                self.full += 1
+            else:
+                self.errors.append(str(exc)[:200])
+            return
+        self.latencies.append(time.perf_counter() - started)
+        self.changes += 1
+
+
+def follow(child: Any, controller: Controller | None, out: dict[str, Any]) -> None:
+    """Read a worker's lines until its last one (into ``out``); the first worker's drive ``controller``."""
+    try:
+        while True:
+            line = json.loads(child.readline())
+            if "done" in line:
+                out.update(line)
+                return
+            if controller is not None:
+                controller.progress(line)
+            out["step"] = line["step"]
+    except BaseException as exc:  # reported by the run
+        out["error"] = repr(exc)
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {"machine_before": machine_load(), "store": args.store}
+    shm = Path("/dev/shm")
+    base = Path(tempfile.mkdtemp(prefix="bench-month-", dir=shm if shm.is_dir() else work))
+    try:
+        with Children(work / "logs") as children, contextlib.ExitStack() as stack:
+            etcd = None
+            if args.store == "etcd":
+                compaction = ("--auto-compaction-mode=periodic", "--auto-compaction-retention=10s")
+                quota = f"--quota-backend-bytes={ETCD_QUOTA}"
+                etcd = stack.enter_context(
+                    EtcdCluster(base / "etcd", size=3, extra_args=[*compaction, quota])
+                )
+            where = HistoryStore("month", base, etcd)
+            started = time.monotonic()
+            seeded_step = write_history(where, args.versions, SEED_EVERY)
+            results["seconds_to_seed"] = time.monotonic() - started
+            results["seeded_step"] = seeded_step
+            lighthouse, address, url = serve_lighthouse(children, "lighthouse", *where.flags())
+            managers = [start_manager(children, address, f"month-g{g}") for g in range(args.groups)]
+            addrs = [m.readline() for m in managers]
+            barrier = StepBarrier(len(addrs), time.monotonic() + args.minutes * 60)
+            stack.callback(barrier.close)
+            workers = [
+                children.python(
+                    f"worker-{g}",
+                    "-m",
+                    "benchmarks.month",
+                    "worker",
+                    addr,
+                    str(seeded_step + 1),
+                    barrier.address,
+                )
+                for g, addr in enumerate(addrs)
+            ]
+            controller = Controller(url, args.change_every, seeded_step)
+            outs: list[dict[str, Any]] = [{} for _ in workers]
+            readers = [
+                threading.Thread(
+                    target=follow, args=(w, controller if g == 0 else None, outs[g]), daemon=True
+                )
+                for g, w in enumerate(workers)
+            ]
+            for reader in readers:
+                reader.start()
+            samples = []
+            began = time.monotonic()
+            while any(r.is_alive() for r in readers):
+                now = time.monotonic()
+                samples.append(
+                    {
+                        "minutes": (now - began) / 60,
+                        "step": controller.step - seeded_step,
+                        "rss_mb": rss_bytes(lighthouse.popen.pid) / 2**20,
+                        "cpu_s": cpu_seconds(lighthouse.popen.pid),
+                        "store_kb": where.bytes() / 1024,
+                        "changes": controller.changes,
+                    }
+                )
+                for reader in readers:
+                    reader.join(timeout=max(0.0, now + args.sample_seconds - time.monotonic()))
+            results["samples"] = samples
+            results["workers"] = [{k: v for k, v in o.items() if k != "switches"} for o in outs]
+            errors = [o["error"] for o in outs if "error" in o]
+            if errors:
+                raise RuntimeError(f"a worker failed: {errors}")
+            results["disagreements"] = disagreements(outs)
+            results["switches"] = len(outs[0]["switches"])
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    results.update(
+        {
+            "minutes": args.minutes,
+            "versions_seeded": args.versions,
+            "change_every": args.change_every,
+            "changes": controller.changes,
+            "patch_507": controller.full,
+            "patch_errors": controller.errors[:10],
+            "patch_ms_p50": percentile(sorted(controller.latencies), 50) * 1e3
+            if controller.latencies
+            else None,
+            "patch_ms_p99": percentile(sorted(controller.latencies), 99) * 1e3
+            if controller.latencies
+            else None,
+            "fallbacks": sum(o["fallbacks"] for o in outs),
+            "steps": [o["done"] - seeded_step for o in outs],
+            "retention": {"history_limit": DEFAULT_HISTORY_LIMIT, "keep_steps": DEFAULT_KEEP_STEPS},
+            "machine_after": machine_load(),
+        }
+    )
+    results["flat"] = flatness(samples, args.settle_minutes)
+    results["goals_met"] = (
+        results["fallbacks"] == 0
+        and results["patch_507"] == 0
+        and not results["patch_errors"]
+        and results["disagreements"] == 0
+        and all(f["ratio"] is not None and f["ratio"] <= FLAT for f in results["flat"].values())
+    )
+    return results
+
+
+def disagreements(outs: list[dict[str, Any]]) -> int:
+    """Version changes ([step, version]) that not every group made, over the steps all of them trained
+    (each worker's ``switches``: the steps at which its config's version changed, and to what)."""
+    last = min(o["done"] for o in outs)
+    views = [{(s, v) for s, v in o["switches"] if s <= last} for o in outs]
+    return len(set.union(*views) - set.intersection(*views))
+
+
+def flatness(samples: list[dict[str, Any]], settle_minutes: float) -> dict[str, Any]:
+    """RSS and store bytes: the first sample after ``settle_minutes`` against the last."""
+    settled = next((s for s in samples if s["minutes"] >= settle_minutes), None)
+    last = samples[-1] if samples else None
+    out = {}
+    for key in ("rss_mb", "store_kb"):
+        if settled is None or last is None or settled is last:
+            out[key] = {"settled": None, "end": None, "ratio": None}
+            continue
+        out[key] = {"settled": settled[key], "end": last[key], "ratio": last[key] / settled[key]}
+    return out
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = [machine_line(results["machine_before"], results["machine_after"])]
+    steps = results["steps"]
+    lines.append(
+        f"{results['store']}: {results['versions_seeded']} versions seeded "
+        f"({results['seconds_to_seed']:.0f} s), "
+        f"{results['minutes']:g} minutes, {len(steps)} groups, {min(steps)}-{max(steps)} steps "
+        f"({max(steps) / (results['minutes'] * 60):.0f}/s), {results['changes']} changes at once "
+        f"(one every {results['change_every']} steps; PATCH p50 {results['patch_ms_p50'] or 0:.1f} ms, "
+        f"p99 {results['patch_ms_p99'] or 0:.1f} ms)"
+    )
+    lines.append(
+        f"fallbacks {results['fallbacks']}, 507 {results['patch_507']}, other PATCH errors "
+        f"{len(results['patch_errors'])}, steps the groups disagree at {results['disagreements']} "
+        f"({results['switches']} version changes each)"
+    )
+    for key, f in results["flat"].items():
+        if f["ratio"] is None:
+            lines.append(f"{key}: not enough samples")
+        else:
+            lines.append(
+                f"{key}: {f['settled']:.1f} settled -> {f['end']:.1f} at the end "
+                f"({f['ratio']:.2f}x, goal <= {FLAT}x)"
+            )
+    lines.append(f"goals met: {results['goals_met']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        worker(argv[1], int(argv[2]), argv[3])
+        return 0
+    parser = standalone_parser("month", __doc__)
+    parser.add_argument(
+        "--store", choices=("sqlite", "etcd"), default="sqlite", help="etcd: a 3-member cluster"
+    )
+    parser.add_argument("--versions", type=int, default=40_000, help="versions the history is seeded with")
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument(
+        "--settle-minutes", type=float, default=5.0, help="memory and store flat from then on"
+    )
+    parser.add_argument("--change-every", type=int, default=1000, help="steps between two changes at once")
+    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--sample-seconds", type=float, default=30.0)
+    quick = {
+        "versions": 200,
+        "minutes": 0.4,
+        "settle_minutes": 0.1,
+        "change_every": 200,
+        "sample_seconds": 3.0,
+    }
+    return run_standalone("month", parser, argv, quick, run, render)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
