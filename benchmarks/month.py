@@ -3,7 +3,8 @@
 ``python -m benchmarks.month [--quick] [--store etcd] [--out DIR]``.
 
 The history is seeded with ``--versions`` versions (40,000: a controller's change a minute for a
-month), one every 100 steps of a job that stepped past them, under the default retention. Then
+month), one every 100 steps of a job that stepped past them, under the default retention, and
+each group's step switches to the versions kept. Then
 ``lighthouse serve`` (defaults) opens it, ``--groups`` ``manager serve --push`` processes serve the
 job, and one worker process per group calls ``get_config(step=N)`` for N = 1, 2, ... past the
 seeded step as fast as it is answered, for ``--minutes`` minutes, the groups coupled by a step
@@ -40,6 +41,7 @@ from benchmarks.report import machine_line, machine_load, percentile, run_standa
 from benchmarks.stack import serve_lighthouse, start_manager
 from lighthouse.admin.client import AdminClient, AdminError
 from lighthouse.jobs.versions import DEFAULT_HISTORY_LIMIT, DEFAULT_KEEP_STEPS
+from protos.job_ids import DEFAULT_JOB
 from tests.etcd_cluster import EtcdCluster
 
 FLAT = 1.1  # memory and store bytes at the end within this factor of the settled sample
@@ -146,6 +148,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             where = HistoryStore("month", base, etcd)
             started = time.monotonic()
             seeded_step = write_history(where, args.versions, SEED_EVERY)
+            results["switches_seeded"] = seed_switches(where, args.versions, args.groups)
             results["seconds_to_seed"] = time.monotonic() - started
             results["seeded_step"] = seeded_step
             lighthouse, address, url = serve_lighthouse(children, "lighthouse", *where.flags())
@@ -186,6 +189,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                         "rss_mb": rss_bytes(lighthouse.popen.pid) / 2**20,
                         "cpu_s": cpu_seconds(lighthouse.popen.pid),
                         "store_kb": where.bytes() / 1024,
+                        "store_counts": store_counts(where),
                         "changes": controller.changes,
                     }
                 )
@@ -229,6 +233,53 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         and all(f["ratio"] is not None and f["ratio"] <= FLAT for f in results["flat"].values())
     )
     return results
+
+
+def seed_switches(where: HistoryStore, versions: int, groups: int) -> int:
+    """Each group's step switches to the last DEFAULT_HISTORY_LIMIT seeded versions, as a month of
+    the job left them (the retention keeps those of kept versions: without them the store would
+    grow through the run's first thousand changes, to the same bound); how many."""
+    backend = where.backend()
+    try:
+        kept = range(max(2, versions - DEFAULT_HISTORY_LIMIT + 1), versions + 1)
+        switches = [
+            (f"month-g{g}", v, SEED_EVERY * (v - 1) + 2, SEED_EVERY * (v - 1) + 1)
+            for v in kept
+            for g in range(groups)
+        ]
+        backend.add_switches(DEFAULT_JOB, switches)
+    finally:
+        backend.close()
+    return len(switches)
+
+
+def store_counts(where: HistoryStore) -> dict[str, int]:
+    """What the store holds: SQLite rows per table, or etcd keys under the job's prefix per kind
+    (the path's part after ``jobs/{job}/``, or its first part)."""
+    counts: dict[str, int] = {}
+    if where.etcd is not None:
+        from lighthouse.etcd.client import EtcdClient
+
+        client = EtcdClient(where.etcd.endpoints)
+        try:
+            for kv in client.get(f"/{where.name}/", prefix=True, keys_only=True).kvs:
+                parts = kv.key.decode().split("/")[2:]
+                kind = parts[2] if parts[:1] == ["jobs"] and len(parts) > 2 else parts[0]
+                counts[kind] = counts.get(kind, 0) + 1
+        finally:
+            client.close()
+        return counts
+    import sqlite3
+
+    assert where.state_dir is not None
+    db = sqlite3.connect(where.state_dir / "lighthouse.db")
+    try:
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for table in tables:
+            counts[table] = db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+    finally:
+        db.close()
+    return counts
 
 
 def disagreements(outs: list[dict[str, Any]]) -> int:
