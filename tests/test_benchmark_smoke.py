@@ -261,6 +261,25 @@ def test_history_benchmark_runs_on_etcd(tmp_path: Path) -> None:
     assert "100 versions: reply" in out.stdout
 
 
+@pytest.mark.slow
+def test_month_benchmark_runs(tmp_path: Path) -> None:
+    out, results = run_quick("month", tmp_path)
+    steps = results["steps"]
+    # The step barrier couples the groups: both trained the same steps, and changes were made.
+    assert len(steps) == 2 and steps[0] == steps[1] > 1000, steps
+    assert results["changes"] > 0 and results["patch_507"] == 0 and not results["patch_errors"]
+    assert results["disagreements"] == 0 and results["switches"] > 0
+    # The seeded switches: each group's, to every seeded version after the first (200 seeded).
+    assert results["switches_seeded"] == 2 * 199
+    samples = results["samples"]
+    assert len(samples) >= 3 and all(s["rss_mb"] > 10 and s["store_kb"] > 0 for s in samples)
+    assert samples[-1]["store_counts"]["job_versions"] > 200  # SQLite rows: the history kept
+    for figure in results["flat"].values():
+        assert figure["ratio"] == pytest.approx(figure["end"] / figure["settled"])
+    assert_run_meta(results)
+    assert "goals met:" in out.stdout
+
+
 def test_history_report_renders_a_figure_without_baseline() -> None:
     """A --quick run's 5 edits may take no 10 ms CPU tick at 10 versions: its ratios are None, and
     the report says so rather than failing (a CI run did)."""
