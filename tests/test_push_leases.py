@@ -44,6 +44,23 @@ def test_a_lease_asked_on_a_stream_may_be_shorter_than_one_asked_by_a_poll() -> 
     assert book.granted == 111
 
 
+def test_on_a_shared_store_a_lease_reaches_the_stored_ceiling_whatever_it_asked() -> None:
+    """On etcd every change made now goes above the stored ceilings (the floor), so a short lease
+    would only shorten the outage a group rides out, and delay no change less."""
+    shared: LeaseBook[str] = LeaseBook(LeasePolicy(), floor_grantable=False)
+    shared.publish("snapshot", 1)
+    shared.observe_rate(10)
+    shared.ceiling_stored(400)
+    assert shared.grant(100, 0.08, streamed=True) == ("snapshot", 400)
+    assert shared.horizon == 400  # where a change made now goes above: the same with a short lease
+    assert shared.grant(500, 0.08, wait=0.0, streamed=True)[1] == -1  # past the ceiling: no promise yet
+    own: LeaseBook[str] = LeaseBook(LeasePolicy(), floor_grantable=True)  # SQLite: one writer
+    own.publish("snapshot", 1)
+    own.observe_rate(10)
+    own.ceiling_stored(400)
+    assert own.grant(100, 0.08, streamed=True) == ("snapshot", 102)  # a change made now: at 103
+
+
 # ------------------------------------------------------------------ real processes
 
 
