@@ -44,6 +44,15 @@ def test_a_lease_asked_on_a_stream_may_be_shorter_than_one_asked_by_a_poll() -> 
     assert book.granted == 111
 
 
+def test_a_minimum_raised_by_the_operator_holds_for_leases_asked_on_a_stream_too() -> None:
+    from lighthouse.serve.command import _leases
+
+    default = _leases(LeasePolicy.min_steps, 1, None, 5.0)  # lighthouse serve's defaults
+    assert default.length(rate=0, seconds=0.08, streamed=True) == 2
+    raised = _leases(30, 1, None, 5.0)  # --lease-min-steps 30: changes stay pending 30 steps or more
+    assert raised.length(rate=0, seconds=0.08, streamed=True) == raised.length(rate=0, seconds=1.0) == 31
+
+
 def test_on_a_shared_store_a_lease_reaches_the_stored_ceiling_whatever_it_asked() -> None:
     """On etcd every change made now goes above the stored ceilings (the floor), so a short lease
     would only shorten the outage a group rides out, and delay no change less."""
