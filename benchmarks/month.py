@@ -90,7 +90,6 @@ class Controller:
         self._every = every
         self._next = first_step + every
         self.step = first_step
-        self.fallbacks = 0
         self.changes = 0
         self.full = 0  # 507: the store is full
         self.errors: list[str] = []
@@ -98,7 +97,6 @@ class Controller:
 
     def progress(self, line: dict[str, Any]) -> None:
         self.step = line["step"]
-        self.fallbacks = line["fallbacks"]
         while self.step >= self._next:
             self._next += self._every
             self._change()

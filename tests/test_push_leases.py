@@ -50,6 +50,7 @@ def test_a_minimum_raised_by_the_operator_holds_for_leases_asked_on_a_stream_too
     default = _leases(LeasePolicy.min_steps, 1, None, 5.0)  # lighthouse serve's defaults
     assert default.length(rate=0, seconds=0.08, streamed=True) == 2
     raised = _leases(30, 1, None, 5.0)  # --lease-min-steps 30: changes stay pending 30 steps or more
+    assert LeasePolicy(min_steps=30) == raised  # the rule is the policy's: LighthouseServer's too
     assert raised.length(rate=0, seconds=0.08, streamed=True) == raised.length(rate=0, seconds=1.0) == 31
 
 

@@ -48,6 +48,7 @@ T = TypeVar("T")
 NO_LEASE = -1
 OWN_CEILING_AHEAD = 10.0
 SHARED_CEILING_AHEAD = 1.0
+DEFAULT_MIN_STEPS = 3  # ``--lease-min-steps``
 RATE_HALF_LIFE = 10.0  # seconds for a job's measured step rate to halve once its groups slow down
 
 
@@ -55,7 +56,9 @@ RATE_HALF_LIFE = 10.0  # seconds for a job's measured step rate to halve once it
 class LeasePolicy:
     """The lease-length rule and how far the stored ceiling runs ahead (``lighthouse serve`` flags)."""
 
-    min_steps: int = 3  # a lease is never shorter: a renewal at half of it has a step or more to arrive
+    min_steps: int = (
+        DEFAULT_MIN_STEPS  # a lease is never shorter: a renewal at half of it has a step or more to arrive
+    )
     # Asked on a push stream: a renewal there is one message on an open stream, answered in
     # milliseconds, so half of a 1-step lease (one step) is time enough; push-speed leases need it
     # (at 100 ms steps, 3 + 1 steps would hold a change made now back 500 ms).
@@ -78,8 +81,10 @@ class LeasePolicy:
 
     def length(self, rate: float, seconds: float, streamed: bool = False) -> int:
         """Steps a lease lasts at ``rate`` steps/s for a manager renewing every ``seconds``
-        (``streamed``: on its push stream)."""
-        least = self.stream_min_steps if streamed else self.min_steps
+        (``streamed``: on its push stream). A ``min_steps`` raised above its default is the
+        operator's for every lease (a change made now then stays pending that long), streamed too."""
+        raised = self.min_steps > DEFAULT_MIN_STEPS
+        least = self.stream_min_steps if streamed and not raised else self.min_steps
         return max(least, math.ceil(rate * (seconds or self.default_seconds))) + self.extra_steps
 
 

@@ -194,12 +194,8 @@ def _warn_about_secrets(ctx: click.Context, tls: ServerTLS | None, store: StoreO
 def _leases(
     lease_min_steps: int, lease_extra_steps: int, lease_ceiling_ahead: float | None, run_end_after: float
 ) -> LeasePolicy:
-    # A minimum raised above the default is the operator's for every lease (a change made now then
-    # stays pending that long), also one asked on a push stream, which may otherwise be 1 step.
-    streamed = lease_min_steps if lease_min_steps > LeasePolicy.min_steps else LeasePolicy.stream_min_steps
     return LeasePolicy(
         min_steps=lease_min_steps,
-        stream_min_steps=streamed,
         extra_steps=lease_extra_steps,
         ceiling_ahead=lease_ceiling_ahead,
         run_end_after=run_end_after,
