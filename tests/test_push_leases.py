@@ -71,6 +71,19 @@ def test_on_a_shared_store_a_lease_reaches_the_stored_ceiling_whatever_it_asked(
     assert own.grant(100, 0.08, streamed=True) == ("snapshot", 102)  # a change made now: at 103
 
 
+def test_the_ceiling_asked_for_a_lease_on_a_stream_covers_a_polled_lease_and_the_lead() -> None:
+    """The stored ceiling's lead is the outage a group rides out on a shared store; a push-speed
+    lease must not shrink it (an etcd leader kill took 1.4 s to elect; chaos seed 1897)."""
+    policy = LeasePolicy(ceiling_ahead=1.0)
+    for streamed in (False, True):
+        book: LeaseBook[str] = LeaseBook(policy, floor_grantable=False)
+        book.publish("snapshot", 1)
+        book.observe_rate(100)
+        assert book.grant(1000, 0.08 if streamed else 1.0, streamed=streamed)[1] == -1  # nothing stored
+        polled = policy.length(100, 1.0)  # 101 steps
+        assert book.wanted == 1000 + polled + polled + 100, streamed  # the lease, then itself and 1 s again
+
+
 # ------------------------------------------------------------------ real processes
 
 

@@ -195,6 +195,10 @@ class LeaseBook(Generic[T]):
                 return self._served, NO_LEASE
         length = self.policy.length(self.rate, seconds, streamed)
         want = step + length
+        # The stored ceiling covers a polled lease whatever was asked: on a shared store its lead is
+        # the outage a group rides out (an etcd election: 1-2 s), and sized by a push-speed lease
+        # (~80 ms) it shrank to 0.6-1.2 s (chaos seed 1897, an etcd leader kill).
+        reach = step + (self.policy.length(self.rate, self.policy.default_seconds) if streamed else length)
         deadline = time.monotonic() + wait
         request = False
         while True:
@@ -206,9 +210,9 @@ class LeaseBook(Generic[T]):
                 limit = self.promisable
                 if self._frozen is not None:
                     limit = min(limit, self._frozen)
-                headroom = length + math.ceil(self.rate * (self.policy.ceiling_ahead or 0.0))
-                if want > self.wanted - headroom // 2:  # running low: raise ahead of need
-                    self._want(want + headroom)
+                headroom = reach - step + math.ceil(self.rate * (self.policy.ceiling_ahead or 0.0))
+                if reach > self.wanted - headroom // 2:  # running low: raise ahead of need
+                    self._want(reach + headroom)
                     request = True
                 remaining = deadline - time.monotonic()
                 if limit >= step or (remaining <= 0 and not request):
