@@ -119,7 +119,7 @@ def lighthouse_cpu(
     children.stop(lh)
 
     def median(key: str, case: str) -> float:
-        return statistics.median(w[key] for w in windows if w["case"] == case)
+        return statistics.median(w[key] for w in windows if w["case"] == case and w[key] is not None)
 
     per_call = {case: median("cpu_us_per_call", case) for case, _ in cases}
     return {
@@ -135,9 +135,12 @@ def lighthouse_cpu(
     }
 
 
-def cpu_per_call(window: dict[str, Any]) -> float:
+def cpu_per_call(window: dict[str, Any]) -> float | None:
     """Lighthouse CPU (us) per call it served in ``window``: a lighthouse slowed by reporting serves
-    fewer calls in a window, so its CPU share alone understates what reporting costs."""
+    fewer calls in a window, so its CPU share alone understates what reporting costs. ``None`` for
+    a window in which it served none (a short window on a loaded machine): no figure, not a zero."""
+    if window["lighthouse_calls_per_s"] <= 0:
+        return None
     return float(window["lighthouse_cpu_pct"]) / 100 / window["lighthouse_calls_per_s"] * 1e6
 
 

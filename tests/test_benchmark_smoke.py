@@ -193,7 +193,8 @@ def test_reporting_benchmark_runs(tmp_path: Path) -> None:
     assert all(w["errors"] == 0 and w["client_calls"] > 0 for w in results["lighthouse_cpu"]["windows"])
     cpu = results["lighthouse_cpu"]  # the ratio is of CPU per call served, not of CPU shares
     for case, us in cpu["cpu_us_per_call"].items():
-        windows = [w for w in cpu["windows"] if w["case"] == case]
+        windows = [w for w in cpu["windows"] if w["case"] == case and w["lighthouse_calls_per_s"] > 0]
+        assert windows, case  # a window without calls served has no figure; every case needs one
         expected = [w["lighthouse_cpu_pct"] / 100 / w["lighthouse_calls_per_s"] * 1e6 for w in windows]
         assert us == pytest.approx(statistics.median(expected))
     per_call = cpu["cpu_us_per_call"]
@@ -222,13 +223,17 @@ def test_prefetch_benchmark_runs(tmp_path: Path) -> None:
 def test_torchft_forward_benchmark_runs(tmp_path: Path) -> None:
     out, results = run_quick("torchft_forward", tmp_path)
     cases = results["cases"]
-    assert set(cases) == {"heartbeat_ours", "heartbeat_direct", "quorum_ours", "quorum_direct"}
+    hops = ("ours", "passthrough", "direct")
+    assert set(cases) == {f"{method}_{hop}" for method in ("heartbeat", "quorum") for hop in hops}
     assert all(c["n"] == 2 * 20 for c in cases.values()), cases  # every call answered (none raised)
     for method, ratio in results["ratios"].items():
         for q in ("p50", "p99"):
             assert ratio[q] == pytest.approx(cases[f"{method}_ours"][q] / cases[f"{method}_direct"][q])
+            for hop in ("ours", "passthrough"):
+                added = results["added_us"][f"{method}_{hop}"][q]
+                assert added == pytest.approx(cases[f"{method}_{hop}"][q] - cases[f"{method}_direct"][q])
     assert_run_meta(results)
-    assert "quorum through our port" in out.stdout
+    assert "quorum through our port" in out.stdout and "quorum through a minimal Python" in out.stdout
 
 
 @pytest.mark.slow
