@@ -4,9 +4,11 @@ port against the same calls made to torchft's lighthouse directly, in one run.
 One ``lighthouse serve --torchft --min-replicas 1`` process; its in-process torchft lighthouse's own
 address comes from ``GET /api/torchft``. One client in the benchmark process sends the raw request
 bytes torchft's Manager sends (a ``LighthouseHeartbeatRequest``, a ``LighthouseQuorumRequest`` of one
-replica group, which torchft answers at once with ``min_replicas`` 1) on one channel per target. The
-four cases run interleaved (``latency.run_interleaved``): the ratios of p50 and p99 hold while the
-machine's noise moves the absolute numbers.
+replica group, which torchft answers at once with ``min_replicas`` 1) on one channel per target: our
+port, ``benchmarks.passthrough`` (a minimal Python forward in a process of its own: what any Python
+hop costs) and torchft's lighthouse directly. The six cases run interleaved
+(``latency.run_interleaved``): what each hop adds to the direct call holds while the machine's noise
+moves the absolute numbers.
 
     python -m benchmarks.torchft_forward [--rounds 20] [--batch 200] [--out DIR]
 """
@@ -31,6 +33,11 @@ from tests.seed_proto import seed_modules
 HEARTBEAT = "/torchft.LighthouseService/Heartbeat"
 QUORUM = "/torchft.LighthouseService/Quorum"
 TIMEOUT = 10.0  # seconds, every call's deadline
+LABELS = {
+    "ours": "through our port",
+    "passthrough": "through a minimal Python pass-through (the floor of a Python hop)",
+    "direct": "to torchft directly",
+}
 
 
 def requests() -> dict[str, bytes]:
@@ -58,15 +65,20 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         flags = ("--torchft", "--min-replicas", "1", "--join-timeout-ms", "100")
         _, ours, url = start_lighthouse(children, work, "lh-torchft", *flags)
         direct = torchft_target(url)
+        passthrough = children.python("passthrough", "-m", "benchmarks.passthrough", direct).readline()
         payloads = requests()
-        channels = {"ours": grpc.insecure_channel(ours), "direct": grpc.insecure_channel(direct)}
+        channels = {
+            "ours": grpc.insecure_channel(ours),
+            "passthrough": grpc.insecure_channel(passthrough),
+            "direct": grpc.insecure_channel(direct),
+        }
         try:
             cases = []
             for method, short in ((HEARTBEAT, "heartbeat"), (QUORUM, "quorum")):
                 for target, channel in channels.items():
                     stub = channel.unary_unary(method)
                     request = payloads[method]
-                    label = f"{short} {'through our port' if target == 'ours' else 'to torchft directly'}"
+                    label = f"{short} {LABELS[target]}"
                     cases.append(
                         Case(
                             f"{short}_{target}", label, timed(lambda s=stub, r=request: s(r, timeout=TIMEOUT))
@@ -77,29 +89,36 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             for channel in channels.values():
                 channel.close()
     stats = {name: summarize(values) for name, values in samples.items()}
+    quantiles = ("p50", "p90", "p99")
     ratios = {
-        method: {q: stats[f"{method}_ours"][q] / stats[f"{method}_direct"][q] for q in ("p50", "p90", "p99")}
+        method: {q: stats[f"{method}_ours"][q] / stats[f"{method}_direct"][q] for q in quantiles}
         for method in ("heartbeat", "quorum")
     }
-    return {"cases": stats, "labels": {c.name: c.label for c in cases}, "ratios": ratios}
+    added_us = {  # what each hop adds to the direct call, in microseconds
+        f"{method}_{hop}": {q: stats[f"{method}_{hop}"][q] - stats[f"{method}_direct"][q] for q in quantiles}
+        for method in ("heartbeat", "quorum")
+        for hop in ("ours", "passthrough")
+    }
+    labels = {c.name: c.label for c in cases}
+    return {"cases": stats, "labels": labels, "ratios": ratios, "added_us": added_us}
 
 
 def render(results: dict[str, Any]) -> str:
-    stats, labels, ratios = results["cases"], results["labels"], results["ratios"]
+    stats, labels = results["cases"], results["labels"]
     rows = []
     for name, s in stats.items():
-        method, target = name.rsplit("_", 1)
-        ratio = ratios[method] if target == "ours" else {"p50": 1.0, "p99": 1.0}
+        method = name.rsplit("_", 1)[0]
+        direct = stats[f"{method}_direct"]
         rows.append(
             [
                 name,
                 *(f"{s[q]:.1f}" for q in ("p50", "p90", "p99")),
-                f"{ratio['p50']:.2f}",
-                f"{ratio['p99']:.2f}",
+                f"{s['p50'] - direct['p50']:+.1f}",
+                f"{s['p99'] - direct['p99']:+.1f}",
                 labels[name],
             ]
         )
-    headers = ["case", "p50", "p90", "p99", "p50/direct", "p99/direct", "what"]
+    headers = ["case", "p50", "p90", "p99", "p50 added", "p99 added", "what"]
     return "torchft's calls through the forward and directly, one client, interleaved, us\n" + table(
         headers, rows
     )
