@@ -201,6 +201,24 @@ def test_promises_stay_below_the_stored_ceiling() -> None:
     assert grant(store, 10) == 12  # never past what is stored
 
 
+def test_before_the_rate_is_known_the_ceiling_runs_ahead_by_the_steps_made_since() -> None:
+    """A job's first quarter second has no rate: a ceiling a few steps ahead was outrun at every
+    write (at 2 ms steps, ~10 ms a SQLite write), and its prefetched steps waited for each."""
+    asked: list[int] = []
+    store = ConfigStore(SqliteBackend(), request_ceiling=lambda book: asked.append(book.wanted))
+    store.leases.publish("snapshot", 0)
+    for step in range(1000, 1200):
+        if grant(store, step) == NO_LEASE:  # the write came after the step: the worker waited
+            store.leases.ceiling_stored(store.leases.wanted)
+            assert grant(store, step) != NO_LEASE
+    assert len(asked) <= 15, asked  # every 1.5x of the steps made (one every 5 steps without)
+    assert asked[-1] <= 1200 + 2 * 200 + 2 * 4, asked  # bounded by the steps made since
+    store.leases.observe_rate(50.0)  # from now on the rate sizes it: 50 steps/s, 1 s leases
+    step = asked[-1] + 1
+    grant(store, step)
+    assert asked[-1] == step + 51 + 51 + 10 * 50  # the lease, itself again and 10 s (one writer)
+
+
 def test_a_restarted_lighthouse_commits_above_what_its_earlier_life_promised(tmp_path: Path) -> None:
     path = tmp_path / "lighthouse.db"
     first = store_with_ceilings(path)
