@@ -129,9 +129,9 @@ class PrefetchBatch:
     (with ``metrics``, followed by ``report(step, **metrics)``: the two are the step's critical path).
 
     A fresh client per batch, closed after it, so its background thread does not
-    run while the other cases are timed. The steps of the first ``WARMUP_S`` only
-    let the prefetcher learn the step time (its poll starts at 50 ms and shrinks
-    by 4x per observed step) and are not timed: the figure is the steady state.
+    run while the other cases are timed. The steps of the first ``warmup_s`` (0: none)
+    only let the prefetcher learn the step time and are neither timed nor counted:
+    the figure is then the steady state; without, it is every step from the client's first.
     """
 
     WARMUP_S = 0.2
@@ -145,8 +145,10 @@ class PrefetchBatch:
         *,
         pause_every: int = 0,
         pause_s: float = 0.0,
+        warmup_s: float = WARMUP_S,
     ) -> None:
         self.addr = addr
+        self.warmup_s = warmup_s
         self.steps = steps
         self.work_s = work_s
         self.metrics = metrics
@@ -160,12 +162,12 @@ class PrefetchBatch:
         prefetcher = client._prefetch  # diagnostic only: was the step ready before the call?
         clock = time.perf_counter_ns
         out = []
-        warmup = int(self.WARMUP_S / max(self.work_s, 1e-4))
+        warmup = int(self.warmup_s / max(self.work_s, 1e-4))
         counted = (0, 0)  # the client's (from memory, asked) when the timed steps begin
         try:
             first = self.steps.take(warmup + n)
             for i, step in enumerate(range(first, first + warmup + n)):
-                if i == warmup:
+                if i == warmup and warmup:
                     counted = client.steps_from_memory
                 if self.pause_every and i > warmup and (i - warmup) % self.pause_every == 0:
                     time.sleep(self.pause_s)

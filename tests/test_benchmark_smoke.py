@@ -209,14 +209,18 @@ def test_reporting_benchmark_runs(tmp_path: Path) -> None:
 def test_prefetch_benchmark_runs(tmp_path: Path) -> None:
     out, results = run_quick("prefetch", tmp_path)
     assert results["floor"]["n"] > 0
-    for case in ("plain_loop", "paused_loop"):
+    for case in ("plain_loop", "paused_loop", "run_start"):
         r = results[case]
         assert r["n"] > 0 and r["client_asks"] > 0, (case, r)
         assert r["share_from_memory"] == pytest.approx(r["client_from_memory"] / r["client_asks"])
         assert r["ratio_to_floor"] == pytest.approx(r["p50"] / results["floor"]["p50"])
         assert r["wrong_step"] == 0 and r["not_pinned"] == 0, (case, r)
     assert_run_meta(results)
-    assert "paused_loop:" in out.stdout
+    start = results["run_start"]
+    assert start["runs"] == 2 and start["client_asks"] == 20  # warm-up and one round: 10 steps a job
+    assert start["misses_per_run"] == (start["client_asks"] - start["client_from_memory"]) / 2
+    assert results["memory_read"]["n"] > 0
+    assert "paused_loop:" in out.stdout and "run_start:" in out.stdout
 
 
 @pytest.mark.slow

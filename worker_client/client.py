@@ -116,6 +116,7 @@ class _Prefetcher:
     """
 
     MIN_POLL = 0.0002
+    FIRST_POLL = 0.001
     MAX_POLL = 0.05
     AHEAD = 3  # steps fetched ahead of the worker's
     # With short steps, as many steps as this many seconds: a thread woken late or a round trip
@@ -198,7 +199,10 @@ class _Prefetcher:
     def _next_wait(self, now: float) -> float:
         step_time = self._step_time
         if step_time is None:
-            return 0.01
+            # Until the step time is known (the worker's second step), look every FIRST_POLL: at
+            # 10 ms the first steps fetched ran out before the next look (a miss at the 5th step).
+            # Before the first ask, sleep: that ask finds nothing ready and wakes the thread.
+            return self.FIRST_POLL if self.consumed is not None else self.MAX_POLL
         since = now - self._last_change
         if since > 3 * step_time:
             self._idle = True  # the worker paused: back off; its next ask wakes the thread
