@@ -97,7 +97,8 @@ def test_each_step_holds_the_config_of_the_version_it_names_and_pending_changes_
 def test_each_segment_is_named_by_the_version_whose_state_gives_it_and_the_change_taking_effect() -> None:
     """The segments a reply carries: the version whose state gives each one's config (also when a
     change scheduled earlier takes effect after one made later), and who made the change that
-    takes effect at its first step; cancelling a change not in effect yet renames nothing."""
+    takes effect at its first step; cancelling a change not in effect yet names its step by the
+    cancel, config unchanged (every reply names that step alike, before and after the fold passes it)."""
     store = ConfigStore(SqliteBackend(None))
     commit(store, "put", {"lr": 0.1, "wd": 0}, source="t", author="ann", comment="start")
     commit(store, "patch", {"lr": 0.01}, source="t", author="bob", comment="decay", effective_step=100)
@@ -112,5 +113,6 @@ def test_each_segment_is_named_by_the_version_whose_state_gives_it_and_the_chang
         assert store.resolve(seg.version, seg.from_step) == seg.config
     commit(store, "patch", {"lr": 0.5}, source="t", effective_step=200)
     cancel = commit(store, "cancel", {"version": 4}, source="t", author="dee")
-    assert [(s.from_step, s.version) for s in store.segments()] == [(0, 3), (100, 3)]
+    assert [(s.from_step, s.version) for s in store.segments()] == [(0, 3), (100, 3), (200, 5)]
+    assert store.segments()[1].config == store.segments()[2].config
     assert cancel.version == 5 and store.head == 5

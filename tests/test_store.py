@@ -343,6 +343,18 @@ def test_scheduled_statuses(store: ConfigStore) -> None:
 # ------------------------------------------------------------------ cancel
 
 
+def test_a_change_that_leaves_the_config_as_it_was_still_names_its_steps(store: ConfigStore) -> None:
+    """A segment is named by the newest change with an effect at its first step, so a change whose
+    config equals the one before starts a segment too: merged into the one before, its steps were
+    named by the change before, until the fold passed its step and named them by it (two groups
+    switched versions one step apart: benchmarks/month on etcd)."""
+    put(store, {"lr": 1})
+    same = patch(store, {"lr": 1}, effective_step=100)
+    other = patch(store, {"lr": 2}, effective_step=200)
+    named = [(s.from_step, s.config, s.version) for s in store.segments()]
+    assert named == [(0, {"lr": 1}, 1), (100, {"lr": 1}, same), (200, {"lr": 2}, other)]
+
+
 def test_cancel_withdraws_a_pending_change(store: ConfigStore) -> None:
     put(store, {"lr": 1})
     v2 = patch(store, {"lr": 2}, effective_step=100)
@@ -350,7 +362,13 @@ def test_cancel_withdraws_a_pending_change(store: ConfigStore) -> None:
     assert cancel.version == 3 and cancel.config == {"lr": 1}
     assert store.resolve(3, 200) == {"lr": 1}
     assert store.resolve(2, 200) == {"lr": 2}  # history still replays the version before the cancel
-    assert [(s.from_step, s.config) for s in store.segments()] == [(0, {"lr": 1})]
+    # The cancel has its effect at 100: a segment starts there, same config, named by the cancel,
+    # so step 100 is version 3's in every reply (named from 0 on, a reply built before the fold
+    # passed 100 and one after would name it 1 and 3).
+    assert [(s.from_step, s.config, s.version) for s in store.segments()] == [
+        (0, {"lr": 1}, 1),
+        (100, {"lr": 1}, 3),
+    ]
     assert {h["version"]: h["cancelled"] for h in store.history()} == {3: False, 2: True, 1: False}
 
 

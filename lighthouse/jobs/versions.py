@@ -1154,7 +1154,7 @@ class ConfigStore:
                     if steps[row.version] <= point:
                         over = [r for r in under[row.version] if steps[r.version] <= point]
                         config = self._apply_under(config, row, over)
-                if not out or config != out[-1].config:
+                if not out or config != out[-1].config or point > 0:  # every point above 0 is an effect's
                     # Named by the newest row with an effect here: an added one (from ``lowest`` on,
                     # one applies at every point, and each added version is above the prefix's).
                     source = max((r for r in added if steps[r.version] <= point), key=lambda r: r.version)
@@ -1223,10 +1223,27 @@ class ConfigStore:
         cancelled = self._cancelled_at(rows, head)
         at: dict[int, list[Change]] = {}
         applied: list[Change] = []  # in apply order
+        # Where a change (or a cancel of one) has an effect, a segment starts even when the config
+        # does not change there: a segment is named by the newest effect at its first step, so
+        # every step of it must have that newest effect (a no-op change merged into the segment
+        # before was named 200 by one snapshot and 201 by the next: two groups switched versions
+        # one step apart, benchmarks/month on etcd).
+        effects: set[int] = set()
+        by_version = {r.version: r for r in rows}
         for r in rows:
-            if r.version > head or r.op == "cancel" or r.version in cancelled:
+            if r.version > head:
+                continue
+            if r.op == "cancel":
+                target = by_version.get(int(r.change["version"]))
+                step = self._effective(target, head) if target is not None else None
+                if step is not None and step > 0:
+                    effects.add(step)
                 continue
             step = self._effective(r, head)
+            if step is not None and step > 0:
+                effects.add(step)
+            if r.version in cancelled:
+                continue
             if step is not None and step > 0:
                 at.setdefault(step, []).append(r)
             else:
@@ -1238,6 +1255,8 @@ class ConfigStore:
         for point, _ in self._base[1:]:  # and its steps start segments too
             if point > 0:
                 at.setdefault(point, [])
+        for point in effects:
+            at.setdefault(point, [])
         for point in sorted(at):
             new = sorted(at[point], key=self._order)
             if new and one_base:
@@ -1252,7 +1271,7 @@ class ConfigStore:
                 where = bisect.bisect_right(keys, key)
                 keys.insert(where, key)
                 applied.insert(where, row)
-            if config != segments[-1].config:
+            if config != segments[-1].config or point in effects:
                 segments.append(Segment(point, config))
         return segments, keys[-1] if keys else (-1, -FOREVER, 0)
 
