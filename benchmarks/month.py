@@ -61,6 +61,7 @@ def worker(manager: str, first_step: int, barrier: str) -> None:
     host, port = barrier.rsplit(":", 1)
     switches: list[tuple[int, int]] = []
     fallbacks = 0
+    unpinned: list[tuple[int, int, str]] = []  # steps answered without a pin (not the same in every group)
     version = -1
     step = first_step
     with ManagerClient(manager, timeout=5.0) as client, socket.create_connection((host, int(port))) as link:
@@ -69,7 +70,9 @@ def worker(manager: str, first_step: int, barrier: str) -> None:
             config = client.get_config(step=step)
             if config.source == "fallback":
                 fallbacks += 1
-            elif config.version != version:
+            elif not config.pinned:
+                unpinned.append((step, config.version, config.source))
+            if config.source != "fallback" and config.version != version:
                 version = config.version
                 switches.append((step, version))
             if step % REPORT_EVERY == 0:
@@ -78,7 +81,10 @@ def worker(manager: str, first_step: int, barrier: str) -> None:
             if link.recv(1) != b"g":
                 break
             step += 1
-    print(json.dumps({"done": step, "fallbacks": fallbacks, "switches": switches}), flush=True)
+    print(
+        json.dumps({"done": step, "fallbacks": fallbacks, "switches": switches, "unpinned": unpinned}),
+        flush=True,
+    )
 
 
 # ------------------------------------------------------------------ the run
@@ -94,6 +100,7 @@ class Controller:
         self.full = 0  # 507: the store is full
         self.errors: list[str] = []
         self.latencies: list[float] = []
+        self.effective: dict[int, int | None] = {}  # version -> the step it takes effect at
 
     def progress(self, line: dict[str, Any]) -> None:
         self.step = line["step"]
@@ -104,7 +111,7 @@ class Controller:
     def _change(self) -> None:
         started = time.perf_counter()
         try:
-            self._admin.patch({"sync_every": 100 + self.changes % 50})
+            answer = self._admin.patch({"sync_every": 100 + self.changes % 50})
         except AdminError as exc:
             if exc.status == 507:
                 self.full += 1
@@ -113,6 +120,7 @@ class Controller:
             return
         self.latencies.append(time.perf_counter() - started)
         self.changes += 1
+        self.effective[answer["version"]] = answer.get("effective_step")
 
 
 def follow(child: Any, controller: Controller | None, out: dict[str, Any]) -> None:
@@ -194,12 +202,22 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 for reader in readers:
                     reader.join(timeout=max(0.0, now + args.sample_seconds - time.monotonic()))
             results["samples"] = samples
-            results["workers"] = [{k: v for k, v in o.items() if k != "switches"} for o in outs]
+            kept_apart = ("switches", "unpinned")
+            results["workers"] = [{k: v for k, v in o.items() if k not in kept_apart} for o in outs]
             errors = [o["error"] for o in outs if "error" in o]
             if errors:
                 raise RuntimeError(f"a worker failed: {errors}")
-            results["disagreements"] = disagreements(outs)
+            differing = disagreements(outs)
+            results["disagreements"] = len(differing)
+            results["disagreeing"] = [d for d in differing if d]
+            results["effective_steps"] = {  # of the versions the groups disagree on
+                v: controller.effective.get(v) for d in differing for view in d for _, v in view
+            }
             results["switches"] = len(outs[0]["switches"])
+            results["unpinned"] = sum(len(o["unpinned"]) for o in outs)
+            results["unpinned_first"] = [o["unpinned"][:5] for o in outs]
+            if etcd is not None:
+                results["etcd_defrag"] = defrag_probe(etcd)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     results.update(
@@ -231,6 +249,31 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         and all(f["ratio"] is not None and f["ratio"] <= FLAT for f in results["flat"].values())
     )
     return results
+
+
+def defrag_probe(etcd: EtcdCluster) -> list[dict[str, int]]:
+    """Each member's database size and size in use before and after a defragmentation: what the
+    in-use figure counted that was not live data (pages bbolt freed but had not reused yet)."""
+    import grpc
+
+    from protos.etcd import rpc_pb2, rpc_pb2_grpc
+
+    out = []
+    for member in etcd.members:
+        with grpc.insecure_channel(member.endpoint) as channel:
+            stub = rpc_pb2_grpc.MaintenanceStub(channel)
+            before = stub.Status(rpc_pb2.StatusRequest(), timeout=10)
+            stub.Defragment(rpc_pb2.DefragmentRequest(), timeout=60)
+            after = stub.Status(rpc_pb2.StatusRequest(), timeout=10)
+        out.append(
+            {
+                "db_bytes_before": before.dbSize,
+                "in_use_before": before.dbSizeInUse,
+                "db_bytes_after": after.dbSize,
+                "in_use_after": after.dbSizeInUse,
+            }
+        )
+    return out
 
 
 def seed_switches(where: HistoryStore, versions: int, groups: int) -> int:
@@ -280,12 +323,15 @@ def store_counts(where: HistoryStore) -> dict[str, int]:
     return counts
 
 
-def disagreements(outs: list[dict[str, Any]]) -> int:
+def disagreements(outs: list[dict[str, Any]]) -> list[list[list[int]]]:
     """Version changes ([step, version]) that not every group made, over the steps all of them trained
-    (each worker's ``switches``: the steps at which its config's version changed, and to what)."""
+    (each worker's ``switches``: the steps at which its config's version changed, and to what), as
+    each group's changes from 2 steps before to 2 after each (the first 10)."""
     last = min(o["done"] for o in outs)
     views = [{(s, v) for s, v in o["switches"] if s <= last} for o in outs]
-    return len(set.union(*views) - set.intersection(*views))
+    differing = sorted(set.union(*views) - set.intersection(*views))
+    near = [[sorted([s, v] for s, v in view if abs(s - at) <= 2) for view in views] for at, _ in differing]
+    return near[:10] + [[] for _ in differing[10:]]
 
 
 def flatness(samples: list[dict[str, Any]], settle_minutes: float) -> dict[str, Any]:

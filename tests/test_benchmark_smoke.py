@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from benchmarks.push import GOAL_FANOUT_P99_MS, GOAL_RSS_PER_STREAM_KIB, GOAL_WORKERS_P99_MS
+from tests.etcd_cluster import require_etcd
 from tests.procs import ROOT
 
 
@@ -287,6 +288,17 @@ def test_month_benchmark_runs(tmp_path: Path) -> None:
         assert figure["ratio"] == pytest.approx(figure["end"] / figure["settled"])
     assert_run_meta(results)
     assert "goals met:" in out.stdout
+
+
+@pytest.mark.slow
+def test_month_benchmark_on_etcd_measures_what_a_defragmentation_frees(tmp_path: Path) -> None:
+    require_etcd()
+    _, results = run_quick("month", tmp_path, extra=("--store", "etcd"))
+    assert results["store"] == "etcd" and results["disagreements"] == 0
+    members = results["etcd_defrag"]
+    assert len(members) == 3
+    for m in members:  # a defragmented database is no larger, and holds what is in use
+        assert 0 < m["in_use_after"] <= m["db_bytes_after"] <= m["db_bytes_before"], m
 
 
 def test_history_report_renders_a_figure_without_baseline() -> None:
