@@ -353,6 +353,8 @@ def test_a_change_that_leaves_the_config_as_it_was_still_names_its_steps(store: 
     other = patch(store, {"lr": 2}, effective_step=200)
     named = [(s.from_step, s.config, s.version) for s in store.segments()]
     assert named == [(0, {"lr": 1}, 1), (100, {"lr": 1}, same), (200, {"lr": 2}, other)]
+    patch(store, {"lr": 2}, effective_step=300)
+    assert store.from_step() == 200  # the head's config comes at 200, not at the no-op's 300
 
 
 def test_cancel_withdraws_a_pending_change(store: ConfigStore) -> None:

@@ -131,9 +131,13 @@ class JobSchema:
         if schema is None:
             return []
         out: list[dict[str, str]] = []
+        looked: dict[str, Any] | None = None
         for seg, following in zip(segments, [*segments[1:], None], strict=False):
             if following is not None and following.from_step <= step:
                 continue  # only steps the job has passed
+            if looked is not None and seg.config == looked:
+                continue  # the same config on (a change that left it as it was): said already
+            looked = seg.config
             if skip is not None and seg.config in skip:
                 continue
             at = "" if seg.from_step <= max(step, 0) else f" (from step {seg.from_step})"

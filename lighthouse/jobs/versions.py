@@ -597,8 +597,12 @@ class ConfigStore:
         """The first step from which every group gets the head's config (the history's ``config``
         of the head: every change up to it applied), None when they get it at the job's step."""
         with self._lock:
-            last = self._segments(self._rows, self.head)[-1]
-            return last.from_step if last.from_step > max(self._current_step, 0) else None
+            segments = self._segments(self._rows, self.head)
+            last = len(segments) - 1
+            while last > 0 and segments[last - 1].config == segments[last].config:
+                last -= 1  # a change that left the config as it was starts a segment, not the config
+            start = segments[last].from_step
+            return start if start > max(self._current_step, 0) else None
 
     def segments(self, version: int | None = None) -> list[Segment]:
         """The config per step range at ``version`` (default head); one segment when nothing is scheduled.
