@@ -91,6 +91,14 @@ class HistoryStore:
         assert self.state_dir is not None
         return sum(p.stat().st_size for p in self.state_dir.iterdir() if p.name.startswith("lighthouse.db"))
 
+    def file_bytes(self) -> int:
+        """What the store takes on disk: the SQLite files; etcd's database file (a member's: what
+        its quota counts, and what only a defragmentation shrinks)."""
+        if self.etcd is not None:
+            samples = read_metrics(f"http://{self.etcd.members[0].endpoint}")
+            return int(samples["etcd_mvcc_db_total_size_in_bytes"])
+        return self.bytes()
+
 
 def write_history(where: HistoryStore, versions: int, every: int) -> int:
     """``versions`` versions, one every ``every`` steps, as a lighthouse with the default retention

@@ -195,6 +195,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                         "rss_mb": rss_bytes(lighthouse.popen.pid) / 2**20,
                         "cpu_s": cpu_seconds(lighthouse.popen.pid),
                         "store_kb": where.bytes() / 1024,
+                        "store_file_kb": where.file_bytes() / 1024,
                         "store_counts": store_counts(where),
                         "changes": controller.changes,
                     }
