@@ -388,7 +388,7 @@ lease_options = _grouped(
         default=None,
         help="Step leases: seconds of steps the stored promise ceiling runs ahead (fewer store writes; a "
         "change made through another lighthouse, or after a restart, waits up to this long). "
-        "Default: 10 with --state-dir, 1 with --store.",
+        "Default: 10 with --state-dir, 2 with --store.",
     ),
     click.option(
         "--run-end-after",
