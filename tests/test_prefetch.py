@@ -222,3 +222,19 @@ def test_prefetch_keeps_its_lead_across_pauses(procs: ProcessPool) -> None:
     steady = [s for s in missed if s >= 150]
     assert len(steady) <= 0.25 * 450, missed
     assert len(missed) <= 0.25 * 600, missed
+
+
+def test_a_prefetcher_whose_worker_asked_once_backs_off() -> None:
+    """Until the step time is known the prefetcher looks every millisecond, for a tenth of a second
+    after a step: a worker that asked once (a tool, or a loop slower than that) must not keep a
+    thread waking a thousand times a second. No manager needed: its fetches fail quietly."""
+    with ManagerClient("127.0.0.1:1", timeout=0.2, prefetch=True) as client:
+        prefetcher = client._prefetch
+        assert prefetcher is not None
+        time.sleep(0.3)
+        assert prefetcher.looks <= 12, prefetcher.looks  # before any ask: every 50 ms at most
+        client.get_config(step=7)  # not ready: it wakes the thread, which looks fast for a while
+        time.sleep(0.4)
+        first = prefetcher.looks
+        time.sleep(1.0)
+        assert prefetcher.looks - first <= 25, prefetcher.looks - first  # backed off: 50 ms, not 1 ms

@@ -117,6 +117,7 @@ class _Prefetcher:
 
     MIN_POLL = 0.0002
     FIRST_POLL = 0.001
+    FIRST_WINDOW = 0.1  # seconds of FIRST_POLL after a step while the step time is not known
     MAX_POLL = 0.05
     AHEAD = 3  # steps fetched ahead of the worker's
     # With short steps, as many steps as this many seconds: a thread woken late or a round trip
@@ -140,6 +141,7 @@ class _Prefetcher:
         self._idle = False  # the thread backs off: the worker paused
         self.hits = 0  # steps asked for and answered from memory
         self.asks = 0  # steps asked for
+        self.looks = 0  # times the thread woke to look at the worker's step (its cost while idle)
         self._thread = threading.Thread(target=self._run, name="config-prefetch", daemon=True)
         self._thread.start()
 
@@ -149,6 +151,7 @@ class _Prefetcher:
         while not self._stop.is_set():
             self._wake.wait(wait)
             self._wake.clear()
+            self.looks += 1
             if self._stop.is_set():
                 return
             client = self._client()
@@ -201,8 +204,11 @@ class _Prefetcher:
         if step_time is None:
             # Until the step time is known (the worker's second step), look every FIRST_POLL: at
             # 10 ms the first steps fetched ran out before the next look (a miss at the 5th step).
-            # Before the first ask, sleep: that ask finds nothing ready and wakes the thread.
-            return self.FIRST_POLL if self.consumed is not None else self.MAX_POLL
+            # Before the first ask, and once no second step came for FIRST_WINDOW (a slow loop, or
+            # one ask alone), back off: an ask that finds nothing ready wakes the thread anyway.
+            if self.consumed is None or now - self._last_change > self.FIRST_WINDOW:
+                return self.MAX_POLL
+            return self.FIRST_POLL
         since = now - self._last_change
         if since > 3 * step_time:
             self._idle = True  # the worker paused: back off; its next ask wakes the thread
