@@ -193,12 +193,17 @@ def test_a_manager_never_serves_a_release_that_knows_no_runs_once_the_job_s_runs
     old = old_lighthouse(procs, tree, store, bind=old.address)  # a host rolled back to the old release
     a.signal(signal.SIGKILL)  # the manager's only other lighthouse: the old release
     a.wait(10)
-    make_change(b, 1)
+    effective = make_change(b, 1).get("effective_step") or 0
     changed = time.time()
     time.sleep(CACHE_TTL + 4.5)
-    # From a TTL and two deadlines after the change on: the change, or the fallback; never the
-    # config before it served as fresh.
-    late = [r for r in records_so_far(worker) if r["t"] > changed + CACHE_TTL + 2.5]
+    # The steps promised before it keep the config before it (on etcd the stored ceilings run 2 s
+    # of steps ahead): wait for the group to pass the change's step.
+    poll(lambda: last_record(worker)["step"] > effective + 20, 20, what=f"the group past step {effective}")
+    # From the change's step, and a TTL and two deadlines after it was made, on: the change, or the
+    # fallback; never the config before it served as fresh.
+    late = [
+        r for r in records_so_far(worker) if r["t"] > changed + CACHE_TTL + 2.5 and r["step"] >= effective
+    ]
     assert late, "the worker stopped stepping"
     assert all(r["source"] == "fallback" or r["config"].get("n") == "1" for r in late), [
         (r["step"], r["source"], r["config"]) for r in late if r["config"].get("n") != "1"
