@@ -167,7 +167,7 @@ class PrefetchBatch:
         try:
             first = self.steps.take(warmup + n)
             for i, step in enumerate(range(first, first + warmup + n)):
-                if i == warmup and warmup:
+                if i == warmup:
                     counted = client.steps_from_memory
                 if self.pause_every and i > warmup and (i - warmup) % self.pause_every == 0:
                     time.sleep(self.pause_s)

@@ -210,9 +210,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 raise RuntimeError(f"a worker failed: {errors}")
             differing = disagreements(outs)
             results["disagreements"] = len(differing)
-            results["disagreeing"] = [d for d in differing if d]
-            results["effective_steps"] = {  # of the versions the groups disagree on
-                v: controller.effective.get(v) for d in differing for view in d for _, v in view
+            results["disagreeing"] = differing[:10]
+            results["effective_steps"] = {  # of the versions the groups disagree on (those named)
+                v: controller.effective.get(v) for d in differing[:10] for view in d for _, v in view
             }
             results["switches"] = len(outs[0]["switches"])
             results["unpinned"] = sum(len(o["unpinned"]) for o in outs)
@@ -327,12 +327,11 @@ def store_counts(where: HistoryStore) -> dict[str, int]:
 def disagreements(outs: list[dict[str, Any]]) -> list[list[list[int]]]:
     """Version changes ([step, version]) that not every group made, over the steps all of them trained
     (each worker's ``switches``: the steps at which its config's version changed, and to what), as
-    each group's changes from 2 steps before to 2 after each (the first 10)."""
+    each group's changes from 2 steps before to 2 after each."""
     last = min(o["done"] for o in outs)
     views = [{(s, v) for s, v in o["switches"] if s <= last} for o in outs]
     differing = sorted(set.union(*views) - set.intersection(*views))
-    near = [[sorted([s, v] for s, v in view if abs(s - at) <= 2) for view in views] for at, _ in differing]
-    return near[:10] + [[] for _ in differing[10:]]
+    return [[sorted([s, v] for s, v in view if abs(s - at) <= 2) for view in views] for at, _ in differing]
 
 
 def flatness(samples: list[dict[str, Any]], settle_minutes: float) -> dict[str, Any]:

@@ -33,12 +33,10 @@ class RunStartBatch:
     def __init__(self, children: Children, lighthouse: str, url: str, work_s: float, steps: int) -> None:
         self.children, self.lighthouse, self.url = children, lighthouse, url
         self.work_s, self.steps = work_s, steps
-        self.jobs = 0
         self.stats: dict[str, Any] = {"runs": 0}
 
     def run(self, n: int) -> list[float]:
-        self.jobs += 1
-        job = f"run-start-{self.jobs}"
+        job = f"run-start-{self.stats['runs'] + 1}"
         AdminClient(self.url, job=job).put(CONFIG)
         manager = start_manager(self.children, self.lighthouse, f"manager-{job}", job=job)
         batch = latency.PrefetchBatch(manager.readline(), latency.StepCounter(), self.work_s, warmup_s=0)

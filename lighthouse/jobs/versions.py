@@ -1227,21 +1227,14 @@ class ConfigStore:
         cancelled = self._cancelled_at(rows, head)
         at: dict[int, list[Change]] = {}
         applied: list[Change] = []  # in apply order
-        # Where a change (or a cancel of one) has an effect, a segment starts even when the config
-        # does not change there: a segment is named by the newest effect at its first step, so
-        # every step of it must have that newest effect (a no-op change merged into the segment
-        # before was named 200 by one snapshot and 201 by the next: two groups switched versions
-        # one step apart, benchmarks/month on etcd).
+        # Where a change has an effect, a segment starts even when the config does not change
+        # there: a segment is named by the newest effect at its first step, so every step of it
+        # must have that newest effect (a no-op change merged into the segment before was named
+        # 200 by one snapshot and 201 by the next: two groups switched versions one step apart,
+        # benchmarks/month on etcd). A cancelled change's step too: its cancel has its effect there.
         effects: set[int] = set()
-        by_version = {r.version: r for r in rows}
         for r in rows:
-            if r.version > head:
-                continue
-            if r.op == "cancel":
-                target = by_version.get(int(r.change["version"]))
-                step = self._effective(target, head) if target is not None else None
-                if step is not None and step > 0:
-                    effects.add(step)
+            if r.version > head or r.op == "cancel":
                 continue
             step = self._effective(r, head)
             if step is not None and step > 0:
