@@ -8,6 +8,10 @@ without ``WatchConfig``), the manager polls ``GetConfig`` as before: ``live`` sa
 One thread per manager holds the stream: it sends what ``send`` queues and hands every reply
 to ``on_reply``. A stream that ends or fails is opened again (to the lighthouse the client uses
 now, so failover moves it too) after a short backoff, resuming from the version the manager holds.
+A stream stays with the lighthouse the client uses: when the client moves (a call to the one the
+stream was opened to hung or failed), the stream is ended at its next message and opened to the
+new one. Otherwise a stream opened to a hung lighthouse just before the move goes live when that
+host resumes, and the manager's renewals and reports go back to it.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class PushStream:
         self._requests: queue.SimpleQueue[pb.LighthouseConfigRequest | None] | None = None
         self._lock = threading.Lock()
         self.live = False  # a stream is open and has answered
+        self.address = ""  # the lighthouse the current stream was opened to
         self.last_message = float("-inf")  # monotonic time of the last message received
         self.keepalive = 0.0  # the lighthouse's keep-alive interval (seconds), from its messages
         # Per address: that lighthouse has no WatchConfig until then. Per address, not per manager:
@@ -78,7 +83,7 @@ class PushStream:
     def reset(self, why: str) -> None:
         """End the stream (it is silent past its deadline): the manager polls, and a new one opens."""
         if self._stream.cancel():
-            logger.warning("push stream from %s dropped: %s", self._client.current, why)
+            logger.warning("push stream from %s dropped: %s", self.address, why)
 
     def stop(self) -> None:
         self._stream.stop()
@@ -104,7 +109,7 @@ class PushStream:
         address = self._client.current
         call = self._client.watch(_until_none(requests))
         with self._lock:
-            self._requests = requests
+            self._requests, self.address = requests, address
         self._stream.reading(call)
         answered = False
         why = "ended"
@@ -114,13 +119,17 @@ class PushStream:
         timer.start()
         try:
             for reply in call:
+                if self._client.current != address:
+                    why = f"the manager moved to lighthouse {self._client.current}"
+                    call.cancel()
+                    break
                 self.last_message = time.monotonic()
                 self.keepalive = reply.keepalive_ms / 1000
                 if not answered:
                     answered = True
                     with self._lock:
                         self.live = True
-                    logger.info("push stream from %s open", self._client.current)
+                    logger.info("push stream from %s open", address)
                 self._on_reply(reply)
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None

@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from lighthouse.client import HEDGE_FRACTION, LighthouseClient
+from manager.push import PushStream
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import change, live, wait_healthy
 from tests.procs import LighthouseProc, ProcessPool, metric, poll, records_so_far
@@ -187,3 +188,33 @@ def test_sigstop_of_the_lighthouse_in_use_serves_no_fallback_and_the_manager_sta
     slow = [r["elapsed"] for r in records if r["elapsed"] > LIGHTHOUSE_TIMEOUT]
     assert len(slow) <= 1, slow
     assert f"now using lighthouse {a.address}" not in m.stderr()
+
+
+def test_a_push_stream_opened_to_a_hung_lighthouse_follows_the_manager_that_moved(
+    procs: ProcessPool, tmp_path: Path
+) -> None:
+    """A push stream opened to the lighthouse in use just as it hung, and a poll that then moved the
+    manager to the next one: when the hung host resumes, its answer must not make the stream live
+    there (the manager's renewals and reports would go back to the host it left, found by CI on
+    the SIGSTOP test above); the stream is opened again to the lighthouse the manager moved to."""
+    a, b = (procs.lighthouse(CONFIG, state_dir=tmp_path / name) for name in "ab")
+    with LighthouseClient(f"{a.address},{b.address}") as client:
+        a_instance = client.fetch(client.request(), timeout=5).instance_id
+        replies: list[str] = []
+        a.signal(signal.SIGSTOP)
+        # A long open timeout: the stream to the hung host is still waiting when it resumes.
+        stream = PushStream(
+            client, client.request, lambda r: replies.append(r.instance_id), lambda _: None, 60
+        )
+        try:
+            poll(lambda: stream.address == a.address, 5, what="a stream opened to the hung lighthouse")
+            assert client.get_config(timeout=2.0) == {"lr": "0.25"}  # hedged to b: the client moved
+            assert client.current == b.address
+            a.signal(signal.SIGCONT)
+            poll(lambda: stream.live and stream.address == b.address, 10, what="the stream live on b")
+            time.sleep(0.5)  # a stream left live on a would carry its answers by now
+            assert a_instance not in replies
+            assert stream.live and stream.address == b.address
+        finally:
+            a.signal(signal.SIGCONT)
+            stream.stop()
