@@ -50,7 +50,7 @@ def make_state(state_dir: Path) -> Path:
     backend.save_guard("llm", {"version": 2, "metric": "loss", "factor": 1.5, "status": "passed"})
     meta = backend.load("default").meta
     assert [r.version for r in backend.load("default").rows] == [6, 7, 8]  # the first 5 were pruned
-    assert meta["pruned_cancels"] == "[4]" and "base" in meta
+    assert "base" in meta
     backend.close()
     return db
 

@@ -463,6 +463,32 @@ def test_pruning_continues_after_a_cancelled_schedule(open_store: StoreOpener) -
     assert len(s.history(limit=1000)) <= 3 + 2  # at most the limit (allow the cancel pair to linger)
 
 
+def test_pruned_cancels_leave_nothing_behind(open_store: StoreOpener) -> None:
+    # A controller that schedules a change and withdraws it, for weeks: once both are pruned, no
+    # trace of them may stay in what every prune rewrites and every resolve reads (the set of
+    # pruned cancels grew with the job's age, one entry per cancel ever made).
+    s = open_store("db", history_limit=4)
+    put(s, {"a": 0})
+    s.advance_step(10)
+
+    def withdraw(rounds: int) -> int:
+        for _ in range(rounds):
+            version = patch(s, {"b": 1}, effective_step=10**6)
+            commit(s, "cancel", {"version": version}, source="t")
+            patch(s, {"a": version})
+        return len(json.dumps(s.backend.load(s.job).meta))
+
+    early = withdraw(20)
+    late = withdraw(200)
+    assert late <= early + 16, (early, late)  # the version numbers grow a digit, not the meta
+    assert len(s.history(limit=1000)) <= 4 + 2
+    assert s.live() == {"a": s.head - 2}  # the last patch names the change withdrawn before it
+    s.close()
+    s = open_store("db", history_limit=4)  # the reopened store resolves as before
+    assert s.live() == {"a": s.head - 2}
+    assert s.resolve(s.head, 10**6) == {"a": s.head - 2}
+
+
 # ------------------------------------------------------------------ switches
 
 

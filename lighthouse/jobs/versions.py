@@ -407,11 +407,11 @@ class ConfigStore:
         live = runs.live
         if live is not None:
             self._current_step = max(self._current_step, live.start_step)
+        # Only kept versions: a pruned cancel's change was older, pruned with it (a record from an
+        # earlier release may still hold a "pruned_cancels" list of them: not read).
         self._cancelled = {int(r.change["version"]) for r in self._rows if r.op == "cancel"}
-        self._pruned_cancels: set[int] = set(json.loads(meta.get("pruned_cancels", "[]")))
         self._fold = unpack(int(meta.get(FOLD_META, "-1")))
         self._fold_seen: tuple[Runs | None, tuple[int, int], int] = (None, self._fold, -1)
-        self._cancelled.update(self._pruned_cancels)
         self._step_saved_at = time.monotonic()
         # Every other life's ceiling bounds promises this one does not know of (on a store with one
         # writer, the single key holds what the earlier lives stored). Between runs none does: the
@@ -1542,8 +1542,7 @@ class ConfigStore:
             return self._cancelled | {
                 int(r.change["version"]) for r in extra if r.op == "cancel" and r.version <= version
             }
-        cancelled = {int(r.change["version"]) for r in rows if r.op == "cancel" and r.version <= version}
-        return cancelled | self._pruned_cancels
+        return {int(r.change["version"]) for r in rows if r.op == "cancel" and r.version <= version}
 
     def _beyond_held(self, rows: list[Change]) -> list[Change] | None:
         """The rows of ``rows`` after the held ones, when it is the held rows with drafts added
@@ -1687,26 +1686,35 @@ class ConfigStore:
         if limit is None or len(self._rows) <= limit + int(limit * PRUNE_SLACK):
             return None
         folding = self.keep_steps is not None
-        # A cancelled change applies nowhere at or after its cancel: it can go whenever it is old enough.
-        ordered = sorted(
-            self._rows, key=lambda r: (-FOREVER if r.version in self._cancelled else r.order_step, r.version)
-        )
-        versions = sorted(r.version for r in self._rows)
+
+        def applies(row: Change) -> bool:
+            # A cancelled change applies nowhere at or after its cancel, and a cancel changes no
+            # key: neither has a place in apply order to keep. (Counting a kept cancelled change
+            # as first in that order stopped every prune below it: a controller that schedules
+            # and withdraws changes grew the history without bound.)
+            return row.op != "cancel" and row.version not in self._cancelled
+
+        by_version = sorted(self._rows, key=lambda r: r.version)
+        # after[k]: the apply position of the first change that applies among versions k and on.
+        after: list[tuple[int, int]] = [(FOREVER, FOREVER)] * (len(by_version) + 1)
+        for k in range(len(by_version) - 1, -1, -1):
+            row = by_version[k]
+            after[k] = min(after[k + 1], (row.order_step, row.version)) if applies(row) else after[k + 1]
         excess = len(self._rows) - limit
-        count, newest = 0, -1
-        for k, row in enumerate(ordered[:excess], start=1):
+        count, last = 0, (-FOREVER, -1)
+        for k, row in enumerate(by_version[:excess], start=1):
             live = row.version not in self._cancelled
             if row.version == self.head or (live and row.order_step > self._current_step):
                 break  # later changes may still sort before a row ordered beyond the job's step
-            if folding and live and row.op != "cancel" and self._effective(row) is not None:
+            if folding and applies(row) and self._effective(row) is not None:
                 break  # its step is still told apart from the ones before it
-            newest = max(newest, row.version)
-            if newest == versions[k - 1]:
-                count = k  # the first k in apply order are the k oldest versions
+            if applies(row):
+                last = max(last, (row.order_step, row.version))
+            if last < after[k]:
+                count = k  # the k oldest versions apply before every later one
         if count == 0:
             return None
-        prefix = ordered[:count]
-        cancels = {int(r.change["version"]) for r in prefix if r.op == "cancel"} | self._pruned_cancels
+        prefix = sorted(by_version[:count], key=lambda r: (r.order_step, r.version))  # apply order
         steps = {r.version: self._effective(r) for r in prefix}
         points: list[int] = sorted({f for f, _ in self._base} | {s for s in steps.values() if s is not None})
         base: list[tuple[int, dict[str, Any]]] = []
@@ -1723,13 +1731,13 @@ class ConfigStore:
         if below:  # every step below the fold step resolves as it does
             base = [(-FOREVER, below[-1]), *((p, c) for p, c in base if p > fold)]
         gone = {r.version for r in prefix}
-        meta = {"base": json.dumps(base, ensure_ascii=False), "pruned_cancels": json.dumps(sorted(cancels))}
+        meta = {"base": json.dumps(base, ensure_ascii=False)}
         # Step switches to pruned versions go too, but for each group's latest one: it still
         # tells which (pruned) version the group served from that step on.
         oldest = min(r.version for r in self._rows if r.version not in gone)
         self._meta.update(meta)
         self._base = base
-        self._pruned_cancels = cancels
+        self._cancelled -= gone  # what a kept version's cancel names is still read from its row
         self._rows = [r for r in self._rows if r.version not in gone]
         self._index = RowIndex(self._rows, self.runs, self._current_step)
         return gone, meta, oldest
