@@ -112,19 +112,25 @@ SERVER_OPTIONS: list[tuple[str, int | str]] = [
 # A peer drops a connection whose keep-alive ping went unanswered, e.g. while this process stood
 # still (SIGSTOP, a paused VM, a long swap); one restarted drops it too. Woken, the process sends
 # its next call before gRPC has switched to a new connection, and the call fails at once,
-# UNAVAILABLE "Stream removed" (the next one too, for a moment). The call is asked again after
-# each of these pauses, within its deadline, until it goes out on a new connection; a peer that is
-# down refuses a new connection, and that failure stands.
-DROPPED_RETRY_PAUSES = (0.0, 0.005, 0.02, 0.1)
+# UNAVAILABLE "Stream removed" (the next one too, for a moment); or gRPC was connecting again when
+# the process froze, the peer closed that half-made connection too, and the call fails with it
+# ("failed to connect ...: Socket closed") until the next attempt, about 100 ms later
+# (RECONNECT_OPTIONS). The call is asked again after each of these pauses, within its deadline,
+# until it goes out on a new connection; a peer that is down refuses a new connection, and that
+# failure stands.
+DROPPED_RETRY_PAUSES = (0.0, 0.005, 0.02, 0.1, 0.25)
 _T = TypeVar("_T")
 
 
 def connection_dropped(exc: BaseException) -> bool:
-    """The call was sent on a connection that closed under it (gRPC: "Stream removed")."""
-    return (
-        isinstance(exc, grpc.Call)
-        and exc.code() == grpc.StatusCode.UNAVAILABLE
-        and (exc.details() or "").startswith("Stream removed")
+    """The call was sent on a connection that closed under it (gRPC: "Stream removed"), or on one
+    being made that the peer accepted and closed ("Socket closed", "Connection reset")."""
+    if not isinstance(exc, grpc.Call) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = exc.details() or ""
+    return details.startswith("Stream removed") or (
+        details.startswith("failed to connect")
+        and ("Socket closed" in details or "Connection reset" in details)
     )
 
 

@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from lighthouse.client import LighthouseClient
 from protos.rpc import parse_address
 from tests.chaos.proxy import Proxy
 from tests.procs import Proc, ProcessPool, poll, records_so_far
+from worker_client import ManagerClient
 
 CONFIG = {"lr": 0.001, "name": "run", "layers": [4, 8]}
 EXPECTED = {"lr": "0.001", "name": "run", "layers": "[4,8]"}
@@ -244,6 +246,38 @@ def test_a_worker_frozen_while_its_connection_was_dropped_gets_the_config_when_i
         assert all(is_good(r) for r in after), [r for r in after if not is_good(r)][:3]
         assert "using an empty config" not in w.stderr(), w.stderr()[-2000:]
     finally:
+        relay.close()
+
+
+@pytest.mark.parametrize("caller", ["manager", "worker"])
+def test_a_call_whose_new_connection_the_peer_closed_at_once_is_asked_again(
+    procs: ProcessPool, caller: str
+) -> None:
+    """Found by CI (the frozen manager below, one lighthouse, polling): gRPC was connecting again
+    when the manager froze, the peer closed that half-made connection too, and the woken manager's
+    fetch failed ("failed to connect ...: Socket closed") and served the fallback. The peer here
+    closes each connection as it is made again (after the one in use was dropped): the call is asked
+    again within its deadline, on gRPC's next attempt, and gets the config (strict: no fallback)."""
+    lh = procs.lighthouse(CONFIG, http_bind="off")
+    target = lh.address if caller == "manager" else procs.manager(lh.address, "g0", cache_ttl=TTL).address
+    relay = Proxy(target)
+    client = LighthouseClient(relay.address)
+    worker = ManagerClient(relay.address, timeout=2.0, strict=True)
+    try:
+        if caller == "manager":
+            ask: Callable[[], dict[str, str]] = lambda: client.get_config(timeout=2.0)  # noqa: E731
+        else:
+            ask = lambda: dict(worker.get_config())  # noqa: E731
+        assert ask() == EXPECTED
+        for _ in range(3):
+            relay.drop()
+            relay.close_new(1)
+            assert ask() == EXPECTED
+            assert relay.closed_at_once, "no new connection was closed: the case was not made"
+            relay.closed_at_once = 0
+    finally:
+        client.close()
+        worker.close()
         relay.close()
 
 
