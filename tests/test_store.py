@@ -21,6 +21,8 @@ import pytest
 from lighthouse.client import LighthouseClient
 from lighthouse.config.files import FileContent, read_config_file
 from lighthouse.config.values import ConfigError
+from lighthouse.jobs.guards import GuardWatch, JobGuards
+from lighthouse.jobs.series import JobSeries
 from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import FOREVER, ConfigStore, NotFound, VersionConflict
 from lighthouse.server import LighthouseServer
@@ -28,6 +30,7 @@ from lighthouse.store.backend import Change, StoreBackend
 from lighthouse.store.etcd import EtcdBackend
 from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
+from tests.procs import poll
 from tests.store_edits import commit
 
 StoreOpener = Callable[..., ConfigStore]
@@ -487,6 +490,37 @@ def test_pruned_cancels_leave_nothing_behind(open_store: StoreOpener) -> None:
     s = open_store("db", history_limit=4)  # the reopened store resolves as before
     assert s.live() == {"a": s.head - 2}
     assert s.resolve(s.head, 10**6) == {"a": s.head - 2}
+
+
+def test_decided_guards_of_pruned_versions_are_forgotten(open_store: StoreOpener) -> None:
+    # A controller guarding each of its changes for weeks: the guards of versions the history no
+    # longer holds go once decided (from memory, the store and the list), as the watch looks;
+    # an active one stays until decided, whatever its version.
+    s = open_store("db", history_limit=5)
+    guards = JobGuards(s, JobSeries(s.job), lambda *args, **kw: None)
+    put(s, {"lr": 0})
+    guarded = []
+    for i in range(60):
+        guarded.append(patch(s, {"lr": i + 1}))
+        guards.add(
+            {"version": guarded[-1], "metric": "loss", "factor": 2.0, "steps": 10, "effective_step": 0}
+            | {"status": "active", "changes": {"lr": {"before": i, "after": i + 1}}}
+        )
+        if i > 0:
+            guards.cancel(guarded[-1], "t")  # decided; the first stays active
+    pruned_through = s.retention()["pruned_through"]
+    assert pruned_through >= guarded[40]
+    watch = GuardWatch(lambda: [guards], interval=0.02)
+    watch.start()
+    try:
+        expected = {guarded[0]} | {v for v in guarded if v > pruned_through}
+        poll(lambda: {g["version"] for g in guards.list()} == expected, 10, what="pruned guards forgotten")
+    finally:
+        watch.stop()
+    assert {int(g["version"]) for g in s.backend.guards(s.job)} == expected
+    s.close()
+    s = open_store("db", history_limit=5)  # what a restarted lighthouse reads
+    assert {g["version"] for g in JobGuards(s, JobSeries(s.job), lambda *args, **kw: None).list()} == expected
 
 
 # ------------------------------------------------------------------ switches

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from lighthouse.config.values import ConfigError
 from lighthouse.jobs.series import JobSeries, Point
 from lighthouse.jobs.versions import ConfigStore, NotCancellable, NotFound, Plan, VersionConflict
+from lighthouse.store.backend import StoreUnavailable
 from protos.limits import EVERY_RECORD, GUARD_STEPS, GUARD_WINDOW
 from protos.metrics import is_metric_name
 
@@ -179,6 +180,8 @@ class JobGuards:
         # the store's next event, as seen with three test processes).
         self._copy_lock = threading.Lock()
         self._guards: dict[int, dict[str, Any]] = {}
+        self._forgot_at: tuple[int, int] = (0, 0)  # (pruned through, decisions) at the last forget
+        self._decisions = 0  # guards decided here or read decided from the store
         self.rollbacks = 0  # guards this lighthouse found regressed and rolled back (or tried to)
         self.reload()
 
@@ -187,6 +190,7 @@ class JobGuards:
         store = self.store
         with self._copy_lock:
             self._guards = {int(g["version"]): g for g in store.backend.guards(store.job)}
+            self._decisions += 1  # another lighthouse may have decided some
 
     # ------------------------------------------------------------ changes
     @staticmethod
@@ -247,6 +251,30 @@ class JobGuards:
         with self._copy_lock:
             self.store.backend.save_guard(self.job, guard)
             self._guards[int(guard["version"])] = guard
+            self._decisions += guard["status"] != "active"
+
+    def forget_pruned(self) -> None:
+        """Drop the decided guards of versions the history no longer holds. Kept, every guarded
+        change a job ever made stayed in memory, in the store and in the guards list, and every
+        look for an active guard went through them all: a controller guarding its changes for
+        weeks grew them without bound. An active guard stays until decided (its change's keys
+        are in the guard). Cheap when neither the history was cut nor a guard decided since."""
+        through = self.store.retention()["pruned_through"]
+        if (through, self._decisions) == self._forgot_at:
+            return
+        with self._lock:  # no decision meanwhile
+            decisions = self._decisions
+            with self._copy_lock:
+                gone = [v for v, g in self._guards.items() if v <= through and g["status"] != "active"]
+            if gone:
+                try:
+                    self.store.backend.drop_guards(self.job, gone)
+                except StoreUnavailable:
+                    return  # kept for now (the store is down or full): dropped at a later look
+                with self._copy_lock:
+                    for version in gone:
+                        self._guards.pop(version, None)
+            self._forgot_at = (through, decisions)
 
     # ------------------------------------------------------------ reads
     def list(self) -> list[dict[str, Any]]:
@@ -368,10 +396,10 @@ class GuardWatch:
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             for guards in self._jobs():
-                if not guards.active():
-                    continue
                 try:
-                    guards.check()
+                    guards.forget_pruned()
+                    if guards.active():
+                        guards.check()
                 except Exception:  # one job's trouble (a store outage) must not stop the others'
                     logger.exception("job %s: guards not checked", guards.job)
 

@@ -227,6 +227,10 @@ class StoreBackend(Protocol):
         """The job's guards, by version."""
         ...
 
+    def drop_guards(self, job: str, versions: list[int]) -> None:
+        """Delete the guards of ``versions`` (decided ones of pruned versions)."""
+        ...
+
     def prune(self, job: str, gone: set[int], meta: dict[str, str], oldest_kept: int) -> None:
         """Delete versions ``gone`` and store ``meta``; drop switches to versions before
         ``oldest_kept`` except each group's latest one (it still says what the group served)."""

@@ -539,6 +539,12 @@ class EtcdBackend:
             kvs = self.client.get(self._job(job) + "guards/", prefix=True).kvs
         return [json.loads(kv.value) for kv in kvs]
 
+    def drop_guards(self, job: str, versions: list[int]) -> None:
+        base = self._job(job) + "guards/"
+        for start in range(0, len(versions), TXN_OPS):
+            with _mapped():
+                self.client.txn([], [Delete(base + _num(v)) for v in versions[start : start + TXN_OPS]])
+
     def set_meta(self, job: str, items: dict[str, str]) -> None:
         """``current_step`` is queued (max of every lighthouse's); anything else is written now."""
         items = dict(items)

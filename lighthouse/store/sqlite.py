@@ -485,6 +485,13 @@ class SqliteBackend:
             ).fetchall()
         return [json.loads(r[0]) for r in rows]
 
+    def drop_guards(self, job: str, versions: list[int]) -> None:
+        with self._lock, self._space_checked(), self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(
+                "DELETE FROM job_guards WHERE job = ? AND version = ?", [(job, v) for v in versions]
+            )
+
     def prune(self, job: str, gone: set[int], meta: dict[str, str], oldest_kept: int) -> None:
         with self._space_checked():
             self._flush_steps()  # queued switches first: the pruning below decides which to keep
