@@ -10,7 +10,12 @@ job, and one worker process per group calls ``get_config(step=N)`` for N = 1, 2,
 seeded step as fast as it is answered, for ``--minutes`` minutes, the groups coupled by a step
 barrier as torchft's all-reduce couples them (no group starts step N+1 before every group finished
 step N). A controller (this process)
-makes a change at once (PATCH ``sync_every``) every ``--change-every`` steps of the first group.
+makes a change at once (PATCH ``sync_every``) every ``--change-every`` steps of the first group;
+every ``--guard-every``-th of them guarded (``loss:1.5`` over ``GUARD_STEPS`` steps: the workers
+report a flat loss every step, so each guard passes), and every ``--withdraw-every``-th change is
+followed by one scheduled far ahead and cancelled at once (a controller withdrawing a plan). Both
+once left a trace per change that the retention never removed (the guards; the history itself,
+held back by the cancelled changes): counted in every sample (``store_counts``, ``guards``).
 
 Sampled every ``--sample-seconds``: the job's step, the lighthouse's RSS and CPU, the store's bytes
 (the SQLite file and its log; etcd's database in use: ``--store etcd`` is a 3-member cluster with
@@ -31,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +53,8 @@ from tests.etcd_cluster import EtcdCluster
 FLAT = 1.1  # memory and store bytes at the end within this factor of the settled sample
 SEED_EVERY = 100  # steps between two seeded versions (a controller's change)
 REPORT_EVERY = 250  # a worker prints its progress every this many steps
+GUARD_STEPS = 200  # steps a guarded change is watched for
+WITHDRAWN_AHEAD = 10**6  # steps ahead a withdrawn change was scheduled at
 
 
 # ------------------------------------------------------------------ the worker process
@@ -68,6 +76,7 @@ def worker(manager: str, first_step: int, barrier: str) -> None:
         link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         while True:
             config = client.get_config(step=step)
+            client.report(step, loss=1.0)  # flat: every guard passes
             if config.source == "fallback":
                 fallbacks += 1
             elif not config.pinned:
@@ -91,9 +100,13 @@ def worker(manager: str, first_step: int, barrier: str) -> None:
 class Controller:
     """Reads the first worker's progress and makes a change at once every ``every`` of its steps."""
 
-    def __init__(self, url: str, every: int, first_step: int) -> None:
+    def __init__(self, url: str, every: int, first_step: int, guard_every: int, withdraw_every: int) -> None:
         self._admin = AdminClient(url, timeout=30.0)
         self._every = every
+        self._guard_every = guard_every
+        self._withdraw_every = withdraw_every
+        self.guarded = 0
+        self.withdrawn = 0
         self._next = first_step + every
         self.step = first_step
         self.changes = 0
@@ -109,18 +122,33 @@ class Controller:
             self._change()
 
     def _change(self) -> None:
+        guarded = self._guard_every > 0 and self.changes % self._guard_every == 0
+        guard = {"guard": "loss:1.5", "guard_steps": GUARD_STEPS} if guarded else {}
         started = time.perf_counter()
+        # A new value each time (the seeded config has 100): a guard refuses a change of nothing.
+        answer = self._call(lambda: self._admin.patch({"sync_every": 101 + self.changes % 50}, **guard))
+        if answer is None:
+            return
+        self.latencies.append(time.perf_counter() - started)
+        self.changes += 1
+        self.guarded += guarded
+        self.effective[answer["version"]] = answer.get("effective_step")
+        if self._withdraw_every > 0 and self.changes % self._withdraw_every == 0:
+            ahead = self.step + WITHDRAWN_AHEAD
+            plan = self._call(lambda: self._admin.patch({"warmup": self.changes}, effective_step=ahead))
+            if plan is not None and self._call(lambda: self._admin.cancel(plan["version"])) is not None:
+                self.withdrawn += 1
+
+    def _call(self, call: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+        """``call()``'s answer; None when refused (counted: 507, or another error)."""
         try:
-            answer = self._admin.patch({"sync_every": 100 + self.changes % 50})
+            return call()
         except AdminError as exc:
             if exc.status == 507:
                 self.full += 1
             else:
                 self.errors.append(str(exc)[:200])
-            return
-        self.latencies.append(time.perf_counter() - started)
-        self.changes += 1
-        self.effective[answer["version"]] = answer.get("effective_step")
+            return None
 
 
 def follow(child: Any, controller: Controller | None, out: dict[str, Any]) -> None:
@@ -174,7 +202,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 )
                 for g, addr in enumerate(addrs)
             ]
-            controller = Controller(url, args.change_every, seeded_step)
+            controller = Controller(
+                url, args.change_every, seeded_step, args.guard_every, args.withdraw_every
+            )
+            sampler = AdminClient(url, timeout=30.0)  # the controller's is in use on its thread
             outs: list[dict[str, Any]] = [{} for _ in workers]
             readers = [
                 threading.Thread(
@@ -197,6 +228,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                         "store_kb": where.bytes() / 1024,
                         "store_file_kb": where.file_bytes() / 1024,
                         "store_counts": store_counts(where),
+                        "guards": len(sampler.guards()["guards"]),
                         "changes": controller.changes,
                     }
                 )
@@ -227,6 +259,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "versions_seeded": args.versions,
             "change_every": args.change_every,
             "changes": controller.changes,
+            "guarded": controller.guarded,
+            "withdrawn": controller.withdrawn,
             "patch_507": controller.full,
             "patch_errors": controller.errors[:10],
             "patch_ms_p50": percentile(sorted(controller.latencies), 50) * 1e3
@@ -335,15 +369,16 @@ def disagreements(outs: list[dict[str, Any]]) -> list[list[list[int]]]:
 
 
 def flatness(samples: list[dict[str, Any]], settle_minutes: float) -> dict[str, Any]:
-    """RSS and store bytes: the first sample after ``settle_minutes`` against the last."""
+    """RSS, store bytes and the guards listed: the first sample after ``settle_minutes`` against
+    the last."""
     settled = next((s for s in samples if s["minutes"] >= settle_minutes), None)
     last = samples[-1] if samples else None
     out = {}
-    for key in ("rss_mb", "store_kb"):
+    for key in ("rss_mb", "store_kb", "guards"):
         if settled is None or last is None or settled is last:
             out[key] = {"settled": None, "end": None, "ratio": None}
             continue
-        out[key] = {"settled": settled[key], "end": last[key], "ratio": last[key] / settled[key]}
+        out[key] = {"settled": settled[key], "end": last[key], "ratio": last[key] / max(settled[key], 1)}
     return out
 
 
@@ -356,7 +391,8 @@ def render(results: dict[str, Any]) -> str:
         f"{results['minutes']:g} minutes, {len(steps)} groups, {min(steps)}-{max(steps)} steps "
         f"({max(steps) / (results['minutes'] * 60):.0f}/s), {results['changes']} changes at once "
         f"(one every {results['change_every']} steps; PATCH p50 {results['patch_ms_p50'] or 0:.1f} ms, "
-        f"p99 {results['patch_ms_p99'] or 0:.1f} ms)"
+        f"p99 {results['patch_ms_p99'] or 0:.1f} ms), {results['guarded']} of them guarded, "
+        f"{results['withdrawn']} changes scheduled and withdrawn"
     )
     lines.append(
         f"fallbacks {results['fallbacks']}, 507 {results['patch_507']}, other PATCH errors "
@@ -390,6 +426,13 @@ def main(argv: list[str] | None = None) -> int:
         "--settle-minutes", type=float, default=5.0, help="memory and store flat from then on"
     )
     parser.add_argument("--change-every", type=int, default=1000, help="steps between two changes at once")
+    parser.add_argument("--guard-every", type=int, default=5, help="every Nth change guarded (0: none)")
+    parser.add_argument(
+        "--withdraw-every",
+        type=int,
+        default=10,
+        help="a change scheduled and cancelled after every Nth (0: none)",
+    )
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--sample-seconds", type=float, default=30.0)
     quick = {
@@ -397,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         "minutes": 0.4,
         "settle_minutes": 0.1,
         "change_every": 200,
+        "guard_every": 2,
+        "withdraw_every": 2,
         "sample_seconds": 3.0,
     }
     return run_standalone("month", parser, argv, quick, run, render)

@@ -279,13 +279,19 @@ def test_month_benchmark_runs(tmp_path: Path) -> None:
     assert len(steps) == 2 and steps[0] == steps[1] > 1000, steps
     assert results["changes"] > 0 and results["patch_507"] == 0 and not results["patch_errors"]
     assert results["disagreements"] == 0 and results["switches"] > 0
+    # Every 2nd change guarded, a change scheduled and withdrawn after every 2nd (--quick).
+    assert (
+        results["guarded"] == (results["changes"] + 1) // 2
+        and results["withdrawn"] == results["changes"] // 2
+    )
+    assert max(s["guards"] for s in results["samples"]) > 0
     # The seeded switches: each group's, to every seeded version after the first (200 seeded).
     assert results["switches_seeded"] == 2 * 199
     samples = results["samples"]
     assert len(samples) >= 3 and all(s["rss_mb"] > 10 and s["store_kb"] > 0 for s in samples)
     assert samples[-1]["store_counts"]["job_versions"] > 200  # SQLite rows: the history kept
     for figure in results["flat"].values():
-        assert figure["ratio"] == pytest.approx(figure["end"] / figure["settled"])
+        assert figure["ratio"] == pytest.approx(figure["end"] / max(figure["settled"], 1))
     assert_run_meta(results)
     assert "goals met:" in out.stdout
 
