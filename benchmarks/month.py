@@ -182,7 +182,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             where = HistoryStore("month", base, etcd)
             started = time.monotonic()
             seeded_step = write_history(where, args.versions, SEED_EVERY)
-            results["switches_seeded"] = seed_switches(where, args.versions, args.groups)
+            results["switches_seeded"], results["guards_seeded"] = seed_switches(
+                where, args.versions, args.groups, args.guard_every
+            )
             results["seconds_to_seed"] = time.monotonic() - started
             results["seeded_step"] = seeded_step
             lighthouse, address, url = serve_lighthouse(children, "lighthouse", *where.flags())
@@ -311,10 +313,11 @@ def defrag_probe(etcd: EtcdCluster) -> list[dict[str, int]]:
     return out
 
 
-def seed_switches(where: HistoryStore, versions: int, groups: int) -> int:
-    """Each group's step switches to the last DEFAULT_HISTORY_LIMIT seeded versions, as a month of
-    the job left them (the retention keeps those of kept versions: without them the store would
-    grow through the run's first thousand changes, to the same bound); how many."""
+def seed_switches(where: HistoryStore, versions: int, groups: int, guard_every: int) -> tuple[int, int]:
+    """Each group's step switches to the last DEFAULT_HISTORY_LIMIT seeded versions, and a passed
+    guard of every ``guard_every``-th of them, as a month of the job left them (the retention keeps
+    those of kept versions: without them the store would grow through the run's first thousand
+    changes, to the same bound); how many of each."""
     backend = where.backend()
     try:
         kept = range(max(2, versions - DEFAULT_HISTORY_LIMIT + 1), versions + 1)
@@ -324,9 +327,34 @@ def seed_switches(where: HistoryStore, versions: int, groups: int) -> int:
             for g in range(groups)
         ]
         backend.add_switches(DEFAULT_JOB, switches)
+        guarded = [v for v in kept if guard_every > 0 and v % guard_every == 0]
+        for v in guarded:
+            backend.save_guard(DEFAULT_JOB, passed_guard(v, SEED_EVERY * (v - 1) + 2))
     finally:
         backend.close()
-    return len(switches)
+    return len(switches), len(guarded)
+
+
+def passed_guard(version: int, step: int) -> dict[str, Any]:
+    """The record of a guard of ``version`` (taking effect at ``step``) that passed."""
+    return {
+        "version": version,
+        "metric": "loss",
+        "factor": 1.5,
+        "steps": GUARD_STEPS,
+        "window": GUARD_STEPS,
+        "effective_step": step,
+        "changes": {"lr": {"before": 0.0, "after": 1e-6}},
+        "author": "bench",
+        "created_at": time.time(),
+        "status": "passed",
+        "baseline": 1.0,
+        "baseline_steps": [step - GUARD_STEPS, step - 1],
+        "rollback_version": None,
+        "rollback_step": None,
+        "reason": None,
+        "decided_at": time.time(),
+    }
 
 
 def store_counts(where: HistoryStore) -> dict[str, int]:

@@ -285,6 +285,7 @@ def test_month_benchmark_runs(tmp_path: Path) -> None:
         and results["withdrawn"] == results["changes"] // 2
     )
     assert max(s["guards"] for s in results["samples"]) > 0
+    assert results["guards_seeded"] == 100  # of every 2nd seeded version (kept: all 200)
     # The seeded switches: each group's, to every seeded version after the first (200 seeded).
     assert results["switches_seeded"] == 2 * 199
     samples = results["samples"]
