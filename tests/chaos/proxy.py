@@ -6,16 +6,14 @@ keepalives and deadlines are for). Healed, it relays what it held back, in order
 deliver the retransmitted bytes the same way. A connection the target closes or refuses is
 closed on the other side too (a restarted target is reached again by the next connection).
 ``delay`` holds every chunk that long before relaying it: a link's latency each way. ``drop``
-closes the connections relayed so far; ``drop_on_next_send`` closes each open connection when its
-client next sends a byte (that byte not relayed): a call sent on a connection its peer just closed;
-``close_new(n)`` accepts the next ``n`` connections and closes them at once, before the handshake.
+closes the connections relayed so far; ``close_new(n)`` accepts the next ``n`` connections and
+closes them at once, before the handshake.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
-import struct
 import threading
 import time
 
@@ -30,13 +28,10 @@ class Proxy:
         self._flowing = threading.Event()
         self._flowing.set()
         self._closed = False
-        self._drop_on_send: set[socket.socket] = set()  # client sides to close at their next bytes
-        self._reset = False  # ... with a RST
         self._close_new = 0  # connections to accept and close at once
         self.closed_at_once = 0  # ... and how many were
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
-        self._clients: set[socket.socket] = set()  # the accepted sides of the open connections
         threading.Thread(target=self._accept, daemon=True, name=f"proxy-{self.address}").start()
 
     @property
@@ -56,14 +51,6 @@ class Proxy:
             sockets = list(self._sockets)
         for sock in sockets:
             self._close(sock)
-
-    def drop_on_next_send(self, reset: bool = False) -> None:
-        """Close each connection open now when its client next sends something (not relayed),
-        as a peer that closed it a moment before the client, frozen or busy, sent its call;
-        ``reset``: with a RST (a peer whose host rebooted), not a FIN."""
-        with self._lock:
-            self._drop_on_send = set(self._clients)
-            self._reset = reset
 
     def close_new(self, count: int) -> None:
         """Accept the next ``count`` connections and close them at once: a peer (or a middlebox)
@@ -88,8 +75,6 @@ class Proxy:
                 self.closed_at_once += 1
             return
         self._track(conn)
-        with self._lock:
-            self._clients.add(conn)
         self._flowing.wait()  # a connection made across the cut waits, unanswered, for the heal
         try:
             upstream = socket.create_connection(self.target, timeout=5)
@@ -108,17 +93,6 @@ class Proxy:
                 if self.delay:
                     time.sleep(self.delay)
                 self._flowing.wait()
-                with self._lock:
-                    dropping = src in self._drop_on_send
-                    self._drop_on_send.discard(src)
-                if dropping:
-                    if self._reset:  # no lingering: close() sends a RST
-                        src.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                        with contextlib.suppress(OSError):
-                            src.close()
-                    self._close(src)
-                    self._close(dst)
-                    return
                 if not data:
                     with contextlib.suppress(OSError):
                         dst.shutdown(socket.SHUT_WR)
@@ -135,7 +109,6 @@ class Proxy:
     def _close(self, sock: socket.socket) -> None:
         with self._lock:
             self._sockets.discard(sock)
-            self._clients.discard(sock)
         with contextlib.suppress(OSError):
             # A close alone neither wakes a pump blocked in recv() on the socket nor sends the FIN
             # until that recv returns: the peer would keep a silent connection, not a closed one.
