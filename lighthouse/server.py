@@ -12,7 +12,7 @@ import grpc
 
 from lighthouse.config.files import ConfigDirWatcher, FileContent, FileWatcher, read_schema_file
 from lighthouse.etcd.errors import EtcdError, EtcdUnavailable
-from lighthouse.jobs.guards import GuardWatch
+from lighthouse.jobs.guards import LAPSE_AFTER, GuardWatch
 from lighthouse.jobs.leases import LeasePolicy
 from lighthouse.jobs.registry import JobRegistry
 from lighthouse.jobs.state import LighthouseState, ManagerLimits
@@ -88,6 +88,7 @@ class LighthouseServer:
         history_keep_steps: int | None = DEFAULT_KEEP_STEPS,
         max_workers: int = 16,
         keepalive_interval: float = KEEPALIVE,
+        guard_lapse_seconds: float = LAPSE_AFTER,
     ) -> None:
         if manager_identities is not None and (tls is None or tls.client_ca is None):
             raise ValueError(
@@ -222,7 +223,9 @@ class LighthouseServer:
                 )
             for watcher in self._watchers:
                 watcher.start()
-            self._guards = GuardWatch(lambda: [state.guards for state in self.jobs.states()])
+            self._guards = GuardWatch(
+                lambda: [state.guards for state in self.jobs.states()], lapse_after=guard_lapse_seconds
+            )
             self._guards.start()
         except BaseException:
             self.shutdown()

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.helpers_lighthouse import run_cli, start_lighthouse
-from tests.http_util import get_json, history, live, wait_healthy
+from tests.http_util import call, get_json, history, live, wait_healthy
 from tests.procs import (
     LighthouseProc,
     ManagerProc,
@@ -337,3 +337,56 @@ def test_a_nan_in_the_guarded_steps_rolls_the_change_back(procs: ProcessPool) ->
     newest = history(lh.url)[0]
     assert (newest["version"], newest["author"]) == (guard["rollback_version"], "guard")
     assert newest["config"] == {"lr": CALM_LR}  # batch_size, which it added, is gone again
+
+
+LAPSE_SECONDS = 3.0
+
+
+def test_a_guard_on_a_metric_nobody_reports_lapses_and_its_change_stays(procs: ProcessPool) -> None:
+    """A guard on ``val_loss`` (the workers report only ``loss``) cannot be judged: once the job has
+    stood past its last step for ``--guard-lapse-seconds`` it is decided ``lapsed`` (no longer active,
+    so dropped with its version like any decided guard) and its change stays; a guard on ``loss``
+    beside it passes as before."""
+    lh = procs.lighthouse({"lr": CALM_LR}, extra=["--guard-lapse-seconds", str(LAPSE_SECONDS)])
+    manager = procs.manager(lh.address, "g0", cache_ttl=0.2)
+    procs.worker(manager.address, group="g0", rank=0, steps=1_000_000, step_interval=0.01, extra=["--report"])
+    poll(lambda: live(lh.url)["current_step"] >= 30, 60, 0.2, "a baseline's worth of steps")
+
+    def guarded(key_value: str, guard: str) -> int:
+        made = run_cli("config", "set", key_value, "--guard", guard, "--guard-steps", "20", "--url", lh.url)
+        assert made.returncode == 0, made.stderr
+        return int(made.stdout.split()[1])
+
+    unjudged = guarded(f"lr={HOT_LR}", "val_loss:1.5")
+    judged = guarded("batch_size=64", "loss:10")
+
+    def decided(version: int) -> dict[str, Any]:
+        guards = get_json(lh.url, "/api/config/guards")["guards"]
+        return next(g for g in guards if g["version"] == version and g["status"] != "active")
+
+    lapsed = poll(lambda: _or_none(lambda: decided(unjudged)), DECIDED, 0.2, "the val_loss guard decided")
+    last = lapsed["effective_step"] + lapsed["steps"]
+    assert lapsed["status"] == "lapsed", lapsed
+    assert lapsed["reason"].startswith(f"not judged: val_loss never reported, not through step {last}"), (
+        lapsed
+    )
+    assert lapsed["rollback_version"] is None
+    # It waited the lapse after the job passed its last step (which took 20+ steps after it was made).
+    assert lapsed["decided_at"] - lapsed["created_at"] >= LAPSE_SECONDS, lapsed
+    assert live(lh.url)["config"]["lr"] == HOT_LR  # not rolled back
+    assert all(row["author"] != "guard" for row in history(lh.url))
+    assert decided(judged)["status"] == "passed"
+    refused = call(lh.url, "DELETE", f"/api/config/guards/{unjudged}")
+    assert refused.status == 409 and "lapsed already" in refused.error  # decided: nothing to cancel
+    listed = run_cli("config", "guards", "--url", lh.url)
+    assert listed.returncode == 0, listed.stderr
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(f"v{unjudged} "))
+    assert "lapsed" in row and "val_loss never reported" in row, listed.stdout
+
+
+def _or_none(read: Any) -> Any:
+    """``read()``, or None while it raises StopIteration (not there yet)."""
+    try:
+        return read()
+    except StopIteration:
+        return None

@@ -9,7 +9,7 @@ process that reads a job's metrics and changes its config: see
     admin = AdminClient("http://lh-host:29511", token=TOKEN, job="llama-70b", author="my-controller")
     loss = admin.metrics("loss", from_step=1000)["metrics"]["loss"]   # [{"step", "mean", ...}, ...]
     admin.patch({"lr": 2e-4}, comment="controller: loss plateaued", guard="loss:1.5", guard_steps=200)
-    admin.guards()["guards"]                                          # active, passed, triggered
+    admin.guards()["guards"]                                          # active, passed, triggered, lapsed
 
 Every method returns the decoded JSON answer and raises ``AdminError`` (with the
 HTTP status, 0 when the lighthouse cannot be reached) on a refusal. Given several
@@ -229,7 +229,8 @@ class AdminClient:
 
     def guards(self) -> dict[str, Any]:
         """The job's guarded changes, newest first, each with its status: active, passed,
-        triggered (with the rollback version and the reason) or cancelled."""
+        triggered (with the rollback version and the reason), lapsed (not judged, with the reason)
+        or cancelled."""
         return self._call("GET", f"{self._api}/config/guards")
 
     def cancel_guard(self, version: int) -> dict[str, Any]:

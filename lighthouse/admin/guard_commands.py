@@ -1,4 +1,5 @@
-"""``lighthouse config guards``: a job's guarded changes (active, passed, triggered, cancelled),
+"""``lighthouse config guards``: a job's guarded changes (active, passed, triggered,
+lapsed, cancelled),
 and ``--cancel VERSION`` to stop one. The options that guard a change are in ``guard_options``."""
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def lines(answer: dict[str, Any]) -> list[str]:
 )
 @connection_options
 def guards(client: AdminClient, cancel: int | None, output: str) -> None:
-    """List the guarded changes: active, passed, triggered (with their rollback) or cancelled."""
+    """List the guarded changes: active, passed, triggered (with their rollback), lapsed (not
+    judged: its metric was not reported) or cancelled."""
     if cancel is not None:
         answer = client.cancel_guard(cancel)
         emit(output, answer, lambda: [f"the guard of v{cancel} is cancelled"])

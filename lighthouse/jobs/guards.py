@@ -11,10 +11,14 @@ when
   reported in the 200 steps before E; or
 * any group reports a non-finite loss (NaN, inf) in that range.
 
-Past step E+200 the guard has passed. The rollback is a new version made now,
-author ``guard``, a comment naming the metric, the values and the step; it puts
-back the keys the guarded change set, to what they were before it (a key changed
-again since is left as it is). It goes through ``LighthouseState.change`` like any
+Past step E+200 the guard has passed. A guard that could not be judged (no group reported
+``loss`` through step E+200: a metric nobody reports, a typo) *lapses* once the job has been past
+that step for ``lapse_after`` seconds (``--guard-lapse-seconds``): decided, the change stays, and
+it no longer counts as active (kept active, such guards grew with a job's age).
+
+The rollback is a new version made now, author ``guard``, a comment naming the metric, the
+values and the step; it puts back the keys the guarded change set, to what they were before it
+(a key changed again since is left as it is). It goes through ``LighthouseState.change`` like any
 change made now, so every group switches at one step (issue 16's step leases).
 
 Guards are stored in the job's store (SQLite, etcd), so they survive a restart.
@@ -47,6 +51,7 @@ logger = logging.getLogger(__name__)
 MAX_STEPS = 10_000_000
 AUTHOR = "guard"
 CHECK_INTERVAL = 0.5  # seconds between two evaluations of a lighthouse's active guards
+LAPSE_AFTER = 300.0  # seconds past a guard's last step before one not judged lapses (--guard-lapse-seconds)
 _SPEC = re.compile(r"\s*([^:\s]+)\s*:\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*")
 
 
@@ -182,6 +187,7 @@ class JobGuards:
         self._guards: dict[int, dict[str, Any]] = {}
         self._forgot_at: tuple[int, int] = (0, 0)  # (pruned through, decisions) at the last forget
         self._decisions = 0  # guards decided here or read decided from the store
+        self._past_end: dict[int, float] = {}  # active guard -> when the job was seen past its end
         self.rollbacks = 0  # guards this lighthouse found regressed and rolled back (or tried to)
         self.reload()
 
@@ -288,10 +294,12 @@ class JobGuards:
         return any(g["status"] == "active" for g in list(self._guards.values()))  # a copy: HTTP adds
 
     # ------------------------------------------------------------ watching
-    def check(self) -> None:
-        """Judge every active guard now: record a baseline, a pass, or roll back a regression."""
+    def check(self, lapse_after: float = LAPSE_AFTER) -> None:
+        """Judge every active guard now: record a baseline, a pass, or roll back a regression; one
+        the job has been past the end of for ``lapse_after`` seconds without its metric lapses."""
         with self._lock:
-            for guard in [g for g in list(self._guards.values()) if g["status"] == "active"]:
+            active = [g for g in list(self._guards.values()) if g["status"] == "active"]
+            for guard in active:
                 verdict = evaluate(guard, self.series)
                 if verdict.baseline is not None:
                     mean, first, last = verdict.baseline
@@ -302,6 +310,33 @@ class JobGuards:
                 elif verdict.passed:
                     self._save({**guard, "status": "passed", "decided_at": time.time()})
                     logger.info("the guard of version %d passed", guard["version"])
+                else:
+                    self._lapse_if_overdue(guard, lapse_after)
+            versions = {int(g["version"]) for g in active}
+            self._past_end = {v: t for v, t in self._past_end.items() if v in versions}
+
+    def _lapse_if_overdue(self, guard: dict[str, Any], lapse_after: float) -> None:
+        """Decide a guard ``lapsed`` once the job has stood past its last step for ``lapse_after``
+        seconds and its metric still was not reported through that step by every reporting group
+        (the change stays). A job back below that step (a resume from an earlier checkpoint)
+        starts the wait again."""
+        version, last = int(guard["version"]), guard["effective_step"] + guard["steps"]
+        if self.store.current_step <= last:
+            self._past_end.pop(version, None)
+            return
+        now = time.monotonic()
+        since = self._past_end.setdefault(version, now)
+        if now - since < lapse_after:
+            return
+        metric = guard["metric"]
+        reported = self.series.settled(metric)
+        through = f"reported through step {reported}" if reported >= 0 else "never reported"
+        reason = (
+            f"not judged: {metric} {through}, not through step {last}, {lapse_after:g}s after the "
+            f"job passed it (the change stays)"
+        )
+        self._save({**guard, "status": "lapsed", "reason": reason, "decided_at": time.time()})
+        logger.warning("the guard of version %d lapsed: %s", version, reason)
 
     def _roll_back(self, guard: dict[str, Any], reason: str) -> None:
         """Put back the keys the guarded change set, as a change made now (once, whoever does it)."""
@@ -384,9 +419,15 @@ def _rollback_in_history(store: ConfigStore, version: int) -> tuple[int, int | N
 class GuardWatch:
     """Checks every job's active guards every CHECK_INTERVAL seconds, in a thread of its own."""
 
-    def __init__(self, jobs: Callable[[], Iterable[JobGuards]], interval: float = CHECK_INTERVAL) -> None:
+    def __init__(
+        self,
+        jobs: Callable[[], Iterable[JobGuards]],
+        interval: float = CHECK_INTERVAL,
+        lapse_after: float = LAPSE_AFTER,
+    ) -> None:
         self._jobs = jobs
         self._interval = interval
+        self._lapse_after = lapse_after
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="guards", daemon=True)
 
@@ -399,7 +440,7 @@ class GuardWatch:
                 try:
                     guards.forget_pruned()
                     if guards.active():
-                        guards.check()
+                        guards.check(self._lapse_after)
                 except Exception:  # one job's trouble (a store outage) must not stop the others'
                     logger.exception("job %s: guards not checked", guards.job)
 

@@ -120,7 +120,7 @@ class NotFound(LookupError):
 
 class NotCancellable(ConfigError):
     """What a cancel names is not pending: a change not scheduled, cancelled or in effect already
-    (``head``: the job's version then), or a guard that passed or triggered (``head`` None)."""
+    (``head``: the job's version then), or a guard that was decided (``head`` None)."""
 
     def __init__(self, message: str, head: int | None = None) -> None:
         super().__init__(message)

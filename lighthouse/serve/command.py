@@ -22,6 +22,7 @@ from click.core import ParameterSource
 
 from lighthouse.config.values import ConfigError
 from lighthouse.etcd.connection import EtcdAuth
+from lighthouse.jobs.guards import LAPSE_AFTER
 from lighthouse.jobs.leases import LeasePolicy
 from lighthouse.jobs.state import ManagerLimits
 from lighthouse.jobs.versions import DEFAULT_HISTORY_LIMIT, DEFAULT_KEEP_STEPS
@@ -449,6 +450,14 @@ lease_options = _grouped(
     help="Seconds between keep-alives on a quiet push stream; a manager ends one silent for two.",
 )
 @click.option(
+    "--guard-lapse-seconds",
+    type=click.FloatRange(min=0.0),
+    default=LAPSE_AFTER,
+    show_default=True,
+    help="Seconds the job may stand past a guard's last step before a guard whose metric was not "
+    "reported through it lapses (decided, not judged; the change stays).",
+)
+@click.option(
     "--torchft",
     is_flag=True,
     help="Also be torchft's lighthouse: start torchft's own (installed torchft) in this process and "
@@ -492,6 +501,7 @@ def serve(
     manager_tokens_path: Path | None,
     manager_identities_path: Path | None,
     keepalive_interval: float,
+    guard_lapse_seconds: float,
     torchft: bool,
     min_replicas: int | None,
     join_timeout_ms: int | None,
@@ -531,6 +541,7 @@ def serve(
             history_limit=store.history_limit,
             history_keep_steps=store.keep_steps,
             keepalive_interval=keepalive_interval,
+            guard_lapse_seconds=guard_lapse_seconds,
             torchft=torchft,
             min_replicas=min_replicas,
             join_timeout_ms=join_timeout_ms,

@@ -37,8 +37,8 @@ const LHChart = (() => {
 
   function guardTip(g) {
     const threshold = g.baseline === null ? "its mean before the change" : `${g.factor} × ${fmt(g.baseline)}`;
-    const outcome = g.status === "triggered"
-      ? `triggered: ${g.reason}` + (g.rollback_version ? ` (rolled back as v${g.rollback_version})` : "")
+    const outcome = g.status === "triggered" || g.status === "lapsed"
+      ? `${g.status}: ${g.reason}` + (g.rollback_version ? ` (rolled back as v${g.rollback_version})` : "")
       : g.status;
     return `guard of v${g.version}: ${g.metric} (mean of ${g.window} steps) at most ${threshold}, ` +
       `finite, in steps ${g.effective_step} to ${g.until_step}: ${outcome}`;
@@ -200,7 +200,7 @@ const LHChart = (() => {
 
   // One line per guard under the charts: what it watches and how it ended.
   function renderGuards(guards) {
-    const pill = { active: "warn", passed: "ok", triggered: "error", cancelled: "" };
+    const pill = { active: "warn", passed: "ok", triggered: "error", lapsed: "", cancelled: "" };
     document.getElementById("guards-list").replaceChildren(...guards.map((g) =>
       LH.el("li", { dataset: { version: g.version, status: g.status } },
         LH.el("span", { class: `pill ${pill[g.status] ?? ""}` }, g.status), " ", guardTip(g))));
