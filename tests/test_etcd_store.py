@@ -24,6 +24,7 @@ from lighthouse.store.backend import Change, HeadMoved, SharedBackend, StoreUnav
 from lighthouse.store.etcd import DEFAULT_PREFIX, EtcdBackend, open_etcd_store, parse_store_url
 from lighthouse.store.sqlite import SqliteBackend
 from protos.etcd import rpc_pb2, rpc_pb2_grpc
+from protos.job_ids import DEFAULT_JOB
 from tests.etcd_cluster import EtcdCluster, free_port
 from tests.procs import ROOT, child_env, poll
 from tests.store_edits import commit
@@ -235,9 +236,36 @@ def test_a_registry_serves_what_another_lighthouse_committed(backends: list[Etcd
             there.default.store.advance_step(step)  # a manager of the other lighthouse reported it
         poll(lambda: here.default.store.current_step == 11, 5, what="the shared job step")
         assert here.default.view()["current_step"] == 11
+        guard = {"version": 1, "metric": "loss", "factor": 1.5, "effective_step": 12, "steps": 200}
+        b.save_guard(DEFAULT_JOB, {**guard, "status": "active"})
+        listed = lambda: [g["version"] for g in here.default.guards.list()]  # noqa: E731
+        poll(lambda: listed() == [1], 5, what="a guard stored through the other lighthouse")
+        b.drop_guards(DEFAULT_JOB, [1])
+        poll(lambda: listed() == [], 5, what="the guard dropped through the other lighthouse")
     finally:
         here.close()
         there.close()
+
+
+def test_a_guard_written_elsewhere_reloads_the_guards_not_the_job(backends: list[EtcdBackend]) -> None:
+    """A guard's keys (made, given its baseline, decided, dropped) call ``on_guards`` alone: a reload
+    of the job read every kept version again, three times per guarded change, the writer's too."""
+    watcher, writer = backends
+    store = ConfigStore(job="j", backend=writer)
+    commit(store, "put", {"lr": 1}, source="t")
+    changed: list[tuple[str, int]] = []
+    guarded: list[str] = []
+    watcher.subscribe(
+        lambda job, head: changed.append((job, head)), lambda job, step: None, lambda *_: None, guarded.append
+    )
+    poll(lambda: changed == [("j", 1)], 10, what="the commit's head")
+    writer.save_guard("j", {"version": 1, "metric": "loss", "factor": 1.5, "status": "active"})
+    poll(lambda: guarded == ["j"], 10, what="the guard's event")
+    writer.drop_guards("j", [1])
+    poll(lambda: guarded == ["j", "j"], 10, what="the drop's event")
+    commit(store, "put", {"lr": 2}, source="t")  # events come in order: every guard event is in
+    poll(lambda: changed[-1] == ("j", 2), 10, what="the next commit's head")
+    assert changed == [("j", 1), ("j", 2)] and guarded == ["j", "j"]  # no reload for the guards
 
 
 def test_a_watch_that_missed_compacted_revisions_reloads_every_job(

@@ -82,7 +82,9 @@ class JobRegistry:
             DEFAULT_JOB, default_config_path, default_schema_path, strict
         )
         if isinstance(backend, SharedBackend):  # other lighthouses write it too (etcd)
-            backend.subscribe(self._job_changed, self._step_stored, self._ceiling_stored)
+            backend.subscribe(
+                self._job_changed, self._step_stored, self._ceiling_stored, self._guards_changed
+            )
 
     def _job_changed(self, job: JobId, head: int) -> None:
         """Another lighthouse changed ``job`` (its head is now ``head``): serve what the store holds.
@@ -110,6 +112,18 @@ class JobRegistry:
             raise
         except Exception:
             logger.exception("job %s: change from the shared store not taken", job)
+
+    def _guards_changed(self, job: JobId) -> None:
+        """A guard of ``job`` was written or dropped (maybe by another lighthouse): list what is
+        stored. StoreUnavailable propagates, as for ``_job_changed``."""
+        state = self._states.get(job)
+        try:
+            if state is not None:
+                state.guards.reload()
+        except StoreUnavailable:
+            raise
+        except Exception:
+            logger.exception("job %s: guards from the shared store not taken", job)
 
     def _step_stored(self, job: JobId, step: int) -> None:
         state = self._states.get(job)

@@ -85,6 +85,7 @@ Switch = tuple[str, int, int, int]
 JobChanged = Callable[[JobId, int], None]  # (job, head now; 0 when deleted, -1 when unknown)
 StepChanged = Callable[[JobId, int], None]  # (job, step stored)
 CeilingChanged = Callable[[JobId, str, int, int], None]  # (job, meta key, ceiling, revision)
+GuardsChanged = Callable[[JobId], None]  # (job): a guard of it was written or dropped
 
 
 @dataclass
@@ -252,9 +253,14 @@ class SharedBackend(StoreBackend, Protocol):
     prefix: str
 
     def subscribe(
-        self, on_job_changed: JobChanged, on_step: StepChanged, on_lease_ceiling: CeilingChanged
+        self,
+        on_job_changed: JobChanged,
+        on_step: StepChanged,
+        on_lease_ceiling: CeilingChanged,
+        on_guards: GuardsChanged = lambda job: None,
     ) -> None:
         """Call ``on_job_changed(job, head)`` when another writer moved a job's head (0: deleted,
-        -1: unknown, reload), ``on_step(job, step)`` when a job step is stored and
-        ``on_lease_ceiling(job, key, ceiling, revision)`` when a lease ceiling is."""
+        -1: unknown, reload), ``on_step(job, step)`` when a job step is stored,
+        ``on_lease_ceiling(job, key, ceiling, revision)`` when a lease ceiling is and
+        ``on_guards(job)`` when a guard was written or dropped (a reload reads them too)."""
         ...

@@ -71,6 +71,7 @@ from lighthouse.etcd.watch import Watch
 from lighthouse.store.backend import (
     CeilingChanged,
     Change,
+    GuardsChanged,
     HeadMoved,
     JobChanged,
     JobRecords,
@@ -717,11 +718,16 @@ class EtcdBackend:
 
     # ------------------------------------------------------------------ watch
     def subscribe(
-        self, on_job_changed: JobChanged, on_step: StepChanged, on_lease_ceiling: CeilingChanged
+        self,
+        on_job_changed: JobChanged,
+        on_step: StepChanged,
+        on_lease_ceiling: CeilingChanged,
+        on_guards: GuardsChanged = lambda job: None,
     ) -> None:
         """Call ``on_job_changed(job, head)`` when a job's head moves (or it is deleted: head 0),
-        ``on_step(job, step)`` when a job step is stored and ``on_lease_ceiling(job, key, ceiling,
-        revision)`` when a lighthouse stored a lease ceiling, from the revision this backend first read.
+        ``on_step(job, step)`` when a job step is stored, ``on_lease_ceiling(job, key, ceiling,
+        revision)`` when a lighthouse stored a lease ceiling and ``on_guards(job)`` when a guard was
+        written or dropped, from the revision this backend first read.
 
         When etcd compacted the revisions the watch needed, every job is reported with head -1.
         """
@@ -731,6 +737,7 @@ class EtcdBackend:
             steps: dict[JobId, int] = {}
             ceilings: list[tuple[JobId, str, int, int]] = []
             pruned: set[JobId] = set()
+            guarded: set[JobId] = set()
             for event in batch:
                 key = event.kv.key.decode()
                 if not key.startswith(self._jobs_key):
@@ -751,8 +758,12 @@ class EtcdBackend:
                     pruned.add(job)  # another lighthouse pruned: reload the folded base
                 elif sub == "meta/runs":
                     pruned.add(job)  # a run began or ended (maybe through another lighthouse): reload
-                elif sub.startswith(("schema/", "guards/")):
-                    pruned.add(job)  # a schema or guard change (maybe another lighthouse's): reload
+                elif sub.startswith("schema/"):
+                    pruned.add(job)  # a schema change (maybe another lighthouse's): reload
+                elif sub.startswith("guards/"):
+                    # A guard's own keys: reloading the whole job for them read every kept version
+                    # again, three times per guarded change (made, baseline, decided), ours too.
+                    guarded.add(job)
             for job in pruned:
                 heads[job] = -1
             for job, step in steps.items():
@@ -761,6 +772,8 @@ class EtcdBackend:
                 on_lease_ceiling(job, key, ceiling, revision)
             for job, head in heads.items():
                 on_job_changed(job, head)
+            for job in guarded - pruned:  # a reload reads the guards too
+                on_guards(job)
 
         def compacted() -> int:
             result = self.client.get(f"{self.prefix}/index/", prefix=True, keys_only=True)
