@@ -27,7 +27,7 @@ from lighthouse.jobs.state import LighthouseState
 from lighthouse.jobs.versions import ConfigStore
 from lighthouse.peers.managers import PeerManagers
 from lighthouse.server import LighthouseServer
-from lighthouse.store.backend import CeilingChanged, JobChanged, StepChanged
+from lighthouse.store.backend import CeilingChanged, GuardsChanged, JobChanged, StepChanged
 from lighthouse.store.sqlite import SqliteBackend
 from protos import lighthouse_config_pb2 as pb
 from tests.etcd_cluster import EtcdCluster
@@ -257,7 +257,11 @@ class SqliteWithEtcd(SqliteBackend):
         self.prefix = prefix
 
     def subscribe(
-        self, on_job_changed: JobChanged, on_step: StepChanged, on_lease_ceiling: CeilingChanged
+        self,
+        on_job_changed: JobChanged,
+        on_step: StepChanged,
+        on_lease_ceiling: CeilingChanged,
+        on_guards: GuardsChanged = lambda job: None,
     ) -> None:
         """No other lighthouse writes this store's versions: nothing to watch."""
 
