@@ -48,8 +48,12 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Codes that say "this lighthouse cannot answer now": try the next one. Others (a refused
-# request, say) would be answered the same by every lighthouse.
-FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# request, say) would be answered the same by every lighthouse. CANCELLED: a stopping gRPC server
+# answers so the calls that arrive while it stops (a rolling upgrade; this client cancels only the
+# hedged calls it no longer looks at), and the group served the fallback for a backoff instead.
+FAILOVER_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
 
 # A lighthouse that has not answered within this fraction of a call's deadline is taken for hung,
 # and the next one is asked too. A healthy lighthouse answers in milliseconds, so a quarter (250 ms
