@@ -201,7 +201,7 @@ def check_across_groups(manager: Any, step: int, used: dict[str, Any]) -> bool:
 
 def train_torchft(args: argparse.Namespace, group: str, rank: int, knobs: Knobs) -> None:
     """torchft's Manager across groups (quorum, healing), the group's ranks averaged by gloo."""
-    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+    from torchft import Manager, Optimizer, ProcessGroupGloo
 
     model = make_model()
     inner = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
@@ -229,7 +229,6 @@ def train_torchft(args: argparse.Namespace, group: str, rank: int, knobs: Knobs)
     )
     if saved is not None:
         manager.load_state_dict(saved["manager"])
-    ddp = DistributedDataParallel(manager, model)
     optimizer = Optimizer(manager, inner)
     emit(event="start", group=group, rank=rank, pid=os.getpid(), first_step=manager.current_step())
     try:
@@ -250,11 +249,20 @@ def train_torchft(args: argparse.Namespace, group: str, rank: int, knobs: Knobs)
             loss = None
             if check_across_groups(manager, step, used):
                 x, y = batch(group, rank, step)
-                loss = nn.functional.mse_loss(ddp(x), y)
-                loss.backward()  # averaged across groups by torchft
-            else:  # a group was lost: torchft 0.2.0's DDP hook would assert on its errored manager
-                for p in model.parameters():  # zeros, so the ranks' collectives below still match
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+            else:  # a group was lost: zeros, so the ranks' collectives below still match
+                for p in model.parameters():
                     p.grad = torch.zeros_like(p)
+            # Averaged across groups by torchft's Manager, in one all-reduce as DDP's one bucket.
+            # Not torchft 0.2.0's DistributedDataParallel: its gradient hook asserts (``assert
+            # fut._fut``) when the all-reduce fails, so a group lost in the middle of a backward
+            # pass crashed the others too; a failed ``manager.allreduce`` is recorded and the step
+            # is not committed.
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            manager.allreduce(flat).wait()
+            torch.nn.utils.vector_to_parameters(flat, grads)
             for p in model.parameters():  # and across this group's ranks (gloo has no AVG)
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
