@@ -1,15 +1,40 @@
 """A lighthouse that hangs, for the failover and push tests: a real gRPC server on the
 lighthouse's service whose handlers never answer, and the replica id that makes a manager start
-on a given lighthouse of its list."""
+on a given lighthouse of its list; ``get_config_server`` for stand-ins that answer GetConfig only."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any
 
 import grpc
 
 from lighthouse.client import LighthouseClient
-from protos.rpc import format_address, start_server
+from protos import lighthouse_config_pb2 as pb
+from protos.rpc import LIGHTHOUSE_SERVICE, format_address, start_server
+
+
+def get_config_server(
+    get_config: Callable[[pb.LighthouseConfigRequest, grpc.ServicerContext], Any], workers: int = 4
+) -> tuple[grpc.Server, str]:
+    """A started gRPC server (in this process) on the lighthouse's service with GetConfig only,
+    answered by ``get_config``; and its address."""
+    handler = grpc.method_handlers_generic_handler(
+        LIGHTHOUSE_SERVICE,
+        {
+            "GetConfig": grpc.unary_unary_rpc_method_handler(
+                get_config,
+                request_deserializer=pb.LighthouseConfigRequest.FromString,
+                response_serializer=pb.LighthouseConfigResponse.SerializeToString,
+            )
+        },
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(workers), handlers=[handler])
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    return server, address
 
 
 class _RecordingHandler(grpc.GenericRpcHandler):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import time
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +14,10 @@ import pytest
 
 from lighthouse.client import HEDGE_FRACTION, LighthouseClient
 from protos import lighthouse_config_pb2 as pb
-from protos.rpc import LIGHTHOUSE_SERVICE, split_addresses
+from protos.rpc import split_addresses
 from tests.http_util import get_json
 from tests.procs import LighthouseProc, ProcessPool, poll, records_so_far, worker_records
+from tests.stuck_lighthouse import get_config_server
 
 
 def test_split_addresses() -> None:
@@ -86,19 +86,7 @@ class _LighthouseStopping:
 
     def __init__(self) -> None:
         self.calls = 0
-        handler = grpc.method_handlers_generic_handler(
-            LIGHTHOUSE_SERVICE,
-            {
-                "GetConfig": grpc.unary_unary_rpc_method_handler(
-                    self._get_config,
-                    request_deserializer=pb.LighthouseConfigRequest.FromString,
-                    response_serializer=pb.LighthouseConfigResponse.SerializeToString,
-                )
-            },
-        )
-        self.server = grpc.server(futures.ThreadPoolExecutor(2), handlers=[handler])
-        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
+        self.server, self.address = get_config_server(self._get_config, workers=2)
 
     def _get_config(self, request: pb.LighthouseConfigRequest, context: grpc.ServicerContext) -> Any:
         self.calls += 1

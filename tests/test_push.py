@@ -13,7 +13,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent import futures
 from typing import Any
 
 import grpc
@@ -21,11 +20,11 @@ import pytest
 
 from manager.status_client import manager_info
 from protos import lighthouse_config_pb2 as pb
-from protos.rpc import LIGHTHOUSE_SERVICE, LIGHTHOUSE_WATCH
+from protos.rpc import LIGHTHOUSE_WATCH
 from tests.etcd_cluster import EtcdCluster
 from tests.http_util import change, get_json, live, wait_healthy
 from tests.procs import Proc, ProcessPool, last_record, metric, poll, records_so_far, wait_ready
-from tests.stuck_lighthouse import StuckLighthouse, replica_starting_on
+from tests.stuck_lighthouse import StuckLighthouse, get_config_server, replica_starting_on
 from tests.threads import CheckedThread
 
 Record = dict[str, Any]
@@ -154,19 +153,7 @@ class _OldLighthouse:
             config_data=config, version=1, instance_id="old", state_id="s"
         )
         self.calls = 0
-        handler = grpc.method_handlers_generic_handler(
-            LIGHTHOUSE_SERVICE,
-            {
-                "GetConfig": grpc.unary_unary_rpc_method_handler(
-                    self._get_config,
-                    request_deserializer=pb.LighthouseConfigRequest.FromString,
-                    response_serializer=pb.LighthouseConfigResponse.SerializeToString,
-                )
-            },
-        )
-        self.server = grpc.server(futures.ThreadPoolExecutor(4), handlers=[handler])
-        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
+        self.server, self.address = get_config_server(self._get_config)
 
     def _get_config(self, request: pb.LighthouseConfigRequest, context: grpc.ServicerContext) -> Any:
         self.calls += 1

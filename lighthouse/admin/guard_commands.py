@@ -1,6 +1,6 @@
-"""``lighthouse config guards``: a job's guarded changes (active, passed, triggered,
-lapsed, cancelled),
-and ``--cancel VERSION`` to stop one. The options that guard a change are in ``guard_options``."""
+"""``lighthouse config guards``: a job's guarded changes (active, passed, triggered, lapsed,
+cancelled), and ``--cancel VERSION`` to stop one. The options that guard a change are in
+``guard_options``."""
 
 from __future__ import annotations
 
