@@ -30,6 +30,7 @@ class StepPins:
         self._max_version = -1  # version pinned at max_step
         self._leap: int | None = None  # a step far ahead, seen once, not yet followed
         self._switches: list[tuple[int, int, int]] = []
+        self._ended_run: dict[int, bytes] = {}  # the pins a run's end set aside (``run_changed``)
 
     def get(self, step: int) -> bytes | None:
         """The pinned reply for ``step`` (lock-free: a dict read)."""
@@ -72,17 +73,31 @@ class StepPins:
         """A run of the job ended (``run_start`` None, or a lighthouse that does not name where a run
         began) or began at ``run_start``: forget the steps pinned that are the new run's.
 
-        A run's end forgets every pin: a resume from a checkpoint may follow, and asks for those
+        A run's end sets every pin aside: a resume from a checkpoint may follow, and asks for those
         steps again in the next run. A run's begin at step R forgets the pins from R on (the new
         run's steps), from R + 1 on when the steps before were ``served_between`` the runs (no run
         live, leases suspended: the run began at the step the manager reported, served already).
         The steps below stay pinned: a rank behind its group replays them as the group trained
         them (chaos seed 216499858: a rank restarted 200 steps behind its group, after a run had
-        begun, got the new run's config for steps its group-mate had trained with another)."""
-        if run_start is None:
-            self.clear()
-        else:
-            self.drop_from(run_start + 1 if served_between else run_start)
+        begun, got the new run's config for steps its group-mate had trained with another). So do
+        the pins a run's end set aside, below R and below every step asked since the end: an
+        operator ended the run and the group's next step began another (chaos seed 788386760: a
+        rank restarted 14 steps behind got the fallback where its group-mate had trained the ended
+        run's config); the steps asked since are a resume's, which the pins set aside must not
+        answer."""
+        with self._lock:
+            if run_start is None:
+                ended = self._pins
+                self._clear()
+                self._ended_run = ended
+                return
+            self._drop_from(run_start + 1 if served_between else run_start)
+            below = min(run_start, min(self._pins, default=run_start))
+            for step in (s for s in self._ended_run if s < below):
+                self._pins[step] = self._ended_run[step]
+            self._order = deque(sorted(self._pins))
+            self.max_step = max(self._pins, default=-1)
+            self._ended_run = {}
 
     def drop_from(self, step: int) -> None:
         """Forget the pins of ``step`` and later (a run of the job began there: those steps are its
@@ -90,22 +105,24 @@ class StepPins:
         trained them with (a rank behind its group replays them so). The switches not reported
         yet stay."""
         with self._lock:
-            for pinned in [s for s in self._pins if s >= step]:
-                del self._pins[pinned]
-            self._order = deque(s for s in self._order if s < step)
-            self.max_step = max(self._pins, default=-1)
-            self._max_version = -1  # not known below: the next step pinned records its version
-            self._leap = None
+            self._drop_from(step)
 
-    def clear(self) -> None:
-        """Forget every pin (a new run of the job: its steps start over, maybe lower); the switches
-        not reported yet stay."""
-        with self._lock:
-            self._pins.clear()
-            self._order.clear()
-            self.max_step = -1
-            self._max_version = -1
-            self._leap = None
+    def _drop_from(self, step: int) -> None:
+        for pinned in [s for s in self._pins if s >= step]:
+            del self._pins[pinned]
+        self._order = deque(s for s in self._order if s < step)
+        self.max_step = max(self._pins, default=-1)
+        self._max_version = -1  # not known below: the next step pinned records its version
+        self._leap = None
+
+    def _clear(self) -> None:
+        """Forget every pin; the switches not reported yet stay."""
+        self._pins = {}
+        self._order.clear()
+        self._ended_run = {}
+        self.max_step = -1
+        self._max_version = -1
+        self._leap = None
 
     def _evict(self, below: int) -> None:
         order, pins = self._order, self._pins

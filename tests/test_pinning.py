@@ -85,6 +85,40 @@ def test_a_run_s_end_or_begin_forgets_the_pins_of_the_new_run_s_steps(
     assert pins.max_step == (kept[-1] if kept else -1)
 
 
+def test_a_run_ended_then_begun_again_keeps_what_the_group_trained_below_its_steps_since() -> None:
+    """Chaos seed 788386760: an operator ended the run and the group's next step began another; a
+    rank behind its group asked for steps its group-mate had trained in the ended run. The end
+    sets the pins aside (nothing answers from them between the runs); the begin brings back those
+    below the new run's first step and below every step asked since the end."""
+    pins = StepPins()
+    for step in range(10):
+        pins.pin(step, snap(1), b"run 1 %d" % step)
+    pins.run_changed(None, served_between=False)  # the run ended
+    assert len(pins) == 0 and pins.get(5) is None and pins.max_step == -1
+    assert pins.pin(10, snap(2), b"between 10") == b"between 10"  # the group's next step
+    pins.run_changed(10, served_between=True)  # began at the step served between the runs
+    assert [pins.get(s) for s in range(11)] == [b"run 1 %d" % s for s in range(10)] + [b"between 10"]
+    assert pins.max_step == 10
+    assert pins.pin(11, snap(3), b"run 2 11") == b"run 2 11"
+    # Once taken back, they are gone: a later end and begin brings back only what was pinned then.
+    pins.run_changed(None, served_between=False)
+    pins.run_changed(30, served_between=False)
+    assert sorted(s for s in range(40) if pins.get(s) is not None) == list(range(12))
+
+
+def test_a_resume_between_two_runs_gets_its_own_answers_not_the_ended_run_s() -> None:
+    """Steps asked between a run's end and the next begin are a resume's: the ended run's pins
+    from the lowest of them on stay set aside, also below the new run's first step."""
+    pins = StepPins()
+    for step in range(10):
+        pins.pin(step, snap(1), b"run 1 %d" % step)
+    pins.run_changed(None, served_between=False)
+    assert pins.pin(3, snap(2), b"resumed 3") == b"resumed 3"  # a resume from a checkpoint at 3
+    pins.run_changed(8, served_between=True)  # another group began the run at 8
+    assert [pins.get(s) for s in range(10)] == [b"run 1 0", b"run 1 1", b"run 1 2", b"resumed 3"] + [None] * 6
+    assert pins.max_step == 3
+
+
 def test_concurrent_pins_for_one_step_agree() -> None:
     pins = StepPins()
     barrier = threading.Barrier(16)

@@ -506,6 +506,47 @@ def test_a_rank_behind_its_group_replays_the_steps_before_a_new_run_as_its_group
         manager.shutdown()
 
 
+def test_a_rank_behind_its_group_replays_the_steps_of_a_run_an_operator_ended_as_its_group_trained_them(
+    procs: ProcessPool,
+) -> None:
+    """Chaos seed 788386760: an operator ended the run while the job went on, the group's next step
+    began another, and a rank restarted behind its group got the fallback for steps its group-mate
+    had trained in the ended run (the end had dropped every pin). The end sets the pins aside; the
+    begin brings back those below the new run's first step."""
+    from manager.server import ManagerServer
+    from protos.rpc import LIGHTHOUSE_GET_CONFIG, make_channel
+    from worker_client import ManagerClient
+
+    lh = procs.lighthouse({"lr": 0.1}, extra=["--run-end-after", "60"])
+    wait_healthy(lh.url)
+    manager = ManagerServer(lh.address, "127.0.0.1:0", "g0", cache_ttl=60.0, push=False)
+    try:
+        with ManagerClient(manager.address(), timeout=5, group_rank=0) as ahead:
+            trained = {step: ahead.get_config(step=step)["lr"] for step in range(40)}  # run 1
+        assert set(trained.values()) == {"0.1"}
+        poll(lambda: manager._renew_at > 39, 10, what="the group's lease renewed past its last step")
+        assert call(lh.url, "POST", "/api/config/runs/end")["ended"]["number"] == 1
+        assert call(lh.url, "PATCH", "/api/config", {"lr": 0.2})["effective_step"] is None  # at once
+        with make_channel(lh.address) as channel:  # the end, as the push stream hands it over
+            ended = pb.LighthouseConfigResponse.FromString(
+                channel.unary_unary(LIGHTHOUSE_GET_CONFIG)(
+                    pb.LighthouseConfigRequest().SerializeToString(), timeout=5
+                )
+            )
+        assert not ended.HasField("run_start_step")
+        manager._pushed(ended)
+        with ManagerClient(manager.address(), timeout=5, group_rank=0) as ahead:
+            going_on = ahead.get_config(step=40)  # the group's next step begins run 2 there
+        assert going_on["lr"] == "0.2", going_on
+        runs = call(lh.url, "GET", "/api/config/runs")
+        assert [(r["number"], r["start_step"]) for r in runs["runs"]][-1] == (2, 40), runs
+        with ManagerClient(manager.address(), timeout=5, group_rank=1) as behind:
+            replayed = {step: behind.get_config(step=step)["lr"] for step in range(10, 40)}
+        assert replayed == {step: trained[step] for step in range(10, 40)}, replayed
+    finally:
+        manager.shutdown()
+
+
 # ------------------------------------------------- edge cases of scheduling
 def test_change_scheduled_at_step_0_before_the_job_started_is_served_from_step_0(procs: ProcessPool) -> None:
     """A change scheduled at step 0 before any manager reported a step holds for every step."""

@@ -165,4 +165,13 @@ REGRESSIONS = (
         "pin at the begin, and the rank got the new run's config for steps its group-mate had "
         "trained with another (test_step_consistency, test_pinning)",
     ),
+    Regression(
+        788386760,
+        45,
+        "etcd",
+        "an operator ended the run while the job went on, and the group's next step began another: "
+        "the manager had dropped every pin at the end, and a rank restarted 14 steps behind its "
+        "group got the fallback for steps its group-mate had trained in the ended run "
+        "(test_step_consistency, test_pinning)",
+    ),
 )
