@@ -114,7 +114,9 @@ class Knobs:
         self.until = args.steps  # the config's ``steps`` as of the last step read: train below it
 
     def apply(self, step: int, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        asked = time.monotonic()
         cfg = self.client.get_config(step=step)
+        config_seconds = time.monotonic() - asked  # what config sharing cost this step
         lr = cfg.get_float("lr", self.args.lr)
         momentum = cfg.get_float("momentum", self.args.momentum)
         until = cfg.get_int("steps", self.args.steps)
@@ -133,7 +135,8 @@ class Knobs:
             )
         self.until = until
         return {"lr": lr, "momentum": momentum, "lr_min": lr_min, "lr_max": lr_max,
-                "version": cfg.version, "source": cfg.source, "pinned": cfg.pinned}  # fmt: skip
+                "version": cfg.version, "source": cfg.source, "pinned": cfg.pinned,
+                "config_seconds": round(config_seconds, 4)}  # fmt: skip
 
 
 def train_plain(args: argparse.Namespace, group: str, rank: int, knobs: Knobs) -> None:

@@ -7,7 +7,6 @@ per step, with the lr they used and its MIN and MAX over the group.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -220,9 +219,11 @@ def test_group_killed_and_started_again_resumes_with_the_config_of_its_step(
     recs0 = finish(group0)
     ranks_cover(recs0, range(steps))
     check_steps(recs0, switch_at)
-    times = sorted(r["time"] for r in recs0 if r["rank"] == 0)
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert max(gaps) < 5.0 + 5.0, max(gaps)  # never stalled past the config deadline (5 s), plus a margin
+    # No step's config call, in either group, past its deadline (5 s) plus a margin: the call's
+    # own time, not the step's (a loaded machine stalls torch, gloo and the checkpoint too).
+    slowest = max(recs0 + before + after, key=lambda r: r["config_seconds"])
+    assert slowest["config_seconds"] < 5.0 + 1.0, slowest
+    times = [r["time"] for r in recs0]
     assert any(killed_at < t < after[0]["time"] for t in times), "group 0 did not train during the outage"
 
 
