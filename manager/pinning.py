@@ -15,7 +15,7 @@ import threading
 from collections import deque
 
 from manager.snapshot import Snapshot
-from protos.limits import STEP_WINDOW
+from protos.limits import STEP_WINDOW, SWITCHES_HELD
 
 
 class StepPins:
@@ -63,7 +63,7 @@ class StepPins:
             if step > self.max_step:
                 if version != self._max_version:
                     self._switches.append((version, step, self.max_step))
-                    del self._switches[:-1000]  # bounded while the lighthouse is away
+                    del self._switches[:-SWITCHES_HELD]  # bounded while the lighthouse is away
                 self.max_step = step
                 self._max_version = version
                 self._evict(step - self.window)

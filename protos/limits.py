@@ -5,6 +5,8 @@ from __future__ import annotations
 FOREVER = 2**62  # a step later than any real step
 EVERY_RECORD = 2**31  # "every record" as the limit of a read that takes one
 STEP_WINDOW = 1024  # recent steps a manager keeps pinned (``--step-window``)
+# Step switches a manager holds unreported (the lighthouse away), and the most one report counts.
+SWITCHES_HELD = 1000
 
 # A guarded change (``--guard METRIC:FACTOR``, ``?guard=``): what a guard watches unless told.
 GUARD_STEPS = 200  # steps after the change takes effect

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -18,7 +19,7 @@ from manager.metrics import GroupMetrics
 from manager.status_client import manager_info
 from protos import lighthouse_config_pb2 as pb
 from protos import lighthouse_config_pb2_grpc as pb_grpc
-from protos.limits import MAX_LEASE_SECONDS
+from protos.limits import MAX_LEASE_SECONDS, SWITCHES_HELD
 from protos.rpc import make_channel
 from protos.torchft_seed import JOB_METADATA, SEED_GET_CONFIG, SeedConfigRequest, SeedConfigResponse
 from tests.grpc_calls import bearer, code_of
@@ -151,6 +152,39 @@ def test_without_credentials_a_made_up_replica_cannot_steer_the_step(procs: Proc
     )
     by_step = {r["step"]: r["config"]["lr"] for r in records}
     assert {s for s, lr in by_step.items() if lr == "0.5"} == set(range(200, 212)), by_step
+
+
+def test_step_switches_a_manager_could_not_have_made_are_not_stored(procs: ProcessPool) -> None:
+    """Made-up replicas report switches to versions the job never had (never pruned with the
+    history: each (step, version) a row for good), at steps that cannot follow their own, more in one report
+    than a manager holds: none is stored; a true switch is."""
+    lh = procs.lighthouse({"lr": 0.1})
+    head = get_json(lh.url, "/api/config")["version"]
+    lies = {
+        "above": [(head + 1000 + i, 10 + i, 9 + i) for i in range(50)],  # versions the job never had
+        "backwards": [(head, 80, 90)],  # after a later step than its own
+        "true": [(head, 3, -1)],
+        "flood": [(head, 100 + i, 99 + i) for i in range(SWITCHES_HELD + 500)],  # more than held
+    }
+    channel, lighthouse = stub(lh.address)
+    with channel:
+        for replica, switches in lies.items():
+            request = report(5, replica=replica)
+            request.status.switches.extend(
+                pb.StepSwitch(version=v, step=s, previous_step=p) for v, s, p in switches
+            )
+            lighthouse.GetConfig(request, timeout=10)
+
+    last_step = 10**18 - 1  # the highest step the HTTP API names
+
+    def groups(step: int) -> dict[str, Any]:
+        found: dict[str, Any] = get_json(lh.url, f"/api/config/at-step/{step}")["groups"]
+        return found
+
+    poll(lambda: {"true", "flood"} <= set(groups(600)), 10, 0.1, "the true switches stored")
+    assert sorted(groups(last_step)) == ["flood", "true"]
+    assert groups(last_step)["flood"]["version"] == head
+    assert sorted(groups(599)) == ["true"]  # the flood's first 500 of 1,500 are not a manager's
 
 
 @pytest.mark.slow

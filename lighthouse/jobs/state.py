@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -37,7 +37,13 @@ from lighthouse.jobs.stall import Progress
 from lighthouse.jobs.timeline import live_version
 from lighthouse.jobs.versions import ConfigStore, Edit, Plan, Segment, first_segment
 from protos import lighthouse_config_pb2 as pb
-from protos.limits import FOREVER, MAX_LEASE_SECONDS, SEGMENT_AUTHOR_CHARS, SEGMENT_COMMENT_CHARS
+from protos.limits import (
+    FOREVER,
+    MAX_LEASE_SECONDS,
+    SEGMENT_AUTHOR_CHARS,
+    SEGMENT_COMMENT_CHARS,
+    SWITCHES_HELD,
+)
 from protos.rpc import MAX_REPLY_BYTES, varint_field
 
 logger = logging.getLogger(__name__)
@@ -141,6 +147,20 @@ class ManagerRecord:
             "ttl_s": self.ttl,
             "identity": self.identity,
         }
+
+
+def believable_switches(switches: Iterable[pb.StepSwitch], head: int) -> list[tuple[int, int, int]]:
+    """The step switches of a report that a manager could have made: to a version this lighthouse
+    has (0, the fallback, to ``head``), at a step after the one before it; the last ``SWITCHES_HELD`` (what a
+    manager holds). Whatever reaches the port may lie: a switch to a version above the head is
+    never pruned with the history, and each (step, version) is a row. A lighthouse that has not
+    read another's newest version yet drops a true switch to it: a row the replay misses."""
+    kept = [
+        (s.version, s.step, s.previous_step)
+        for s in switches
+        if 0 <= s.version <= head and -1 <= s.previous_step < s.step
+    ]
+    return kept[-SWITCHES_HELD:]
 
 
 def plausible_step(step: int, job_step: int, last_accepted: int, rate: float, elapsed: float) -> bool:
@@ -569,8 +589,8 @@ class LighthouseState:
             self.store.leases.observe_rate(rate)
         if (status.metrics or status.metrics_dropped) and trained:  # none: it trained no step here
             self.series.take_status(replica_id, status)
-        if status.switches:
-            switches = [(s.version, s.step, s.previous_step) for s in status.switches]
+        switches = believable_switches(status.switches, self.store.head)
+        if switches:
             self.store.record_switches(replica_id, switches)
             late = self.store.late_switches(served_before, switches)
             if late:
