@@ -21,6 +21,7 @@ from protos import lighthouse_config_pb2 as pb
 from protos.metrics import pack
 from tests.browser import watch_csp
 from tests.helpers_lighthouse import LighthouseProc, start_lighthouse
+from tests.procs import poll
 
 NAN_STEP = 50
 
@@ -131,3 +132,35 @@ def test_the_group_legend_names_a_few_and_counts_the_rest(page: Page, tmp_path: 
         more = page.locator(".chart-legend li.more")
         expect(more).to_have_text("3 more")
         assert more.get_attribute("title") == ", ".join(replicas[12:])
+
+
+def test_a_lapsed_guard_is_listed_with_why_and_its_change_kept(page: Page, tmp_path: Path) -> None:
+    """A guard on a metric the job never reports lapses once the job stood past its last step for
+    ``--guard-lapse-seconds``: the dashboard lists it as lapsed, with the reason, and no rollback."""
+    args = ("--guard-lapse-seconds", "1")
+    with (
+        start_lighthouse(tmp_path, config={"lr": 0.01}, args=args) as lh,
+        LighthouseClient(lh.grpc_addr) as client,
+    ):
+        report(client, "g0", 1, range(0, 100))
+        unjudged = change(lh, "/api/config?guard=val_loss:1.5&guard_steps=20", {"batch_size": 64})
+        report(client, "g0", 2, range(100, 200))  # past the guard's last step, 119; val_loss never
+        lapsed = poll(
+            lambda: next(
+                (g for g in lh.http("GET", "/api/config/guards").json["guards"] if g["status"] != "active"),
+                None,
+            ),
+            20,
+            0.2,
+            "the guard decided",
+        )
+        assert lapsed["status"] == "lapsed" and lapsed["version"] == unjudged, lapsed
+
+        page.goto(lh.url)
+        item = page.locator(f'#guards-list li[data-version="{unjudged}"]')
+        expect(item).to_have_attribute("data-status", "lapsed")
+        expect(item.locator(".pill")).to_have_text("lapsed")
+        expect(item).to_contain_text(f"guard of v{unjudged}: val_loss")
+        expect(item).to_contain_text("lapsed: not judged: val_loss never reported")
+        expect(item).not_to_contain_text("rolled back")
+        assert lh.http("GET", "/api/config").json["config"]["batch_size"] == 64  # the change stays
