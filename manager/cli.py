@@ -26,7 +26,7 @@ from protos.cli_output import (
     steps,
     table,
 )
-from protos.daemon import Termination, announce, configure_logging
+from protos.daemon import Termination, announce, configure_logging, limit_malloc_arenas
 from protos.limits import PUSH_LEASE_SECONDS, STEP_WINDOW
 from protos.rpc import LIGHTHOUSE_TOKEN_ENV, LIGHTHOUSE_TOKEN_FILE_ENV
 from protos.tls import LIGHTHOUSE_TLS_ENVS, ServerTLS, TLSConfig
@@ -158,6 +158,7 @@ def serve(
 ) -> None:
     """Relay the config to this group's workers. Prints the bound address on line 1."""
     configure_logging(log_level)
+    limit_malloc_arenas()  # before gRPC's threads: it lives as long as its training job
     token = _lighthouse_token(lighthouse_token_file)
     termination = Termination()
     if parent_pid is not None:
