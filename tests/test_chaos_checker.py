@@ -540,3 +540,28 @@ def test_while_an_old_release_is_on_the_prefix_groups_may_lag_a_ttl_but_ranks_ag
     # Served after the old one could still be seen (its etcd lease and the TTLs after): caught.
     h.faults[0].update({"start": T0 - 20, "end": T0 - 19})
     assert sorted(set(invariants(h))) == ["effective", "fallback", "split"]
+
+
+def test_a_rank_behind_its_group_replays_an_answer_pinned_while_an_old_release_was_on_the_prefix() -> None:
+    """Seed 1931634541: a rank SIGSTOPped while the old release was on the prefix woke after its
+    window and trained the steps its group-mate had trained in it: its manager's pinned answers,
+    judged by when the group's first rank got them; an answer its group first got after the
+    window is still judged by the strict rules."""
+    h = clean()
+    for lh in h.lighthouses.values():
+        lh["versions"][1]["created_at"] = T0 + 8.0
+        lh["versions"][2]["created_at"] = T0 + 8.5
+    h.faults = [
+        {"kind": checker.MIXED, "target": "lighthouse0-old-release-g1", "start": T0 + 7.9, "end": T0 + 9.5}
+    ]
+    lag = record(h, "g1", 10)  # g1 on v1 at step 10 in the window, g0 on v2
+    lag["config"], lag["version"] = served({"lr": 0.1, "mark": "init"}), 1
+    woken = dict(lag, rank=1, t=T0 + 30.0)  # past the window (it ends 8 s after the old one)
+    h.records.append(woken)
+    h.final["reached"]["g1-1"] = None
+    assert [v.invariant for v in checker.check(h) if v.invariant != "liveness"] == []
+    lag["t"] = T0 + 30.5  # the group first got it after the window: no lease missing explains it
+    assert sorted({v.invariant for v in checker.check(h) if v.invariant != "liveness"}) == [
+        "effective",
+        "split",
+    ]

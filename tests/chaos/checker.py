@@ -294,12 +294,24 @@ def _mixed_since(windows: list[tuple[float, float]], t: float) -> float | None:
     return min((a for a, b in windows if a <= t <= b), default=None)
 
 
+def _pinned_at(records: list[dict[str, Any]]) -> dict[int, float]:
+    """For each record (by ``id``), when its group first served that config at that step: a rank
+    behind its group (woken from a SIGSTOP, restarted) gets its manager's pinned answer, made when
+    the first rank asked; judged at its own time, a pin from a window with no lease would look
+    like an answer given after it (seed 1931634541)."""
+    first: dict[tuple[int, str, int, str], float] = {}
+    for r in records:
+        key = (r["inc"], r["group"], r["step"], _canon(r["config"]))
+        first[key] = min(first.get(key, r["t"]), r["t"])
+    return {id(r): first[(r["inc"], r["group"], r["step"], _canon(r["config"]))] for r in records}
+
+
 def _split_between_groups_while_mixed(
-    windows: list[tuple[float, float]], records: list[dict[str, Any]]
+    windows: list[tuple[float, float]], records: list[dict[str, Any]], pinned_at: dict[int, float]
 ) -> bool:
     """Whether a split is only between groups, served while no step lease was granted (an old
     release on the prefix): every group agrees within itself (its manager pins a step's answer)."""
-    if not all(_in(windows, r["t"]) for r in records):
+    if not all(_in(windows, pinned_at[id(r)]) for r in records):
         return False
     per_group: dict[str, set[str]] = defaultdict(set)
     for r in records:
@@ -314,13 +326,14 @@ def split_steps(h: History) -> list[Violation]:
             seen[(r["inc"], r["step"])][_canon(r["config"])].append(r)
     ends = _operator_ends(h)
     mixed = _mixed_windows(h)
+    pinned_at = _pinned_at([r for configs in seen.values() for rs in configs.values() for r in rs])
     out = []
     for (inc, step), configs in sorted(seen.items()):
         records = [r for rs in configs.values() for r in rs]
         if (
             len(configs) > 1
             and not _split_by_operator_end(ends, inc, step, records)
-            and not _split_between_groups_while_mixed(mixed, records)
+            and not _split_between_groups_while_mixed(mixed, records, pinned_at)
         ):
             who = "; ".join(
                 f"{_who(rs)} v{sorted({r['version'] for r in rs})} {c}" for c, rs in configs.items()
@@ -506,16 +519,17 @@ def effective_steps(h: History) -> list[Violation]:
         return []
     model = Model(h.lighthouses[names[0]]["versions"], _runs(h))
     mixed = _mixed_windows(h)
+    served = [r for r in h.records if r["source"] != FALLBACK]
+    pinned_at = _pinned_at(served)
     out = []
     reported: set[tuple[int, str]] = set()
-    for r in sorted(h.records, key=lambda r: r["t"]):
-        if r["source"] == FALLBACK:
-            continue
+    for r in sorted(served, key=lambda r: r["t"]):
         heads = model.heads_for(r["t"], r["step"])
-        since = _mixed_since(mixed, r["t"])
+        t = pinned_at[id(r)]  # when its group's manager made the answer
+        since = _mixed_since(mixed, t)
         if since is not None:  # no lease: a state of the job of the last MIXED_STALE seconds, in any run
-            runs = {run for _, run in heads} | {x["number"] for x in model.runs if x["started_at"] <= r["t"]}
-            states = model.heads_between(max(since, r["t"] - MIXED_STALE), r["t"])
+            runs = {run for _, run in heads} | {x["number"] for x in model.runs if x["started_at"] <= t}
+            states = model.heads_between(max(since, t - MIXED_STALE), t)
             heads += [(head, run) for head in states for run in sorted(runs)]
         if any(served_equal(r["config"], model.config(head, r["step"], run)) for head, run in heads):
             continue
