@@ -542,6 +542,27 @@ def test_while_an_old_release_is_on_the_prefix_groups_may_lag_a_ttl_but_ranks_ag
     assert sorted(set(invariants(h))) == ["effective", "fallback", "split"]
 
 
+def test_an_etcd_leader_elected_while_the_old_release_s_record_lives_keeps_it_seen() -> None:
+    """Seed 2101312727: two etcd leaders killed after the old release died; each new leader gave its
+    record's lease the TTL afresh, and the lighthouses suspended leases 12 s after its death (the
+    checker allowed 8). A leader fault while the record lives moves the window's end to that fault
+    + an election + the TTL (+ the managers' TTLs); one after the record is gone does not."""
+    h = clean()
+    for lh in h.lighthouses.values():
+        lh["versions"][1]["created_at"] = T0 + 8.0
+        lh["versions"][2]["created_at"] = T0 + 19.0
+    lag = record(h, "g1", 20)  # g1 still on v2 at step 20 (served at T0 + 20.1), g0 on v3
+    lag["config"], lag["version"] = served(expected_at(10)), 2
+    old = {"kind": checker.MIXED, "target": "lighthouse0-old-release-g1", "start": T0 + 2.0, "end": T0 + 9.0}
+    h.faults = [old]  # seen until T0 + 14 (lease), the window ends at T0 + 17
+    assert sorted(set(invariants(h))) == ["effective", "split"]
+    kill = {"kind": "etcd_leader_kill", "target": "etcd-m0", "start": T0 + 10.0, "end": T0 + 12.0}
+    h.faults = [old, kill]  # the record's lease lives to T0 + 18, the window to T0 + 21
+    assert invariants(h) == []
+    kill.update({"start": T0 + 14.5, "end": T0 + 16.0})  # its record was gone already: no matter
+    assert sorted(set(invariants(h))) == ["effective", "split"]
+
+
 def test_a_rank_behind_its_group_replays_an_answer_pinned_while_an_old_release_was_on_the_prefix() -> None:
     """Seed 1931634541: a rank SIGSTOPped while the old release was on the prefix woke after its
     window and trained the steps its group-mate had trained in it: its manager's pinned answers,

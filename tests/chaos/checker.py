@@ -44,7 +44,13 @@ OPERATOR_END = "ended by"  # a run's end_reason when an operator ended it (POST 
 MADE_NOW = ("patch", "put", "patch_if_match", "guard")  # the operator's changes made now ("guard": guarded)
 PROMISES_OUTLIVE = 3.0  # seconds after an operator's end during which a group may serve its leases
 MIXED = "old_release"  # a lighthouse of the release before step leases on the prefix
-MIXED_AFTER = 8.0  # seconds it is still seen after it dies (its etcd lease: 5 s) and the TTLs after
+# It is still seen after it dies for its etcd lease's TTL (5 s), and every etcd leader election in
+# that time gives each lease its TTL afresh (etcd's lessor promotes leases with a new leader);
+# then its record is gone, and the managers' TTLs pass.
+PEER_LEASE_TTL = 5.0
+ELECTION = 3.0  # from an etcd member's fault to a new leader, at most (election timeout 1 s, loaded)
+TTLS_AFTER = 3.0
+ETCD_FAULTS = ("etcd_leader_kill", "etcd_member_kill", "etcd_member_stop")  # each may elect a leader
 MIXED_STALE = 3.0  # how old a state a group may serve meanwhile: a TTL, a deadline, a slow host
 
 
@@ -278,11 +284,17 @@ def _split_by_operator_end(
 
 def _mixed_windows(h: History) -> list[tuple[float, float]]:
     """When a lighthouse of the release before step leases was on the prefix, or still seen."""
-    return [
-        (f["start"] - EXPLAINED_BEFORE, f.get("end", f["start"]) + MIXED_AFTER)
-        for f in h.faults
-        if f["kind"] == MIXED
-    ]
+    elections = sorted(f["start"] for f in h.faults if f["kind"] in ETCD_FAULTS)
+    windows = []
+    for f in h.faults:
+        if f["kind"] != MIXED:
+            continue
+        gone = f.get("end", f["start"]) + PEER_LEASE_TTL  # its record's lease expires
+        for start in elections:  # unless a new leader gave it its TTL afresh first
+            if f["start"] <= start <= gone:
+                gone = max(gone, start + ELECTION + PEER_LEASE_TTL)
+        windows.append((f["start"] - EXPLAINED_BEFORE, gone + TTLS_AFTER))
+    return windows
 
 
 def _in(windows: list[tuple[float, float]], t: float) -> bool:
