@@ -22,6 +22,7 @@ import pytest
 
 from lighthouse.config.values import encode_config
 from manager.pinning import StepPins
+from manager.server import ManagerServer
 from manager.snapshot import Snapshot
 from protos import lighthouse_config_pb2 as pb
 from tests.http_steps import (
@@ -34,7 +35,7 @@ from tests.http_steps import (
 )
 from tests.http_util import call as call_status
 from tests.http_util import wait_healthy
-from tests.procs import ManagerProc, Proc, ProcessPool, poll, wait_ready, worker_records
+from tests.procs import LighthouseProc, ManagerProc, Proc, ProcessPool, poll, wait_ready, worker_records
 
 Record = dict[str, Any]
 
@@ -409,6 +410,43 @@ def test_at_step_replay_matches_what_workers_saw(procs: ProcessPool) -> None:
     assert scheduled(lh.url)[v_sched]["late_groups"] == []
 
 
+def lighthouse_answer(
+    address: str, request: pb.LighthouseConfigRequest | None = None
+) -> pb.LighthouseConfigResponse:
+    """The lighthouse's raw answer to ``request`` (none: a caller that reports no step), for a test
+    to hand to a manager as its push stream would."""
+    from protos.rpc import LIGHTHOUSE_GET_CONFIG, make_channel
+
+    asked = request if request is not None else pb.LighthouseConfigRequest()
+    with make_channel(address) as channel:
+        raw = channel.unary_unary(LIGHTHOUSE_GET_CONFIG)(asked.SerializeToString(), timeout=5)
+    return pb.LighthouseConfigResponse.FromString(raw)
+
+
+def polling_manager(lh: LighthouseProc) -> ManagerServer:
+    """An in-process manager of group g0 without a push stream, whose TTL (60 s) never sends it to
+    the lighthouse by itself: it hears only what its workers' steps and the test hand it."""
+    return ManagerServer(lh.address, "127.0.0.1:0", "g0", cache_ttl=60.0, push=False)
+
+
+def run_1_trained_then_ended(lh: LighthouseProc, manager: ManagerServer) -> dict[int, str]:
+    """Rank 0 trains steps 0-39 through ``manager`` in run 1 (lr 0.1); then the operator ends run 1
+    and changes lr to 0.2 at once. The lr rank 0 trained at each step."""
+    from worker_client import ManagerClient
+
+    with ManagerClient(manager.address(), timeout=5, group_rank=0) as ahead:
+        trained = {step: ahead.get_config(step=step)["lr"] for step in range(40)}
+    assert set(trained.values()) == {"0.1"}
+    # The lease's renewals are over: the last one's answer covers the group's steps with room to
+    # spare, and nothing else makes this manager ask the lighthouse (its TTL is 60 s), so it does
+    # not hear of the run's end below. (A renewal answered after the end sets every pin aside, as a
+    # run's end must: the flake hunt saw one land there, and the replay got the new config.)
+    poll(lambda: manager._renew_at > 39, 10, what="the group's lease renewed past its last step")
+    assert call(lh.url, "POST", "/api/config/runs/end")["ended"]["number"] == 1
+    assert call(lh.url, "PATCH", "/api/config", {"lr": 0.2})["effective_step"] is None  # at once
+    return trained
+
+
 def test_a_reply_cropped_above_a_groups_promised_steps_does_not_replace_its_promise(
     procs: ProcessPool,
 ) -> None:
@@ -416,8 +454,6 @@ def test_a_reply_cropped_above_a_groups_promised_steps_does_not_replace_its_prom
     segments from the job's step on. A group behind the job, holding a lease on its next steps,
     keeps serving them the config promised: found by the replay test above, 1 run in 5-10, as
     a group at step 1 served a version taking effect at step 13, then went back at step 3."""
-    from manager.server import ManagerServer
-    from protos.rpc import LIGHTHOUSE_GET_CONFIG, make_channel
     from worker_client import ManagerClient
 
     lh = procs.lighthouse({"lr": 0.1}, extra=["--run-end-after", "60"])
@@ -431,11 +467,7 @@ def test_a_reply_cropped_above_a_groups_promised_steps_does_not_replace_its_prom
         with ManagerClient(behind.address(), timeout=5) as client:
             first = client.get_config(step=0)
             assert first["lr"] == "0.1" and first.stable_through_step >= 1, first
-            with make_channel(lh.address) as channel:  # what a push to a manager without a step holds
-                raw = channel.unary_unary(LIGHTHOUSE_GET_CONFIG)(
-                    pb.LighthouseConfigRequest().SerializeToString(), timeout=5
-                )
-            cropped = pb.LighthouseConfigResponse.FromString(raw)
+            cropped = lighthouse_answer(lh.address)  # what a push to a manager without a step holds
             held = Snapshot.from_reply(cropped)
             assert held.configs[held.segment(1)] == {"lr": "0.3"}  # it knows no step below the job's
             behind._pushed(cropped)  # as the push stream hands it over
@@ -453,36 +485,22 @@ def test_a_rank_behind_its_group_replays_the_steps_before_a_new_run_as_its_group
     """Chaos seed 216499858: a rank restarted 200 steps behind its group after a run had begun, and
     its manager had dropped every pin at the begin: the rank got the new run's config for steps its
     group-mate had trained with another. A run begun at step R drops the pins from R on (its own
-    steps: a resume asks for them again) and keeps those below; a run's end drops them all (a
+    steps: a resume asks for them again) and keeps those below; a run's end sets them all aside (a
     resume from a checkpoint may follow)."""
-    from manager.server import ManagerServer
-    from protos.rpc import LIGHTHOUSE_GET_CONFIG, make_channel
     from worker_client import ManagerClient
 
     lh = procs.lighthouse({"lr": 0.1}, extra=["--run-end-after", "60"])
     wait_healthy(lh.url)
-    manager = ManagerServer(lh.address, "127.0.0.1:0", "g0", cache_ttl=60.0, push=False)
+    manager = polling_manager(lh)
     try:
-        with ManagerClient(manager.address(), timeout=5, group_rank=0) as ahead:
-            trained = {step: ahead.get_config(step=step)["lr"] for step in range(40)}  # run 1
-        assert set(trained.values()) == {"0.1"}
-        # The lease's renewals are over: the last one's answer covers the group's steps with room to
-        # spare, and nothing else makes this manager ask the lighthouse (its TTL is 60 s), so it does
-        # not hear of the run's end below. (A renewal answered after the end drops every pin, as a
-        # run's end must: the flake hunt saw one land there, and the replay got the new config.)
-        poll(lambda: manager._renew_at > 39, 10, what="the group's lease renewed past its last step")
-        assert call(lh.url, "POST", "/api/config/runs/end")["ended"]["number"] == 1
-        assert call(lh.url, "PATCH", "/api/config", {"lr": 0.2})["effective_step"] is None  # at once
+        trained = run_1_trained_then_ended(lh, manager)
         # Another group resumes at step 45 and begins run 2 there; this manager, which never saw the
         # end (it polls), hears of it with the lighthouse's answer, handed over as a push stream does
         # (at its next step it would renew only past the lease it holds: a length that varies).
         other = pb.LighthouseConfigRequest(
             status=pb.ManagerStatus(replica_id="g1", step=45), lease_from_step=45
         )
-        with make_channel(lh.address) as channel:
-            begun = pb.LighthouseConfigResponse.FromString(
-                channel.unary_unary(LIGHTHOUSE_GET_CONFIG)(other.SerializeToString(), timeout=5)
-            )
+        begun = lighthouse_answer(lh.address, other)
         assert begun.HasField("run_start_step") and begun.run_start_step == 45, begun
         manager._pushed(begun)
         with ManagerClient(manager.address(), timeout=5, group_rank=0) as ahead:
@@ -490,14 +508,9 @@ def test_a_rank_behind_its_group_replays_the_steps_before_a_new_run_as_its_group
         with ManagerClient(manager.address(), timeout=5, group_rank=1) as behind:
             replayed = {step: behind.get_config(step=step)["lr"] for step in range(10, 40)}
         assert replayed == {step: trained[step] for step in range(10, 40)}, replayed
-        # A run's end (no run begun: no first step named) drops every pin: a resume may follow.
+        # A run's end (no run begun: no first step named) sets every pin aside: a resume may follow.
         assert call(lh.url, "POST", "/api/config/runs/end")["ended"]["number"] == 2
-        with make_channel(lh.address) as channel:
-            ended = pb.LighthouseConfigResponse.FromString(
-                channel.unary_unary(LIGHTHOUSE_GET_CONFIG)(
-                    pb.LighthouseConfigRequest().SerializeToString(), timeout=5
-                )
-            )
+        ended = lighthouse_answer(lh.address)
         assert not ended.HasField("run_start_step")
         manager._pushed(ended)  # as the push stream hands it over
         with ManagerClient(manager.address(), timeout=5, group_rank=1) as resumed:
@@ -513,26 +526,14 @@ def test_a_rank_behind_its_group_replays_the_steps_of_a_run_an_operator_ended_as
     began another, and a rank restarted behind its group got the fallback for steps its group-mate
     had trained in the ended run (the end had dropped every pin). The end sets the pins aside; the
     begin brings back those below the new run's first step."""
-    from manager.server import ManagerServer
-    from protos.rpc import LIGHTHOUSE_GET_CONFIG, make_channel
     from worker_client import ManagerClient
 
     lh = procs.lighthouse({"lr": 0.1}, extra=["--run-end-after", "60"])
     wait_healthy(lh.url)
-    manager = ManagerServer(lh.address, "127.0.0.1:0", "g0", cache_ttl=60.0, push=False)
+    manager = polling_manager(lh)
     try:
-        with ManagerClient(manager.address(), timeout=5, group_rank=0) as ahead:
-            trained = {step: ahead.get_config(step=step)["lr"] for step in range(40)}  # run 1
-        assert set(trained.values()) == {"0.1"}
-        poll(lambda: manager._renew_at > 39, 10, what="the group's lease renewed past its last step")
-        assert call(lh.url, "POST", "/api/config/runs/end")["ended"]["number"] == 1
-        assert call(lh.url, "PATCH", "/api/config", {"lr": 0.2})["effective_step"] is None  # at once
-        with make_channel(lh.address) as channel:  # the end, as the push stream hands it over
-            ended = pb.LighthouseConfigResponse.FromString(
-                channel.unary_unary(LIGHTHOUSE_GET_CONFIG)(
-                    pb.LighthouseConfigRequest().SerializeToString(), timeout=5
-                )
-            )
+        trained = run_1_trained_then_ended(lh, manager)
+        ended = lighthouse_answer(lh.address)  # the end, as the push stream hands it over
         assert not ended.HasField("run_start_step")
         manager._pushed(ended)
         with ManagerClient(manager.address(), timeout=5, group_rank=0) as ahead:
