@@ -93,8 +93,7 @@ class StepPins:
                 return
             self._drop_from(run_start + 1 if served_between else run_start)
             below = min(run_start, min(self._pins, default=run_start))
-            for step in (s for s in self._ended_run if s < below):
-                self._pins[step] = self._ended_run[step]
+            self._pins.update((s, reply) for s, reply in self._ended_run.items() if s < below)
             self._order = deque(sorted(self._pins))
             self.max_step = max(self._pins, default=-1)
             self._ended_run = {}

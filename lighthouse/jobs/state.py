@@ -151,10 +151,11 @@ class ManagerRecord:
 
 def believable_switches(switches: Iterable[pb.StepSwitch], head: int) -> list[tuple[int, int, int]]:
     """The step switches of a report that a manager could have made: to a version this lighthouse
-    has (0, the fallback, to ``head``), at a step after the one before it; the last ``SWITCHES_HELD`` (what a
-    manager holds). Whatever reaches the port may lie: a switch to a version above the head is
-    never pruned with the history, and each (step, version) is a row. A lighthouse that has not
-    read another's newest version yet drops a true switch to it: a row the replay misses."""
+    has (0, the fallback, to ``head``), at a step after the one before it; the last
+    ``SWITCHES_HELD`` (what a manager holds). Whatever reaches the port may lie: a switch to a
+    version above the head is never pruned with the history, and each (step, version) is a row. A
+    lighthouse that has not read another's newest version yet drops a true switch to it: a row the
+    replay misses."""
     kept = [
         (s.version, s.step, s.previous_step)
         for s in switches
@@ -589,7 +590,7 @@ class LighthouseState:
             self.store.leases.observe_rate(rate)
         if (status.metrics or status.metrics_dropped) and trained:  # none: it trained no step here
             self.series.take_status(replica_id, status)
-        switches = believable_switches(status.switches, self.store.head)
+        switches = believable_switches(status.switches, self.store.head) if status.switches else []
         if switches:
             self.store.record_switches(replica_id, switches)
             late = self.store.late_switches(served_before, switches)
