@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from lighthouse.client import LighthouseClient
 from protos.daemon import MALLOC_ARENAS
 from tests.procs import LighthouseProc, ProcessPool, lighthouse_command
+from tests.threads import CheckedThread
 from worker_client import ManagerClient
 
 HEAP_MAX_SIZE = 64 << 20
@@ -53,21 +53,12 @@ def busy_lighthouse(procs: ProcessPool, env: dict[str, str] | None = None) -> Li
 
 
 def at_once(call: Callable[[], object]) -> None:
-    """``call`` from CALLERS threads at once; the first error of any is raised here."""
-    errors: list[BaseException] = []
-
-    def caller() -> None:
-        try:
-            call()
-        except BaseException as exc:  # reported below, not lost with the thread
-            errors.append(exc)
-
-    callers = [threading.Thread(target=caller) for _ in range(CALLERS)]
+    """``call`` from CALLERS threads at once; an error of any is raised here."""
+    callers = [CheckedThread(call) for _ in range(CALLERS)]
     for thread in callers:
         thread.start()
     for thread in callers:
-        thread.join(60)
-    assert not errors and not any(c.is_alive() for c in callers), errors
+        thread.check()
 
 
 def test_a_lighthouse_allocates_from_at_most_two_arenas(procs: ProcessPool) -> None:

@@ -311,11 +311,11 @@ def _pinned_at(records: list[dict[str, Any]]) -> dict[int, float]:
     behind its group (woken from a SIGSTOP, restarted) gets its manager's pinned answer, made when
     the first rank asked; judged at its own time, a pin from a window with no lease would look
     like an answer given after it (seed 1931634541)."""
+    keys = [(r["inc"], r["group"], r["step"], _canon(r["config"])) for r in records]
     first: dict[tuple[int, str, int, str], float] = {}
-    for r in records:
-        key = (r["inc"], r["group"], r["step"], _canon(r["config"]))
+    for r, key in zip(records, keys, strict=True):
         first[key] = min(first.get(key, r["t"]), r["t"])
-    return {id(r): first[(r["inc"], r["group"], r["step"], _canon(r["config"]))] for r in records}
+    return {id(r): first[key] for r, key in zip(records, keys, strict=True)}
 
 
 def _split_between_groups_while_mixed(
